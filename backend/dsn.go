@@ -1,0 +1,175 @@
+package backend
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// ParseDSN parses a DSN such as "redis://user:secret@127.0.0.1:6379/0?ttl=10s".
+// Unlike url.Parse, its errors never contain the DSN, so a malformed DSN cannot
+// leak a password into a log.
+func ParseDSN(dsn string) (*url.URL, error) {
+	if strings.TrimSpace(dsn) == "" {
+		return nil, errors.New("empty DSN")
+	}
+	u, err := url.Parse(dsn)
+	if err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			// url.Error repeats the whole input; its inner error names only the
+			// offending part (a host, a port, an escape).
+			err = ue.Err
+		}
+		return nil, fmt.Errorf("malformed DSN: %w", err)
+	}
+	if u.Scheme == "" {
+		return nil, errors.New("malformed DSN: no scheme (want e.g. redis://host:6379)")
+	}
+	return u, nil
+}
+
+// Redact returns u as a string with any password replaced by "xxxxx".
+func Redact(u *url.URL) string {
+	if u == nil {
+		return ""
+	}
+	return u.Redacted()
+}
+
+// Params reads the query parameters of a DSN. Each getter removes the parameter
+// it reads; Done then reports every parameter nobody asked for, so a typo such
+// as "?tll=10s" is an error instead of a silently ignored setting.
+//
+// Parameters may appear at most once.
+type Params struct {
+	v    url.Values
+	errs []error
+}
+
+// NewParams reads the query of u.
+func NewParams(u *url.URL) *Params {
+	return &Params{v: u.Query()}
+}
+
+func (p *Params) take(name string) (string, bool) {
+	vs, ok := p.v[name]
+	if !ok {
+		return "", false
+	}
+	delete(p.v, name)
+	if len(vs) > 1 {
+		p.errs = append(p.errs, fmt.Errorf("parameter %q given %d times", name, len(vs)))
+	}
+	return vs[len(vs)-1], true
+}
+
+// String returns the parameter's value, or def if it is absent.
+func (p *Params) String(name, def string) string {
+	if s, ok := p.take(name); ok {
+		return s
+	}
+	return def
+}
+
+// Duration returns the parameter parsed with time.ParseDuration, or def if it is
+// absent. A value that does not parse, or is not > 0, is recorded as an error.
+func (p *Params) Duration(name string, def time.Duration) time.Duration {
+	s, ok := p.take(name)
+	if !ok {
+		return def
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		p.errs = append(p.errs, fmt.Errorf("parameter %s=%q: want a positive duration such as 10s or 500ms", name, s))
+		return def
+	}
+	return d
+}
+
+// Float returns the parameter as a float64 in [lo, hi], or def if it is absent.
+func (p *Params) Float(name string, def, lo, hi float64) float64 {
+	s, ok := p.take(name)
+	if !ok {
+		return def
+	}
+	f, err := strconv.ParseFloat(s, 64)
+	if err != nil || f < lo || f > hi {
+		p.errs = append(p.errs, fmt.Errorf("parameter %s=%q: want a number from %g to %g", name, s, lo, hi))
+		return def
+	}
+	return f
+}
+
+// Int returns the parameter as an int in [lo, hi], or def if it is absent.
+func (p *Params) Int(name string, def, lo, hi int) int {
+	s, ok := p.take(name)
+	if !ok {
+		return def
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < lo || n > hi {
+		p.errs = append(p.errs, fmt.Errorf("parameter %s=%q: want a whole number from %d to %d", name, s, lo, hi))
+		return def
+	}
+	return n
+}
+
+// Bool returns the parameter parsed with strconv.ParseBool, or def if absent.
+func (p *Params) Bool(name string, def bool) bool {
+	s, ok := p.take(name)
+	if !ok {
+		return def
+	}
+	b, err := strconv.ParseBool(s)
+	if err != nil {
+		p.errs = append(p.errs, fmt.Errorf("parameter %s=%q: want true or false", name, s))
+		return def
+	}
+	return b
+}
+
+// Rest removes and returns every parameter not yet read, for a driver that
+// hands them on to its client library (which validates them itself).
+func (p *Params) Rest() url.Values {
+	r := p.v
+	p.v = url.Values{}
+	return r
+}
+
+// Done returns an error describing every malformed parameter and every
+// parameter that was never read, naming them (values are not repeated: they may
+// be secrets). known lists the parameters the driver accepts, for the message.
+func (p *Params) Done(known ...string) error {
+	errs := p.errs
+	if len(p.v) > 0 {
+		unknown := make([]string, 0, len(p.v))
+		for k := range p.v {
+			unknown = append(unknown, k)
+		}
+		slices.Sort(unknown)
+		msg := "unknown DSN parameter"
+		if len(unknown) > 1 {
+			msg += "s"
+		}
+		msg += " " + strings.Join(quoteAll(unknown), ", ")
+		if len(known) > 0 {
+			known = slices.Sorted(slices.Values(known))
+			msg += " (known: " + strings.Join(known, ", ") + ")"
+		}
+		errs = append(errs, errors.New(msg))
+	}
+	return errors.Join(errs...)
+}
+
+func quoteAll(s []string) []string {
+	q := make([]string, len(s))
+	for i, v := range s {
+		q[i] = strconv.Quote(v)
+	}
+	return q
+}

@@ -1,0 +1,120 @@
+package conformance
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+)
+
+// RunBenchmarks measures a backend through the public API:
+//
+//   - AcquireRelease: uncontended TryAcquire + Release, one locker.
+//   - Handoff8: 8 lockers contend for one key, each looping Acquire → Release.
+//     Besides ns/op it reports handoff-p50-µs and handoff-p99-µs (from the start
+//     of a Release to the next holder's grant), changed-hands-% (share of
+//     grants that went to a different locker than the previous one: 0% means
+//     the releaser always gets the lock straight back and waiters starve), and
+//     wait-p99-ms (time one Acquire waited).
+//
+// Compare backends and peers with benchstat; never assert on the numbers.
+func RunBenchmarks(b *testing.B, h Harness) {
+	b.Run("AcquireRelease", func(b *testing.B) {
+		l := benchLocker(b, h)
+		ctx := context.Background()
+		k := benchKey("acquire-release")
+		b.ReportAllocs()
+		for b.Loop() {
+			lease, err := l.TryAcquire(ctx, k, dlock.WithTTL(time.Minute))
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := lease.Release(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("Handoff8", func(b *testing.B) { benchHandoff(b, h, 8) })
+}
+
+func benchLocker(b *testing.B, h Harness) dlock.Locker {
+	l := h.NewLocker(b)
+	b.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
+func benchKey(name string) string {
+	return "conformance-bench/" + name + "/" + time.Now().Format("150405.000000000")
+}
+
+func benchHandoff(b *testing.B, h Harness, n int) {
+	lockers := make([]dlock.Locker, n)
+	for i := range lockers {
+		lockers[i] = benchLocker(b, h)
+	}
+	ctx := context.Background()
+	k := benchKey("handoff")
+	var (
+		remaining   atomic.Int64
+		mu          sync.Mutex
+		lastHolder  = -1
+		lastRelease time.Time
+		handoffs    []time.Duration
+		waits       []time.Duration
+		changed     int
+		grants      int
+	)
+	remaining.Store(int64(b.N))
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	for i, l := range lockers {
+		wg.Go(func() {
+			for remaining.Add(-1) >= 0 {
+				start := time.Now()
+				lease, err := l.Acquire(ctx, k, dlock.WithTTL(time.Minute))
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				got := time.Now()
+				mu.Lock()
+				grants++
+				waits = append(waits, got.Sub(start))
+				if lastHolder >= 0 {
+					handoffs = append(handoffs, got.Sub(lastRelease))
+					if lastHolder != i {
+						changed++
+					}
+				}
+				lastHolder = i
+				lastRelease = time.Now()
+				mu.Unlock()
+				if err := lease.Release(ctx); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	b.StopTimer()
+	if len(handoffs) > 0 {
+		b.ReportMetric(float64(pct(handoffs, 50).Microseconds()), "handoff-p50-µs")
+		b.ReportMetric(float64(pct(handoffs, 99).Microseconds()), "handoff-p99-µs")
+		b.ReportMetric(100*float64(changed)/float64(grants-1), "changed-hands-%")
+	}
+	if len(waits) > 0 {
+		b.ReportMetric(float64(pct(waits, 99).Microseconds())/1000, "wait-p99-ms")
+	}
+}
+
+func pct(d []time.Duration, p int) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	i := (len(s) - 1) * p / 100
+	return s[i]
+}

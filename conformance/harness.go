@@ -1,0 +1,46 @@
+// Package conformance is the one test suite every dlock driver runs: the same
+// safety, fencing and liveness tests, through the public dlock.Locker API, on
+// real servers.
+//
+// A driver's test file provides a Harness and calls Run:
+//
+//	func TestConformance(t *testing.T) {
+//		conformance.Run(t, &harness{srv: testenv.StartRedis(t)})
+//	}
+//
+// A test that needs a capability the driver does not claim is skipped, with the
+// reason; every capability a driver claims is proved.
+package conformance
+
+import (
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+)
+
+// Harness connects the suite to one deployment of one backend.
+type Harness interface {
+	// NewLocker returns an independent client, as a separate process would have
+	// (its own connections, its own sessions). The suite closes it; the harness
+	// may also close it in t.Cleanup (a second Close returning ErrClosed is fine).
+	NewLocker(t testing.TB) dlock.Locker
+
+	// Expire makes the backend forget the current holder of key behind the
+	// holder's back, as the server would on expiry: DEL the lock key, revoke the
+	// lease, kill the session. The next grant of key must still get a higher
+	// token.
+	Expire(t testing.TB, key string)
+}
+
+// ShortTTLer is an optional interface a Harness implements when its backend
+// cannot honour the suite's default short TTL (DefaultShortTTL), e.g. etcd,
+// whose leases last at least a few seconds.
+type ShortTTLer interface {
+	// ShortTTL is the shortest TTL the backend honours to within ~10%.
+	ShortTTL() time.Duration
+}
+
+// DefaultShortTTL is the TTL the suite gives leases in tests that wait for an
+// expiry, unless the Harness implements ShortTTLer.
+const DefaultShortTTL = 1 * time.Second

@@ -1,0 +1,252 @@
+// Package memlock is dlock's in-process reference driver, registered as the DSN
+// scheme "mem". Lockers opened on the same "mem://NAME" share one lock space (a
+// Store) for the life of the process; "mem://" is the store named "".
+//
+// It claims every capability a driver can have except fault tolerance — strict
+// tokens, FIFO hand-off, push-based waiting, immediate loss notification — so
+// that the conformance suite, which proves every claim, tests itself on it.
+package memlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/dlock-go/dlock/backend"
+)
+
+func init() {
+	backend.Register("mem", func(_ context.Context, u *url.URL) (backend.Driver, error) {
+		if err := backend.NewParams(u).Done(); err != nil {
+			return nil, err
+		}
+		if u.Path != "" && u.Path != "/" {
+			return nil, fmt.Errorf("mem DSN takes a store name as its host (mem://NAME), not a path %q", u.Path)
+		}
+		return Shared(u.Host).NewDriver(), nil
+	})
+}
+
+var (
+	sharedMu sync.Mutex
+	shared   = map[string]*Store{}
+)
+
+// Shared returns the process-wide store with the given name, creating it on
+// first use.
+func Shared(name string) *Store {
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
+	s, ok := shared[name]
+	if !ok {
+		s = NewStore()
+		shared[name] = s
+	}
+	return s
+}
+
+// Store is one in-process lock space. Its methods are safe for concurrent use.
+type Store struct {
+	mu     sync.Mutex
+	locks  map[string]*holder
+	queues map[string][]*waiter
+	tokens map[string]uint64
+}
+
+type holder struct {
+	owner string
+	lost    chan struct{} // closed when the store forgets this holder without a release
+	timer   *time.Timer   // expires the holder after its TTL
+	expires time.Time
+}
+
+type waiter struct {
+	owner string
+	ttl   time.Duration
+	grant chan *backend.Grant // buffered(1): the hand-off
+}
+
+// NewStore returns an empty, private store.
+func NewStore() *Store {
+	return &Store{
+		locks:  map[string]*holder{},
+		queues: map[string][]*waiter{},
+		tokens: map[string]uint64{},
+	}
+}
+
+// NewDriver returns a new client of the store. Drivers of one store exclude
+// each other as separate processes' clients of one server would.
+func (s *Store) NewDriver() backend.Driver { return &driver{store: s} }
+
+// Expire makes the store forget key's holder at once, as a server does when a
+// session expires: the holder's Grant.Lost is closed and the next waiter, if
+// any, is granted the lock. It reports whether the key was held.
+func (s *Store) Expire(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h, ok := s.locks[key]
+	if !ok {
+		return false
+	}
+	s.dropLocked(key, h, true)
+	return true
+}
+
+// grantLocked makes owner the holder of key. s.mu must be held.
+func (s *Store) grantLocked(key, owner string, ttl time.Duration) *backend.Grant {
+	s.tokens[key]++
+	h := &holder{owner: owner, lost: make(chan struct{}), expires: time.Now().Add(ttl)}
+	h.timer = time.AfterFunc(ttl, func() { s.expireOwner(key, owner) })
+	s.locks[key] = h
+	return &backend.Grant{
+		Key:      key,
+		Owner:    owner,
+		Token:    s.tokens[key],
+		Start:    time.Now(),
+		Validity: ttl,
+		Lost:     h.lost,
+	}
+}
+
+func (s *Store) expireOwner(key, owner string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// A refresh may have moved the expiry after the timer fired.
+	if h, ok := s.locks[key]; ok && h.owner == owner && !time.Now().Before(h.expires) {
+		s.dropLocked(key, h, true)
+	}
+}
+
+// dropLocked removes key's holder and hands the lock to the first waiter.
+func (s *Store) dropLocked(key string, h *holder, lost bool) {
+	h.timer.Stop()
+	if lost {
+		close(h.lost)
+	}
+	delete(s.locks, key)
+	q := s.queues[key]
+	if len(q) == 0 {
+		return
+	}
+	w := q[0]
+	if len(q) == 1 {
+		delete(s.queues, key)
+	} else {
+		s.queues[key] = q[1:]
+	}
+	w.grant <- s.grantLocked(key, w.owner, w.ttl)
+}
+
+// errClosed is returned by a driver used after Close.
+var errClosed = errors.New("memlock: driver closed")
+
+type driver struct {
+	store *Store
+	mu    sync.Mutex
+	done  bool
+}
+
+func (d *driver) Name() string { return "mem" }
+
+func (d *driver) closed() bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.done
+}
+
+func (d *driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*backend.Grant, error) {
+	if d.closed() {
+		return nil, errClosed
+	}
+	s := d.store
+	s.mu.Lock()
+	if _, taken := s.locks[req.Key]; !taken {
+		g := s.grantLocked(req.Key, req.Owner, req.TTL)
+		s.mu.Unlock()
+		return g, nil
+	}
+	if !req.Wait {
+		s.mu.Unlock()
+		return nil, backend.ErrHeld
+	}
+	w := &waiter{owner: req.Owner, ttl: req.TTL, grant: make(chan *backend.Grant, 1)}
+	s.queues[req.Key] = append(s.queues[req.Key], w)
+	s.mu.Unlock()
+
+	select {
+	case g := <-w.grant:
+		return g, nil
+	case <-ctx.Done():
+	}
+	// Cancelled: leave the queue, or give back a grant that raced the cancel.
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q := s.queues[req.Key]
+	for i, x := range q {
+		if x == w {
+			s.queues[req.Key] = append(q[:i:i], q[i+1:]...)
+			if len(s.queues[req.Key]) == 0 {
+				delete(s.queues, req.Key)
+			}
+			return nil, ctx.Err()
+		}
+	}
+	g := <-w.grant
+	if h, ok := s.locks[req.Key]; ok && h.owner == g.Owner {
+		s.dropLocked(req.Key, h, false)
+	}
+	return nil, ctx.Err()
+}
+
+func (d *driver) Refresh(_ context.Context, g *backend.Grant, ttl time.Duration) (time.Duration, error) {
+	if d.closed() {
+		return 0, errClosed
+	}
+	s := d.store
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h, ok := s.locks[g.Key]
+	if !ok || h.owner != g.Owner {
+		return 0, backend.ErrNotHeld
+	}
+	h.expires = time.Now().Add(ttl)
+	h.timer.Reset(ttl)
+	return ttl, nil
+}
+
+func (d *driver) Release(_ context.Context, g *backend.Grant) error {
+	if d.closed() {
+		return errClosed
+	}
+	s := d.store
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h, ok := s.locks[g.Key]
+	if !ok || h.owner != g.Owner {
+		return backend.ErrNotHeld
+	}
+	s.dropLocked(g.Key, h, false)
+	return nil
+}
+
+func (d *driver) Capabilities() backend.Capabilities {
+	return backend.Capabilities{
+		Fencing:       backend.FencingStrict,
+		FIFO:          true,
+		FaultTolerant: false,
+		TimeAuthority: backend.TimeServer,
+		PushWait:      true,
+		LossNotify:    true,
+	}
+}
+
+func (d *driver) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.done = true
+	return nil
+}

@@ -1,0 +1,321 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/dlock-go/dlock/backend"
+)
+
+// String returns the token in decimal.
+func (t Token) String() string { return strconv.FormatUint(uint64(t), 10) }
+
+type leaseState int
+
+const (
+	held      leaseState = iota
+	releasing            // Release is talking to the backend
+	ended                // Done is closed; err says why
+)
+
+// Lease is a granted lock. Its methods are safe for concurrent use.
+//
+// A lease ends exactly once: released by its holder (Release, Locker.Close, the
+// end of Do), or lost (its deadline passed without a successful renewal, a
+// renewal failed, or the backend reported it gone). Done is closed at that
+// moment and Err says which.
+type Lease struct {
+	locker *locker
+	grant  *backend.Grant
+	set    settings
+
+	ctx    context.Context // cancelled, with Err as cause, when the lease ends
+	cancel context.CancelCauseFunc
+
+	mu        sync.Mutex
+	state     leaseState
+	err       error
+	deadline  time.Time // monotonic; the lease is known held before it
+	nextRenew time.Time
+	renewing  bool
+}
+
+func newLease(l *locker, g *backend.Grant, s settings) *Lease {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	lease := &Lease{
+		locker:   l,
+		grant:    g,
+		set:      s,
+		ctx:      ctx,
+		cancel:   cancel,
+		deadline: g.Start.Add(g.Validity),
+	}
+	lease.nextRenew = g.Start.Add(renewInterval(s.ttl, g.Validity))
+	return lease
+}
+
+// renewInterval is the time from a grant or renewal's start to the next
+// renewal: a third of the TTL, or of the validity if that is shorter, so two
+// more attempts fit before the deadline.
+func renewInterval(ttl, validity time.Duration) time.Duration {
+	return min(ttl, validity) / 3
+}
+
+// start hands the lease to the scheduler and, for session-bound backends,
+// watches the grant's Lost channel.
+func (l *Lease) start() {
+	l.locker.sched.schedule(l, l.nextEvent())
+	if lost := l.grant.Lost; lost != nil {
+		l.locker.sched.spawn(func() {
+			select {
+			case <-lost:
+				l.lose(errors.New("backend reported the lock gone (session ended)"))
+			case <-l.ctx.Done():
+			}
+		})
+	}
+}
+
+// Key returns the lock's key.
+func (l *Lease) Key() string { return l.grant.Key }
+
+// Token returns the lease's fencing token. See Token and Locker.Capabilities
+// for what it guarantees on this backend.
+func (l *Lease) Token() Token { return Token(l.grant.Token) }
+
+// Deadline returns the local time before which the lease is known to be held:
+// the start of the latest successful grant or renewal request (the moment it was
+// sent, not answered) plus the validity the backend granted, less an allowance
+// for clock drift. The lease ends no later than this, unless renewed. It is
+// computed on the monotonic clock, so wall-clock jumps do not move it.
+func (l *Lease) Deadline() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.deadline
+}
+
+// Done returns a channel that is closed when the lease ends: released, expired
+// or lost. Select on it in long-running work, or use Do.
+func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
+
+// Err returns nil while the lease is held. After Done is closed it returns an
+// error matching ErrReleased if the holder released it, or ErrLeaseLost
+// (wrapping the cause) if it was lost.
+func (l *Lease) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
+}
+
+// Refresh extends the lease by its TTL now, for use when auto-renew is off (it
+// works when it is on, too). If the backend says the lock is no longer this
+// lease's, the lease ends and the error matches ErrLeaseLost. Any other failure
+// (ctx done, backend unreachable) is returned and leaves the lease as it was:
+// it still ends at its Deadline unless a later refresh succeeds.
+func (l *Lease) Refresh(ctx context.Context) error {
+	if err := l.heldErr("refresh"); err != nil {
+		return err
+	}
+	start := time.Now()
+	v, err := l.locker.drv.Refresh(ctx, l.grant, l.set.ttl)
+	if err != nil {
+		if errors.Is(err, backend.ErrNotHeld) {
+			l.lose(err)
+			return l.Err()
+		}
+		if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+			err = fmt.Errorf("%w (%w)", ctx.Err(), err)
+		}
+		return l.locker.errorf("refresh", l.Key(), err)
+	}
+	l.renewed(start, v)
+	return l.heldErr("refresh")
+}
+
+// heldErr returns nil if the lease is held, else the error for op.
+func (l *Lease) heldErr(op string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch l.state {
+	case held:
+		return nil
+	case releasing:
+		return l.locker.errorf(op, l.Key(), ErrReleased)
+	}
+	if errors.Is(l.err, ErrReleased) {
+		return l.locker.errorf(op, l.Key(), ErrReleased)
+	}
+	return l.err
+}
+
+// renewed records a successful renewal sent at start with validity v.
+func (l *Lease) renewed(start time.Time, v time.Duration) {
+	l.mu.Lock()
+	if l.state != held {
+		l.mu.Unlock()
+		return
+	}
+	if d := start.Add(v); d.After(l.deadline) {
+		l.deadline = d
+	}
+	l.nextRenew = start.Add(renewInterval(l.set.ttl, v))
+	next := l.nextEventLocked()
+	l.mu.Unlock()
+	l.locker.sched.schedule(l, next)
+}
+
+// Release gives up the lock. It returns nil if the lock was this lease's until
+// the backend removed it. It returns an error matching ErrLeaseLost if the lease
+// had been lost before (the caller learns that exclusivity may have broken), and
+// one matching ErrReleased if it was already released.
+//
+// If ctx is already done, Release runs on a detached context bounded by the
+// release timeout (see WithReleaseTimeout), so a deferred Release after a
+// cancelled request still frees the lock. If the backend cannot be reached the
+// lease ends anyway (Done is closed), the error is returned, and the lock frees
+// itself when its TTL runs out.
+func (l *Lease) Release(ctx context.Context) error {
+	l.mu.Lock()
+	if l.state != held {
+		l.mu.Unlock()
+		return l.heldErr("release")
+	}
+	l.state = releasing
+	l.mu.Unlock()
+	l.locker.sched.unschedule(l)
+
+	if ctx.Err() != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), l.set.releaseTimeout)
+		defer cancel()
+	}
+	err := l.locker.drv.Release(ctx, l.grant)
+	switch {
+	case err == nil:
+		l.end(releasing, ErrReleased)
+		return nil
+	case errors.Is(err, backend.ErrNotHeld):
+		l.end(releasing, withKind(ErrLeaseLost, err))
+		return l.Err()
+	default:
+		l.end(releasing, withKind(ErrReleased, fmt.Errorf("release not confirmed, the lock expires after its TTL: %w", err)))
+		return l.locker.errorf("release", l.Key(), err)
+	}
+}
+
+// releaseOnClose releases a lease on behalf of Locker.Close.
+func (l *Lease) releaseOnClose() error {
+	l.mu.Lock()
+	if l.state != held {
+		l.mu.Unlock()
+		return nil
+	}
+	l.state = releasing
+	l.mu.Unlock()
+	l.locker.sched.unschedule(l)
+	err := l.locker.releaseDetached(l.grant, l.set.releaseTimeout)
+	l.end(releasing, withKind(ErrReleased, ErrClosed))
+	if err != nil && !errors.Is(err, backend.ErrNotHeld) {
+		return l.locker.errorf("release", l.Key(), err)
+	}
+	return nil
+}
+
+// lose ends a held lease as lost, then frees the lock on the backend in case the
+// holder is still recorded there (a conditional release, so it can never touch
+// another owner's lock).
+func (l *Lease) lose(cause error) {
+	if !l.end(held, withKind(ErrLeaseLost, cause)) {
+		return
+	}
+	l.locker.sched.unschedule(l)
+	l.locker.sched.spawn(func() { _ = l.locker.releaseDetached(l.grant, l.set.releaseTimeout) })
+}
+
+// end moves the lease from state from to its final state, and reports whether
+// it did; err must match ErrReleased or ErrLeaseLost.
+func (l *Lease) end(from leaseState, err error) bool {
+	l.mu.Lock()
+	if l.state != from {
+		l.mu.Unlock()
+		return false
+	}
+	l.state = ended
+	op := "lease"
+	if errors.Is(err, ErrReleased) {
+		op = "release"
+	}
+	l.err = l.locker.errorf(op, l.Key(), err)
+	l.mu.Unlock()
+	l.cancel(l.err)
+	l.locker.forget(l)
+	return true
+}
+
+// nextEvent is when the scheduler must next look at the lease.
+func (l *Lease) nextEvent() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.nextEventLocked()
+}
+
+func (l *Lease) nextEventLocked() time.Time {
+	if l.set.autoRenew && !l.renewing && l.nextRenew.Before(l.deadline) {
+		return l.nextRenew
+	}
+	return l.deadline
+}
+
+// tick is called by the scheduler at or after the lease's next event.
+func (l *Lease) tick(now time.Time) {
+	l.mu.Lock()
+	if l.state != held {
+		l.mu.Unlock()
+		return
+	}
+	if !now.Before(l.deadline) {
+		l.mu.Unlock()
+		l.lose(errors.New("deadline passed without a successful renewal"))
+		return
+	}
+	renew := l.set.autoRenew && !l.renewing && !now.Before(l.nextRenew)
+	if renew {
+		l.renewing = true
+	}
+	deadline := l.deadline
+	next := l.nextEventLocked()
+	l.mu.Unlock()
+
+	l.locker.sched.schedule(l, next)
+	if renew {
+		l.locker.sched.spawn(func() { l.autoRenew(deadline) })
+	}
+}
+
+// autoRenew runs one keepalive renewal, which must finish before deadline.
+func (l *Lease) autoRenew(deadline time.Time) {
+	ctx, cancel := context.WithDeadline(l.ctx, deadline)
+	defer cancel()
+	start := time.Now()
+	v, err := l.locker.drv.Refresh(ctx, l.grant, l.set.ttl)
+	l.mu.Lock()
+	l.renewing = false
+	l.mu.Unlock()
+	if err != nil {
+		if l.ctx.Err() != nil {
+			return // the lease ended meanwhile; its error is already set
+		}
+		if ctx.Err() != nil {
+			err = fmt.Errorf("renewal did not finish before the deadline: %w", err)
+		} else {
+			err = fmt.Errorf("renewal failed: %w", err)
+		}
+		l.lose(err)
+		return
+	}
+	l.renewed(start, v)
+}

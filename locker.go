@@ -1,0 +1,300 @@
+// Package dlock provides distributed locks with fencing tokens over
+// interchangeable backends: Redis, Redlock, etcd, ZooKeeper and PostgreSQL.
+//
+// A lock can be lost while its holder still believes in it: a GC or VM pause, a
+// slow network, a clock jump or a failover can outlast its TTL. No timeout fixes
+// that. What does is a fencing token: a number that strictly increases with
+// every grant of a key. The holder sends its [Token] with every write, and the
+// resource rejects any token lower than the highest it has seen (package
+// fencing does that side). dlock gives every backend a token with this one
+// meaning, and says through [Locker.Capabilities] which backends can only give a
+// timing-dependent one.
+//
+// # Picking a backend
+//
+// [Open] takes a DSN whose scheme selects a driver; import the driver package
+// for its side effect of registering the scheme:
+//
+//	import _ "github.com/dlock-go/dlock/redis"
+//
+//	locker, err := dlock.Open(ctx, "redis://127.0.0.1:6379/0?ttl=10s")
+//
+// The scheme "mem" (an in-process lock, for tests and examples) is always
+// registered. [New] takes a driver built in code.
+//
+// # Leases
+//
+// A granted lock is a [*Lease]. Its [Lease.Done] channel is closed the moment
+// the lease ends — released, expired, or lost — and [Lease.Err] says which. A
+// keepalive renews every lease at TTL/3; the first renewal that fails, or cannot
+// finish before [Lease.Deadline], ends the lease. A lease is never believed past
+// the time its backend may have dropped it. [Do] runs a function under a lease and
+// cancels its context the moment the lease is lost.
+package dlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/dlock-go/dlock/backend"
+	_ "github.com/dlock-go/dlock/internal/memlock" // registers mem://
+)
+
+// Token is a fencing token: strictly increasing per key across successive
+// grants, on backends whose Capabilities().Fencing is backend.FencingStrict.
+// It is never 0 on a backend that fences. Send it with every write to the
+// protected resource, and have the resource reject tokens lower than the
+// highest it has seen (see package fencing).
+type Token uint64
+
+// Locker grants locks. It is safe for concurrent use by many goroutines. Two
+// Lockers, in one process or in many, exclude each other when they use the
+// same backend and key; a Locker also excludes itself (locks are not
+// reentrant: a second Acquire of a held key waits like any other client).
+type Locker interface {
+	// Acquire waits until the lock key is granted or ctx is done. ctx bounds the
+	// wait only, never the lease's life. If ctx ends first, the error matches both
+	// ErrNotAcquired and ctx.Err(), and nothing is left behind on the backend.
+	Acquire(ctx context.Context, key string, opts ...Option) (*Lease, error)
+
+	// TryAcquire makes one attempt. If another owner holds the lock it returns an
+	// error matching ErrNotAcquired at once.
+	TryAcquire(ctx context.Context, key string, opts ...Option) (*Lease, error)
+
+	// Capabilities says what this backend guarantees.
+	Capabilities() backend.Capabilities
+
+	// Close releases every lease the Locker holds, stops its keepalive and
+	// closes the driver. In-flight Acquire calls return ErrClosed. Calls after
+	// Close return ErrClosed.
+	Close() error
+}
+
+// Open opens a Locker for a DSN such as "etcd://h1:2379,h2:2379/locks?ttl=10s".
+// The scheme selects the driver, which must have been registered by importing
+// its package; the error for an unknown scheme lists the registered ones.
+//
+// The DSN parameters "ttl" (a duration, see WithTTL) and "autorenew" (true or
+// false, see WithAutoRenew) are read by dlock for every backend; every other
+// parameter belongs to the driver, which rejects those it does not know. opts
+// apply after the DSN's parameters, so they take precedence.
+//
+// ctx bounds opening only (connecting, checking the server); it does not bound
+// the Locker's life. Errors never contain the DSN's password.
+func Open(ctx context.Context, dsn string, opts ...Option) (Locker, error) {
+	u, err := backend.ParseDSN(dsn)
+	if err != nil {
+		return nil, &Error{Op: "open", Err: fmt.Errorf("%w: %w", ErrInvalidOption, err)}
+	}
+	open, ok := backend.Lookup(u.Scheme)
+	if !ok {
+		return nil, &Error{Op: "open", Backend: u.Scheme, Err: fmt.Errorf("%w %q (forgotten import?); registered: %v",
+			ErrUnknownScheme, u.Scheme, backend.Schemes())}
+	}
+	dsnOpts, err := takePortableParams(u)
+	if err != nil {
+		return nil, &Error{Op: "open", Backend: u.Scheme, Err: err}
+	}
+	s, err := defaultSettings().with(append(dsnOpts, opts...))
+	if err != nil {
+		return nil, &Error{Op: "open", Backend: u.Scheme, Err: err}
+	}
+	d, err := open(ctx, u)
+	if err != nil {
+		return nil, &Error{Op: "open", Backend: u.Scheme, Err: err}
+	}
+	return newLocker(d, u.Scheme, s), nil
+}
+
+// New returns a Locker over a driver built in code, such as one returned by a
+// driver package's NewDriver. The Locker owns d: its Close closes d. An invalid
+// option is reported as an error.
+func New(d backend.Driver, opts ...Option) (Locker, error) {
+	name := driverName(d)
+	if d == nil {
+		return nil, &Error{Op: "open", Err: fmt.Errorf("%w: nil driver", ErrInvalidOption)}
+	}
+	s, err := defaultSettings().with(opts)
+	if err != nil {
+		return nil, &Error{Op: "open", Backend: name, Err: err}
+	}
+	return newLocker(d, name, s), nil
+}
+
+// driverName is the name used in errors for a driver built in code: its Name
+// method if it has one (see backend.Named), else its Go type.
+func driverName(d backend.Driver) string {
+	if n, ok := d.(backend.Named); ok {
+		return n.Name()
+	}
+	return fmt.Sprintf("%T", d)
+}
+
+// locker is the one implementation of Locker: every rule users see lives here,
+// once, over a thin driver.
+type locker struct {
+	drv     backend.Driver
+	name    string
+	caps    backend.Capabilities
+	base    settings
+	sched   *scheduler
+	closing context.Context // cancelled (cause ErrClosed) when Close starts
+	close   context.CancelCauseFunc
+
+	mu       sync.Mutex
+	closed   bool
+	inflight sync.WaitGroup // Acquire calls inside the driver
+	leases   map[*Lease]struct{}
+}
+
+func newLocker(d backend.Driver, name string, s settings) *locker {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	l := &locker{
+		drv:     d,
+		name:    name,
+		caps:    d.Capabilities(),
+		base:    s,
+		sched:   newScheduler(),
+		closing: ctx,
+		close:   cancel,
+		leases:  map[*Lease]struct{}{},
+	}
+	return l
+}
+
+func (l *locker) Capabilities() backend.Capabilities { return l.caps }
+
+func (l *locker) Acquire(ctx context.Context, key string, opts ...Option) (*Lease, error) {
+	return l.acquire(ctx, "acquire", key, true, opts)
+}
+
+func (l *locker) TryAcquire(ctx context.Context, key string, opts ...Option) (*Lease, error) {
+	return l.acquire(ctx, "try-acquire", key, false, opts)
+}
+
+func (l *locker) errorf(op, key string, err error) error {
+	return &Error{Op: op, Key: key, Backend: l.name, Err: err}
+}
+
+func (l *locker) acquire(ctx context.Context, op, key string, wait bool, opts []Option) (*Lease, error) {
+	if err := validateKey(key); err != nil {
+		return nil, l.errorf(op, key, err)
+	}
+	s, err := l.base.with(opts)
+	if err != nil {
+		return nil, l.errorf(op, key, err)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, l.errorf(op, key, withKind(ErrNotAcquired, err))
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil, l.errorf(op, key, ErrClosed)
+	}
+	l.inflight.Add(1)
+	l.mu.Unlock()
+	defer l.inflight.Done()
+
+	// The driver's wait ends when the caller's ctx ends or Close starts.
+	actx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	stop := context.AfterFunc(l.closing, func() { cancel(ErrClosed) })
+	defer stop()
+
+	called := time.Now()
+	g, err := l.drv.Acquire(actx, backend.AcquireRequest{
+		Key:   key,
+		Owner: backend.NewOwnerID(),
+		TTL:   s.ttl,
+		Wait:  wait,
+	})
+	if err != nil {
+		switch {
+		case l.closing.Err() != nil:
+			err = ErrClosed
+		case ctx.Err() != nil:
+			if !errors.Is(err, ctx.Err()) {
+				err = fmt.Errorf("%w (%w)", ctx.Err(), err)
+			}
+			err = withKind(ErrNotAcquired, err)
+		case errors.Is(err, backend.ErrHeld):
+			err = withKind(ErrNotAcquired, err)
+		}
+		return nil, l.errorf(op, key, err)
+	}
+	if g == nil || g.Validity <= 0 {
+		// A driver bug; never hand out a lease nobody can vouch for.
+		if g != nil {
+			l.releaseDetached(g, s.releaseTimeout)
+		}
+		return nil, l.errorf(op, key, fmt.Errorf("driver returned an invalid grant (nil or validity ≤ 0)"))
+	}
+	if g.Start.IsZero() {
+		g.Start = called
+	}
+	lease := newLease(l, g, s)
+
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		l.releaseDetached(g, s.releaseTimeout)
+		return nil, l.errorf(op, key, ErrClosed)
+	}
+	l.leases[lease] = struct{}{}
+	l.mu.Unlock()
+	lease.start()
+	return lease, nil
+}
+
+// releaseDetached releases g on a context detached from any caller, bounded by
+// timeout. Used where no caller is waiting for the answer.
+func (l *locker) releaseDetached(g *backend.Grant, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	return l.drv.Release(ctx, g)
+}
+
+func (l *locker) forget(lease *Lease) {
+	l.mu.Lock()
+	delete(l.leases, lease)
+	l.mu.Unlock()
+}
+
+func (l *locker) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return l.errorf("close", "", ErrClosed)
+	}
+	l.closed = true
+	l.mu.Unlock()
+
+	l.close(ErrClosed)
+	l.inflight.Wait() // no Acquire is inside the driver any more
+
+	l.mu.Lock()
+	held := make([]*Lease, 0, len(l.leases))
+	for lease := range l.leases {
+		held = append(held, lease)
+	}
+	l.mu.Unlock()
+
+	errs := make([]error, len(held))
+	var wg sync.WaitGroup
+	for i, lease := range held {
+		wg.Go(func() { errs[i] = lease.releaseOnClose() })
+	}
+	wg.Wait()
+	l.sched.stop() // waits for in-flight renewals and watchers
+	if err := l.drv.Close(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return l.errorf("close", "", err)
+	}
+	return nil
+}

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Installs the real servers dlock's tests run against, from Debian packages.
+#
+# Idempotent: packages already installed are skipped. Packaged services are kept
+# from auto-starting on their default ports (tests start their own servers on free
+# loopback ports; see internal/testenv).
+#
+# Usage: scripts/install-test-deps.sh            (needs root, or sudo)
+set -euo pipefail
+
+# One line per server the tests use. Drivers add theirs as they land.
+packages=(
+  redis-server redis-tools   # redis driver, redlock driver
+)
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "install-test-deps: need root or sudo" >&2; exit 1; }
+  sudo="sudo"
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-test-deps: all present: ${packages[*]}"
+  exit 0
+fi
+
+# Keep packaged services from starting on the default ports during install.
+policy=/usr/sbin/policy-rc.d
+created_policy=0
+if [ ! -e "$policy" ]; then
+  printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null
+  $sudo chmod 755 "$policy"
+  created_policy=1
+fi
+cleanup() { if [ "$created_policy" = 1 ]; then $sudo rm -f "$policy"; fi; }
+trap cleanup EXIT
+
+echo "install-test-deps: installing ${missing[*]}"
+$sudo apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-test-deps: done"
