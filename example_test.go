@@ -1,0 +1,100 @@
+package dlock_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/fencing"
+)
+
+// Open picks a backend by DSN. "mem://" is an in-process backend, always
+// available; import a driver package (e.g. github.com/dlock-go/dlock/redis)
+// to register its scheme.
+func ExampleOpen() {
+	ctx := context.Background()
+	locker, err := dlock.Open(ctx, "mem://example-open?ttl=10s")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer locker.Close()
+	fmt.Println("fencing:", locker.Capabilities().Fencing)
+	// Output: fencing: strict
+}
+
+func ExampleLocker_Acquire() {
+	ctx := context.Background()
+	locker, err := dlock.Open(ctx, "mem://example-acquire")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer locker.Close()
+
+	// Wait at most 5s for the lock. The timeout bounds the wait only: the lease
+	// lives, renewed every TTL/3, until it is released.
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	lease, err := locker.Acquire(wctx, "jobs/nightly")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lease.Release(ctx)
+
+	// Another client's attempt fails at once while the lock is held.
+	_, err = locker.TryAcquire(ctx, "jobs/nightly")
+	fmt.Println(errors.Is(err, dlock.ErrNotAcquired))
+	fmt.Println("token:", lease.Token())
+	// Output:
+	// true
+	// token: 1
+}
+
+// Do runs a function under the lock and cancels its context the moment the
+// lease is lost.
+func ExampleDo() {
+	ctx := context.Background()
+	locker, err := dlock.Open(ctx, "mem://example-do")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer locker.Close()
+
+	err = dlock.Do(ctx, locker, "reports/daily", func(ctx context.Context, lease *dlock.Lease) error {
+		// Long work selects on ctx.Done(); context.Cause(ctx) matches
+		// dlock.ErrLeaseLost if the lock was lost.
+		fmt.Println("generating report under token", lease.Token())
+		return nil
+	})
+	fmt.Println("err:", err)
+	// Output:
+	// generating report under token 1
+	// err: <nil>
+}
+
+// A fenced write: the resource remembers the highest token it has accepted and
+// rejects older ones, so a holder that paused past its TTL cannot overwrite the
+// work of the holder that came after it.
+func Example_fencedWrite() {
+	ctx := context.Background()
+	locker, err := dlock.Open(ctx, "mem://example-fenced")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer locker.Close()
+	var storage fencing.Guard // the resource side
+
+	old, _ := locker.Acquire(ctx, "file", dlock.WithTTL(50*time.Millisecond), dlock.WithAutoRenew(false))
+	<-old.Done() // old's holder "paused" past its TTL; its lease ended
+	current, _ := locker.Acquire(ctx, "file")
+	defer current.Release(ctx)
+
+	fmt.Println(storage.Do("file", current.Token(), func() error { return nil }))
+	err = storage.Do("file", old.Token(), func() error { return nil })
+	fmt.Println(errors.Is(err, fencing.ErrStaleToken))
+	// Output:
+	// <nil>
+	// true
+}

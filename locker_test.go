@@ -1,0 +1,340 @@
+package dlock_test
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/memlock"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// scripted wraps a memlock driver so a test can make refreshes fail or hang and
+// shift a grant's Start, to pin down the portable type's keepalive rules.
+type scripted struct {
+	backend.Driver
+	mu           sync.Mutex
+	refreshErr   error
+	refreshBlock chan struct{} // if non-nil, Refresh waits for it or ctx
+	refreshes    int
+	noLost       bool          // strip Grant.Lost, as a TTL backend would
+	answerDelay  time.Duration // time between Start and the answer
+	releases     int
+}
+
+func newScripted() *scripted { return &scripted{Driver: memlock.NewStore().NewDriver()} }
+
+func (d *scripted) Acquire(ctx context.Context, req backend.AcquireRequest) (*backend.Grant, error) {
+	g, err := d.Driver.Acquire(ctx, req)
+	if err != nil {
+		return nil, err
+	}
+	if d.noLost {
+		g.Lost = nil
+	}
+	time.Sleep(d.answerDelay)
+	return g, nil
+}
+
+func (d *scripted) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duration) (time.Duration, error) {
+	d.mu.Lock()
+	d.refreshes++
+	err, block := d.refreshErr, d.refreshBlock
+	d.mu.Unlock()
+	if block != nil {
+		select {
+		case <-block:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+	if err != nil {
+		return 0, err
+	}
+	return d.Driver.Refresh(ctx, g, ttl)
+}
+
+func (d *scripted) Release(ctx context.Context, g *backend.Grant) error {
+	d.mu.Lock()
+	d.releases++
+	d.mu.Unlock()
+	return d.Driver.Release(ctx, g)
+}
+
+func newLocker(t *testing.T, d backend.Driver, opts ...dlock.Option) dlock.Locker {
+	t.Helper()
+	l, err := dlock.New(d, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+func TestRefreshFailureEndsLease(t *testing.T) {
+	d := newScripted()
+	d.noLost = true
+	l := newLocker(t, d)
+	lease, err := l.Acquire(context.Background(), "k", dlock.WithTTL(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	boom := errors.New("connection reset")
+	d.mu.Lock()
+	d.refreshErr = boom
+	d.mu.Unlock()
+	select {
+	case <-lease.Done():
+	case <-time.After(2 * time.Second):
+		t.Fatal("Done not closed after a failed renewal")
+	}
+	if err := lease.Err(); !errors.Is(err, dlock.ErrLeaseLost) || !errors.Is(err, boom) {
+		t.Fatalf("Err() = %v, want ErrLeaseLost wrapping the renewal's cause", err)
+	}
+	// The first failure ended it, before the deadline.
+	if time.Now().After(lease.Deadline()) {
+		t.Errorf("lease ended only after its deadline; the failed renewal should have ended it")
+	}
+}
+
+func TestHungRefreshEndsLeaseAtDeadline(t *testing.T) {
+	d := newScripted()
+	d.noLost = true
+	d.refreshBlock = make(chan struct{}) // never closed: the backend hangs
+	l := newLocker(t, d)
+	ttl := 300 * time.Millisecond
+	lease, err := l.Acquire(context.Background(), "k", dlock.WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := lease.Deadline()
+	<-lease.Done()
+	ended := time.Now()
+	if ended.Before(deadline) {
+		t.Fatalf("lease ended %v before its deadline", deadline.Sub(ended))
+	}
+	if late := ended.Sub(deadline); late > 100*time.Millisecond {
+		t.Errorf("lease believed %v past its deadline while the renewal hung", late)
+	}
+	if !errors.Is(lease.Err(), dlock.ErrLeaseLost) {
+		t.Fatalf("Err() = %v", lease.Err())
+	}
+}
+
+// The deadline counts from when the request was sent, not answered.
+func TestDeadlineCountsFromStart(t *testing.T) {
+	d := newScripted()
+	d.answerDelay = 200 * time.Millisecond
+	l := newLocker(t, d)
+	before := time.Now()
+	ttl := 5 * time.Second
+	lease, err := l.Acquire(context.Background(), "k", dlock.WithTTL(ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The answer came 200ms after the grant; a deadline counted from the answer
+	// would be that much later.
+	if got, latest := lease.Deadline(), before.Add(ttl+d.answerDelay/2); got.After(latest) {
+		t.Fatalf("Deadline %v after request time + TTL: it counted from the answer", got.Sub(before.Add(ttl)))
+	}
+	lease.Release(context.Background())
+}
+
+func TestAutoRenewOffEndsAtDeadline(t *testing.T) {
+	d := newScripted()
+	d.noLost = true
+	l := newLocker(t, d, dlock.WithAutoRenew(false))
+	lease, err := l.Acquire(context.Background(), "k", dlock.WithTTL(200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-lease.Done()
+	if time.Now().Before(lease.Deadline()) {
+		t.Fatal("lease ended before its deadline")
+	}
+	d.mu.Lock()
+	n := d.refreshes
+	d.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("auto-renew off, yet %d refreshes ran", n)
+	}
+}
+
+// One scheduler per Locker: holding many leases does not add a goroutine each.
+func TestKeepaliveIsOneScheduler(t *testing.T) {
+	d := newScripted()
+	d.noLost = true
+	l := newLocker(t, d)
+	before := runtime.NumGoroutine()
+	var leases []*dlock.Lease
+	for i := range 300 {
+		lease, err := l.TryAcquire(context.Background(), "k"+strings.Repeat("x", i%7)+string(rune('a'+i%26))+time.Duration(i).String(), dlock.WithTTL(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, lease)
+	}
+	if after := runtime.NumGoroutine(); after-before > 10 {
+		t.Fatalf("goroutines grew by %d for 300 leases", after-before)
+	}
+	for _, lease := range leases {
+		lease.Release(context.Background())
+	}
+}
+
+// A Release whose ctx is already done still frees the lock, on a detached,
+// bounded context.
+func TestReleaseWithDoneContext(t *testing.T) {
+	d := newScripted()
+	l := newLocker(t, d)
+	lease, err := l.Acquire(context.Background(), "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := lease.Release(ctx); err != nil {
+		t.Fatalf("Release with a cancelled ctx: %v", err)
+	}
+	l2, err := l.TryAcquire(context.Background(), "k")
+	if err != nil {
+		t.Fatalf("lock not freed: %v", err)
+	}
+	l2.Release(context.Background())
+}
+
+func TestOpenErrors(t *testing.T) {
+	ctx := context.Background()
+	cases := []struct {
+		dsn     string
+		is      error
+		contain []string
+	}{
+		{"nosuch://user:s3cret@host/x", dlock.ErrUnknownScheme, []string{`"nosuch"`, "mem", "forgotten import"}},
+		{"mem://?ttl=0s", dlock.ErrInvalidOption, []string{"ttl"}},
+		{"mem://?ttl=banana", dlock.ErrInvalidOption, []string{"ttl"}},
+		{"mem://?autorenew=maybe", dlock.ErrInvalidOption, []string{"autorenew"}},
+		{"mem://?colour=blue", nil, []string{`unknown DSN parameter "colour"`}},
+		{"", dlock.ErrInvalidOption, []string{"empty DSN"}},
+		{"redis://user:s3cret@host:notaport/0", dlock.ErrInvalidOption, []string{"malformed DSN"}},
+		{"://user:s3cret@host", dlock.ErrInvalidOption, []string{"malformed DSN"}},
+		{"mem://x/some/path", nil, []string{"path"}},
+	}
+	for _, c := range cases {
+		l, err := dlock.Open(ctx, c.dsn)
+		if err == nil {
+			l.Close()
+			t.Errorf("Open(%q) succeeded", c.dsn)
+			continue
+		}
+		var de *dlock.Error
+		if !errors.As(err, &de) || de.Op != "open" {
+			t.Errorf("Open(%q): %v is not a *dlock.Error with Op open", c.dsn, err)
+		}
+		if c.is != nil && !errors.Is(err, c.is) {
+			t.Errorf("Open(%q): %v, want %v", c.dsn, err, c.is)
+		}
+		for _, s := range c.contain {
+			if !strings.Contains(err.Error(), s) {
+				t.Errorf("Open(%q): %q does not mention %q", c.dsn, err, s)
+			}
+		}
+		if strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("Open(%q): error leaks the password: %v", c.dsn, err)
+		}
+	}
+}
+
+func TestOpenDSNParameters(t *testing.T) {
+	ctx := context.Background()
+	l, err := dlock.Open(ctx, "mem://dsn-params?ttl=750ms&autorenew=false")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	start := time.Now()
+	lease, err := l.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := lease.Deadline().Sub(start); d <= 0 || d > 760*time.Millisecond {
+		t.Fatalf("deadline %v after acquire, want ≤ the DSN's ttl of 750ms", d)
+	}
+	<-lease.Done() // autorenew=false: it ends by itself
+	if !errors.Is(lease.Err(), dlock.ErrLeaseLost) {
+		t.Fatal(lease.Err())
+	}
+	// Options given in code take precedence over the DSN.
+	l2, err := dlock.Open(ctx, "mem://dsn-params?ttl=750ms", dlock.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close()
+	lease2, err := l2.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Until(lease2.Deadline()); d < 30*time.Second {
+		t.Fatalf("deadline in %v; WithTTL(1m) should have overridden ttl=750ms", d)
+	}
+	lease2.Release(ctx)
+}
+
+func TestNewRejectsBadInput(t *testing.T) {
+	if _, err := dlock.New(nil); !errors.Is(err, dlock.ErrInvalidOption) {
+		t.Errorf("New(nil): %v", err)
+	}
+	if _, err := dlock.New(memlock.NewStore().NewDriver(), dlock.WithTTL(-1)); !errors.Is(err, dlock.ErrInvalidOption) {
+		t.Errorf("New with TTL -1: %v", err)
+	}
+	if _, err := dlock.New(memlock.NewStore().NewDriver(), dlock.WithReleaseTimeout(0)); !errors.Is(err, dlock.ErrInvalidOption) {
+		t.Errorf("New with release timeout 0: %v", err)
+	}
+}
+
+func TestErrorMessage(t *testing.T) {
+	l := newLocker(t, memlock.NewStore().NewDriver())
+	ctx := context.Background()
+	lease, err := l.Acquire(ctx, "jobs/nightly")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	_, err = l.TryAcquire(ctx, "jobs/nightly")
+	want := `dlock: try-acquire "jobs/nightly" (mem): lock not acquired: lock held by another owner`
+	if err == nil || err.Error() != want {
+		t.Fatalf("error %q, want %q", err, want)
+	}
+	if !errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("%v does not match ErrNotAcquired and backend.ErrHeld", err)
+	}
+}
+
+// A Do whose fn fails returns fn's error and still releases the lock.
+func TestDoReturnsFnError(t *testing.T) {
+	l := newLocker(t, memlock.NewStore().NewDriver())
+	ctx := context.Background()
+	boom := errors.New("boom")
+	if err := dlock.Do(ctx, l, "k", func(context.Context, *dlock.Lease) error { return boom }); err != boom {
+		t.Fatalf("Do: %v, want fn's error", err)
+	}
+	lease, err := l.TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatalf("lock not released after a failed fn: %v", err)
+	}
+	lease.Release(ctx)
+	// fn may release the lease itself.
+	err = dlock.Do(ctx, l, "k", func(ctx context.Context, lease *dlock.Lease) error { return lease.Release(ctx) })
+	if err != nil {
+		t.Fatalf("Do whose fn released the lease: %v", err)
+	}
+}
