@@ -79,10 +79,6 @@ func (s settings) with(opts []Option) (settings, error) {
 	return s, nil
 }
 
-// portableParams are the DSN parameters Open reads itself; the driver never
-// sees them.
-var portableParams = []string{"ttl", "autorenew"}
-
 // takePortableParams removes dlock's own parameters from u's query and returns
 // them as options.
 func takePortableParams(u *url.URL) ([]Option, error) {

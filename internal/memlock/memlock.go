@@ -57,7 +57,7 @@ type Store struct {
 }
 
 type holder struct {
-	owner string
+	owner   string
 	lost    chan struct{} // closed when the store forgets this holder without a release
 	timer   *time.Timer   // expires the holder after its TTL
 	expires time.Time

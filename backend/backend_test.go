@@ -1,0 +1,144 @@
+package backend_test
+
+import (
+	"context"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock/backend"
+)
+
+func TestParseDSNNeverEchoesPassword(t *testing.T) {
+	for _, dsn := range []string{
+		"redis://user:s3cret@host:port/0",
+		"redis://user:s3cret@[::1/0",
+		"redis://user:s3cret@ho st/0",
+		"redis://user:s3cret@host/%zz",
+		"   ",
+	} {
+		_, err := backend.ParseDSN(dsn)
+		if err == nil {
+			t.Errorf("ParseDSN(%q) succeeded", dsn)
+			continue
+		}
+		if strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("ParseDSN(%q): error leaks the password: %v", dsn, err)
+		}
+	}
+	u, err := backend.ParseDSN("redis://user:s3cret@127.0.0.1:6379/0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := backend.Redact(u); strings.Contains(r, "s3cret") {
+		t.Errorf("Redact = %q", r)
+	}
+}
+
+func TestParams(t *testing.T) {
+	u, _ := url.Parse("x://h/?prefix=p:&ttl=3s&drift=0.05&n=3&on=true&tll=1s&extra=a&extra=b&bad=1")
+	p := backend.NewParams(u)
+	if got := p.String("prefix", "dlock:"); got != "p:" {
+		t.Errorf("prefix = %q", got)
+	}
+	if got := p.String("absent", "def"); got != "def" {
+		t.Errorf("absent = %q", got)
+	}
+	if got := p.Duration("ttl", time.Second); got != 3*time.Second {
+		t.Errorf("ttl = %v", got)
+	}
+	if got := p.Float("drift", 0.01, 0, 0.5); got != 0.05 {
+		t.Errorf("drift = %v", got)
+	}
+	if got := p.Int("n", 1, 1, 9); got != 3 {
+		t.Errorf("n = %v", got)
+	}
+	if got := p.Bool("on", false); !got {
+		t.Errorf("on = %v", got)
+	}
+	p.String("extra", "")
+	p.Int("bad", 5, 2, 9)
+	err := p.Done("prefix", "ttl")
+	if err == nil {
+		t.Fatal("Done: nil error with an unknown parameter")
+	}
+	for _, want := range []string{`"tll"`, `known: prefix, ttl`, `"extra" given 2 times`, `bad="1"`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("Done error %q lacks %q", err, want)
+		}
+	}
+	u2, _ := url.Parse("x://h/?ttl=-1s")
+	p2 := backend.NewParams(u2)
+	p2.Duration("ttl", time.Second)
+	if err := p2.Done(); err == nil || !strings.Contains(err.Error(), "positive duration") {
+		t.Errorf("negative duration: %v", err)
+	}
+}
+
+func TestRegisterPanics(t *testing.T) {
+	open := func(context.Context, *url.URL) (backend.Driver, error) { return nil, nil }
+	mustPanic := func(name string, f func()) {
+		t.Helper()
+		defer func() {
+			if recover() == nil {
+				t.Errorf("%s did not panic", name)
+			}
+		}()
+		f()
+	}
+	backend.Register("test-register", open)
+	mustPanic("duplicate", func() { backend.Register("test-register", open) })
+	mustPanic("nil", func() { backend.Register("test-nil", nil) })
+	mustPanic("empty", func() { backend.Register("", open) })
+	if _, ok := backend.Lookup("test-register"); !ok {
+		t.Error("Lookup after Register failed")
+	}
+	found := false
+	for _, s := range backend.Schemes() {
+		found = found || s == "test-register"
+	}
+	if !found {
+		t.Errorf("Schemes() = %v", backend.Schemes())
+	}
+}
+
+func TestBackoffAndJitter(t *testing.T) {
+	b := backend.Backoff{Min: 10 * time.Millisecond, Max: 80 * time.Millisecond}
+	nominal := []time.Duration{10, 20, 40, 80, 80}
+	for i, n := range nominal {
+		n *= time.Millisecond
+		d := b.Next()
+		if d < n/2 || d > n {
+			t.Fatalf("wait %d = %v, want in [%v, %v]", i, d, n/2, n)
+		}
+	}
+	b.Reset()
+	if d := b.Next(); d > 10*time.Millisecond {
+		t.Fatalf("after Reset: %v", d)
+	}
+	seen := map[time.Duration]bool{}
+	for range 100 {
+		seen[backend.Jitter(time.Second)] = true
+	}
+	if len(seen) < 50 {
+		t.Fatalf("Jitter gave only %d distinct values in 100 draws", len(seen))
+	}
+}
+
+func TestOwnerIDs(t *testing.T) {
+	a, b := backend.NewOwnerID(), backend.NewOwnerID()
+	if len(a) != 32 || a == b {
+		t.Fatalf("owner ids %q, %q", a, b)
+	}
+}
+
+func TestStrings(t *testing.T) {
+	if backend.FencingStrict.String() != "strict" || backend.FencingTimingDependent.String() != "timing-dependent" ||
+		backend.FencingNone.String() != "none" || backend.TimeClient.String() != "client" || backend.FencingLevel(9).String() != "FencingLevel(9)" {
+		t.Fatal("String methods")
+	}
+	if d := backend.DriftAllowance(10 * time.Second); d != 102*time.Millisecond {
+		t.Fatalf("DriftAllowance(10s) = %v", d)
+	}
+}

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Runs every check and test dlock has: formatting, go vet, staticcheck, a
+# go.mod tidiness check, and `go test -race` over the whole module against real
+# servers (started by the tests themselves on free loopback ports; install them
+# first with scripts/install-test-deps.sh).
+#
+# Tests that need a server binary skip when it is missing — except under
+# CI=true, where they fail.
+#
+# Usage: scripts/test.sh [extra go test flags, e.g. -run Conformance]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+STATICCHECK_VERSION=v0.8.2
+
+step() { printf '\n== %s\n' "$*"; }
+
+step "gofmt"
+unformatted=$(gofmt -s -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
+if [ -n "$unformatted" ]; then
+  echo "gofmt -s would change:"; echo "$unformatted"; exit 1
+fi
+
+step "go mod tidy (check only)"
+go mod tidy -diff
+
+step "go vet"
+go vet ./...
+
+step "staticcheck $STATICCHECK_VERSION"
+go run "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION" ./...
+
+step "go test -race"
+go test -race -count=1 -timeout 25m -v "$@" ./... 2>&1 | scripts/summarize-tests.sh
