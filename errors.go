@@ -54,6 +54,7 @@ type Error struct {
 	Err     error
 }
 
+// Error formats the error as "dlock: OP "KEY" (BACKEND): CAUSE".
 func (e *Error) Error() string {
 	var b strings.Builder
 	b.WriteString("dlock: ")

@@ -29,6 +29,7 @@ type StaleTokenError struct {
 	Highest  dlock.Token // the highest token accepted so far
 }
 
+// Error says which token was rejected for which resource, and why.
 func (e *StaleTokenError) Error() string {
 	return fmt.Sprintf("fencing: resource %q: token %d rejected, token %d was already accepted: %v",
 		e.Resource, e.Token, e.Highest, ErrStaleToken)
