@@ -199,11 +199,16 @@ func (l *locker) acquire(ctx context.Context, op, key string, wait bool, opts []
 	l.mu.Unlock()
 	defer l.inflight.Done()
 
-	// The driver's wait ends when the caller's ctx ends or Close starts.
-	actx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	stop := context.AfterFunc(l.closing, func() { cancel(ErrClosed) })
-	defer stop()
+	// A wait ends when the caller's ctx ends or Close starts. (One attempt needs
+	// no such link: Close waits for it.)
+	actx := ctx
+	if wait {
+		var cancel context.CancelCauseFunc
+		actx, cancel = context.WithCancelCause(ctx)
+		defer cancel(nil)
+		stop := context.AfterFunc(l.closing, func() { cancel(ErrClosed) })
+		defer stop()
+	}
 
 	called := time.Now()
 	g, err := l.drv.Acquire(actx, backend.AcquireRequest{

@@ -15,7 +15,8 @@ type scheduler struct {
 	mu    sync.Mutex
 	items map[*Lease]*schedItem
 	queue schedHeap
-	wake  chan struct{} // buffered(1): the head of the queue changed
+	armed time.Time     // when the loop's timer fires next; zero while the loop is busy
+	wake  chan struct{} // buffered(1): an event earlier than armed was added
 	quit  chan struct{}
 	wg    sync.WaitGroup // the loop, renewals, loss watchers, clean-up releases
 	once  sync.Once
@@ -50,9 +51,15 @@ func (s *scheduler) schedule(l *Lease, when time.Time) {
 		s.items[l] = it
 		heap.Push(&s.queue, it)
 	}
-	head := s.queue[0] == it
+	// Wake the loop only if its timer would fire too late for this event. In a
+	// steady acquire/release loop no event is earlier than the armed timer, so
+	// scheduling costs no goroutine switch.
+	early := !s.armed.IsZero() && when.Before(s.armed)
+	if early {
+		s.armed = time.Time{}
+	}
 	s.mu.Unlock()
-	if head {
+	if early {
 		s.poke()
 	}
 }
@@ -99,18 +106,20 @@ func (s *scheduler) loop() {
 			delete(s.items, it.lease)
 			due = append(due, it.lease)
 		}
+		s.armed = time.Time{} // busy: every schedule call until re-armed must not be missed
 		s.mu.Unlock()
 		for _, l := range due {
 			l.tick(now) // reschedules the lease if it is still held
 		}
 
 		s.mu.Lock()
-		wait := time.Hour
+		next := time.Now().Add(time.Hour)
 		if len(s.queue) > 0 {
-			wait = time.Until(s.queue[0].when)
+			next = s.queue[0].when
 		}
+		s.armed = next
 		s.mu.Unlock()
-		timer.Reset(max(wait, 0))
+		timer.Reset(max(time.Until(next), 0))
 		select {
 		case <-timer.C:
 		case <-s.wake:

@@ -8,8 +8,15 @@
 // rejects her stale write. The program prints the timeline and exits 0 if every
 // invariant held.
 //
-//	go run ./examples/quickstart                        # in-process backend, no servers
+// By default the workers lock on a real etcd server that the program starts
+// in-process (go.etcd.io/etcd/server/v3/embed: a temporary directory, loopback,
+// free ports, logs off), so nothing needs to be installed. -dsn runs the same
+// story on any backend instead.
+//
+//	go run ./examples/quickstart                        # embedded etcd, no servers to install
+//	go run ./examples/quickstart -dsn mem://            # dlock's in-process reference backend
 //	go run ./examples/quickstart -dsn redis://127.0.0.1:6379/0
+//	go run ./examples/quickstart -dsn etcd://127.0.0.1:2379/locks
 package main
 
 import (
@@ -17,16 +24,22 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/url"
 	"os"
 	"sync"
 	"time"
 
+	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+
 	"github.com/dlock-go/dlock"
+	_ "github.com/dlock-go/dlock/etcd" // registers etcd:// and etcds://
 	"github.com/dlock-go/dlock/fencing"
+	_ "github.com/dlock-go/dlock/redis" // registers redis:// and rediss://
 )
 
 func main() {
-	dsn := flag.String("dsn", "mem://quickstart", "backend to lock on (mem://, redis://host:port/db, …)")
+	dsn := flag.String("dsn", "", "backend to lock on (etcd://host:2379/prefix, redis://host:port/db, mem://, …); default: an embedded etcd server")
 	ttl := flag.Duration("ttl", 2*time.Second, "lock TTL; alice's pause lasts 1.5× this")
 	flag.Parse()
 	if err := run(*dsn, *ttl); err != nil {
@@ -69,6 +82,16 @@ func run(dsn string, ttl time.Duration) error {
 	tl := &timeline{start: time.Now()}
 	const key = "accounts/42"
 	acct := &account{}
+
+	if dsn == "" {
+		srv, err := startEtcd()
+		if err != nil {
+			return fmt.Errorf("embedded etcd: %w", err)
+		}
+		defer srv.close()
+		dsn = srv.dsn
+		tl.say("setup", "started an embedded etcd server on %s (no install needed; -dsn picks another backend)", srv.addr)
+	}
 
 	open := func() (dlock.Locker, error) { return dlock.Open(ctx, dsn, dlock.WithTTL(ttl)) }
 	alice, err := open()
@@ -169,4 +192,58 @@ func dsnScheme(dsn string) string {
 		}
 	}
 	return "?"
+}
+
+// embeddedEtcd is a single-member etcd server running inside this process.
+type embeddedEtcd struct {
+	e    *embed.Etcd
+	dir  string
+	addr string // client address, 127.0.0.1:PORT
+	dsn  string
+}
+
+// startEtcd starts an etcd server in a temporary directory, listening on
+// free loopback ports, with its logs off. Its 10ms heartbeat and 100ms
+// election timeout (etcd's defaults are 100ms and 1s) make it ready in well
+// under a second and let leases be as short as 1s.
+func startEtcd() (*embeddedEtcd, error) {
+	dir, err := os.MkdirTemp("", "dlock-quickstart-etcd-")
+	if err != nil {
+		return nil, err
+	}
+	cfg := embed.NewConfig()
+	cfg.Name = "quickstart"
+	cfg.Dir = dir
+	// Port 0: the kernel picks free ports. The peer URL is never dialled by a
+	// single-member cluster.
+	local := url.URL{Scheme: "http", Host: "127.0.0.1:0"}
+	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{local}, []url.URL{local}
+	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{local}, []url.URL{local}
+	cfg.InitialCluster = cfg.Name + "=" + local.String()
+	cfg.TickMs, cfg.ElectionMs = 10, 100
+	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
+	e, err := embed.StartEtcd(cfg)
+	if err != nil {
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	srv := &embeddedEtcd{e: e, dir: dir}
+	select {
+	case <-e.Server.ReadyNotify():
+	case err := <-e.Err():
+		srv.close()
+		return nil, err
+	case <-time.After(30 * time.Second):
+		srv.close()
+		return nil, errors.New("not ready after 30s")
+	}
+	srv.addr = e.Clients[0].Addr().String()
+	srv.dsn = "etcd://" + srv.addr + "/quickstart"
+	return srv, nil
+}
+
+// close stops the server and removes its data.
+func (s *embeddedEtcd) close() {
+	s.e.Close()
+	_ = os.RemoveAll(s.dir)
 }

@@ -1,0 +1,36 @@
+-- acquire: take the lock if it is free and bump the key's fencing counter.
+--
+-- KEYS[1]  the lock key            <prefix>{<tag>}
+-- KEYS[2]  the fencing counter     <prefix>{<tag>}:fence   (same hash tag)
+-- ARGV[1]  the owner id
+-- ARGV[2]  the TTL in milliseconds
+--
+-- Returns {1, token} when granted, {0, pttl} when another owner holds the lock
+-- (pttl: the holder's remaining time to live in ms, -1 if the key has none).
+
+-- TIME is non-deterministic; Redis before 5 replicates scripts verbatim unless
+-- told to replicate their effects. A no-op on Redis 7.
+if redis.replicate_commands then redis.replicate_commands() end
+
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+    return {0, redis.call('PTTL', KEYS[1])}
+  end
+  -- This owner holds the lock already: the client retried a request whose
+  -- reply was lost. Grant it again, with a new TTL and a new token.
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+
+-- The token is the counter, floored at the server's clock in microseconds, so
+-- that a counter lost to a restart without persistence, an eviction or a
+-- FLUSH cannot send tokens backwards as long as the clock does not step back.
+local token = redis.call('INCR', KEYS[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+if token < now then
+  token = now
+  -- ~1.7e15 < 2^53: exact as a Lua number. '%.0f', not tostring, which would
+  -- give "1.7e+15".
+  redis.call('SET', KEYS[2], string.format('%.0f', now))
+end
+return {1, token}

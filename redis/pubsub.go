@@ -1,0 +1,327 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"net"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/dlock-go/dlock/backend"
+)
+
+// healthInterval is how long the pub/sub reader waits for traffic before it
+// pings the server, to keep the connection alive and notice a dead one.
+const healthInterval = 30 * time.Second
+
+// mux shares one pub/sub connection among all the waiting Acquire calls of a
+// Driver. Subscriptions are reference-counted per channel: the first waiter on
+// a channel subscribes, the last one to leave unsubscribes.
+//
+// Two goroutines own the connection, started with the first subscription and
+// stopped by close: a writer, which sends SUBSCRIBE, UNSUBSCRIBE and PING in
+// the order they were asked for (so an UNSUBSCRIBE can never overtake the
+// SUBSCRIBE that a later waiter of the same channel needs), and a reader,
+// which dispatches release messages to waiters.
+//
+// A subscription is known to be active when the server answers a PING sent
+// after the SUBSCRIBE: pings carry a sequence number, and replies arrive in
+// order, so the pong of ping n confirms every SUBSCRIBE written before ping n
+// was allocated.
+type mux struct {
+	client goredis.UniversalClient
+	ctx    context.Context // cancelled by close, for the writer's network calls
+	cancel context.CancelFunc
+	quit   chan struct{} // closed by close
+	kick   chan struct{} // buffered(1): ops were queued
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	ps      *goredis.PubSub // nil until the first subscription
+	chans   map[string]*chanState
+	ops     []muxOp
+	pingSeq uint64 // the last ping sequence number allocated
+	closed  bool
+}
+
+// chanState is one subscribed channel and the calls waiting on it.
+type chanState struct {
+	name    string
+	waiters []*waiter // in arrival order; the first is woken by a message
+
+	active     chan struct{} // closed once the subscription is confirmed
+	confirmed  bool
+	subscribed bool   // the writer has sent SUBSCRIBE
+	after      uint64 // pings with a greater sequence number were sent after SUBSCRIBE
+}
+
+// waiter is one Acquire call waiting on a channel.
+type waiter struct {
+	st   *chanState
+	wake chan struct{} // buffered(1)
+}
+
+type opKind int
+
+const (
+	opSubscribe opKind = iota
+	opUnsubscribe
+	opPing
+)
+
+type muxOp struct {
+	kind opKind
+	st   *chanState
+}
+
+func newMux(client goredis.UniversalClient) *mux {
+	ctx, cancel := context.WithCancel(context.Background())
+	return &mux{
+		client: client,
+		ctx:    ctx,
+		cancel: cancel,
+		quit:   make(chan struct{}),
+		kick:   make(chan struct{}, 1),
+		chans:  map[string]*chanState{},
+	}
+}
+
+// subscribe registers a waiter on channel, subscribing to it if this is its
+// first waiter. The waiter must be handed back to unsubscribe.
+func (m *mux) subscribe(channel string) (*waiter, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return nil, errClosed
+	}
+	if m.ps == nil {
+		m.ps = m.client.Subscribe(m.ctx)
+		m.wg.Add(2)
+		go m.writeLoop(m.ps)
+		go m.readLoop(m.ps)
+	}
+	st := m.chans[channel]
+	if st == nil {
+		st = &chanState{name: channel, active: make(chan struct{})}
+		m.chans[channel] = st
+		m.enqueueLocked(muxOp{kind: opSubscribe, st: st})
+	}
+	w := &waiter{st: st, wake: make(chan struct{}, 1)}
+	st.waiters = append(st.waiters, w)
+	return w, nil
+}
+
+// unsubscribe removes w. If w leaves without the lock (granted is false) and
+// others wait on the channel, the next one is woken in case w had taken a
+// release message meant for whoever could use it.
+func (m *mux) unsubscribe(w *waiter, granted bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	st := w.st
+	if i := slices.Index(st.waiters, w); i >= 0 {
+		st.waiters = slices.Delete(st.waiters, i, i+1)
+	}
+	if len(st.waiters) > 0 {
+		if !granted {
+			notify(st.waiters[0])
+		}
+		return
+	}
+	if m.chans[st.name] == st {
+		delete(m.chans, st.name)
+		if !m.closed {
+			m.enqueueLocked(muxOp{kind: opUnsubscribe, st: st})
+		}
+	}
+}
+
+func (m *mux) enqueueLocked(op muxOp) {
+	m.ops = append(m.ops, op)
+	select {
+	case m.kick <- struct{}{}:
+	default:
+	}
+}
+
+func notify(w *waiter) {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// close stops both goroutines and closes the pub/sub connection. Waiters
+// still registered see quit closed.
+func (m *mux) close() {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return
+	}
+	m.closed = true
+	ps := m.ps
+	close(m.quit)
+	m.mu.Unlock()
+
+	m.cancel()
+	if ps != nil {
+		_ = ps.Close() // unblocks the reader
+	}
+	m.wg.Wait()
+}
+
+func (m *mux) isClosed() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.closed
+}
+
+// writeLoop sends queued subscription changes, in order, then one PING to
+// confirm them.
+func (m *mux) writeLoop(ps *goredis.PubSub) {
+	defer m.wg.Done()
+	for {
+		select {
+		case <-m.kick:
+		case <-m.quit:
+			return
+		}
+		m.mu.Lock()
+		ops := m.ops
+		m.ops = nil
+		m.mu.Unlock()
+
+		ping := false
+		for _, op := range ops {
+			switch op.kind {
+			case opSubscribe:
+				// On error go-redis still records the channel and subscribes
+				// to it again when it reconnects; the reader then asks for a
+				// new ping, whose pong confirms it.
+				_ = ps.Subscribe(m.ctx, op.st.name)
+				m.mu.Lock()
+				op.st.after = m.pingSeq
+				op.st.subscribed = true
+				m.mu.Unlock()
+				ping = true
+			case opUnsubscribe:
+				_ = ps.Unsubscribe(m.ctx, op.st.name)
+			case opPing:
+				ping = true
+			}
+		}
+		if ping {
+			m.mu.Lock()
+			m.pingSeq++
+			seq := m.pingSeq
+			m.mu.Unlock()
+			_ = ps.Ping(m.ctx, strconv.FormatUint(seq, 10))
+		}
+	}
+}
+
+// readLoop dispatches what the server sends on the pub/sub connection. After
+// a connection error (go-redis reconnects and resubscribes by itself) it asks
+// for a ping to confirm the subscriptions on the new connection, and once the
+// server answers again it wakes every waiter, since release messages may have
+// been lost meanwhile.
+func (m *mux) readLoop(ps *goredis.PubSub) {
+	defer m.wg.Done()
+	backoff := backend.Backoff{Min: 10 * time.Millisecond, Max: time.Second}
+	var pause *time.Timer
+	defer func() {
+		if pause != nil {
+			pause.Stop()
+		}
+	}()
+	broken := false
+	for {
+		msg, err := ps.ReceiveTimeout(m.ctx, healthInterval)
+		if err != nil {
+			if m.isClosed() {
+				return
+			}
+			if isTimeout(err) {
+				m.requestPing()
+				continue
+			}
+			broken = true
+			m.requestPing()
+			if pause == nil {
+				pause = time.NewTimer(backoff.Next())
+			} else {
+				pause.Reset(backoff.Next())
+			}
+			select {
+			case <-pause.C:
+			case <-m.quit:
+				return
+			}
+			continue
+		}
+		backoff.Reset()
+		if broken {
+			broken = false
+			m.wakeAll()
+		}
+		switch msg := msg.(type) {
+		case *goredis.Message:
+			m.dispatch(msg.Channel)
+		case *goredis.Pong:
+			if seq, err := strconv.ParseUint(msg.Payload, 10, 64); err == nil {
+				m.confirm(seq)
+			}
+		}
+	}
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+func (m *mux) requestPing() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.closed {
+		m.enqueueLocked(muxOp{kind: opPing})
+	}
+}
+
+// dispatch wakes the first waiter on channel. One waiter per process is
+// enough: if it takes the lock, its release wakes the next; if it leaves
+// without it, unsubscribe passes the wake-up on. Waiters in other processes
+// get the message on their own connections.
+func (m *mux) dispatch(channel string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if st := m.chans[channel]; st != nil && len(st.waiters) > 0 {
+		notify(st.waiters[0])
+	}
+}
+
+// confirm marks active every subscription sent before ping seq.
+func (m *mux) confirm(seq uint64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, st := range m.chans {
+		if st.subscribed && !st.confirmed && seq > st.after {
+			st.confirmed = true
+			close(st.active)
+		}
+	}
+}
+
+func (m *mux) wakeAll() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, st := range m.chans {
+		for _, w := range st.waiters {
+			notify(w)
+		}
+	}
+}
