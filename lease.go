@@ -120,6 +120,10 @@ func (l *Lease) Refresh(ctx context.Context) error {
 	if err := l.heldErr("refresh"); err != nil {
 		return err
 	}
+	if !l.locker.enter() {
+		return l.heldErrOr("refresh", ErrClosed)
+	}
+	defer l.locker.inflight.Done()
 	start := time.Now()
 	v, err := l.locker.drv.Refresh(ctx, l.grant, l.set.ttl)
 	if err != nil {
@@ -152,6 +156,15 @@ func (l *Lease) heldErr(op string) error {
 	return l.err
 }
 
+// heldErrOr is heldErr, or the error for op with err if the lease is still
+// held.
+func (l *Lease) heldErrOr(op string, err error) error {
+	if e := l.heldErr(op); e != nil {
+		return e
+	}
+	return l.locker.errorf(op, l.Key(), err)
+}
+
 // renewed records a successful renewal sent at start with validity v.
 func (l *Lease) renewed(start time.Time, v time.Duration) {
 	l.mu.Lock()
@@ -179,6 +192,11 @@ func (l *Lease) renewed(start time.Time, v time.Duration) {
 // lease ends anyway (Done is closed), the error is returned, and the lock frees
 // itself when its TTL runs out.
 func (l *Lease) Release(ctx context.Context) error {
+	if !l.locker.enter() {
+		// Close has begun; it releases every lease still held.
+		return l.heldErrOr("release", ErrClosed)
+	}
+	defer l.locker.inflight.Done()
 	l.mu.Lock()
 	if l.state != held {
 		l.mu.Unlock()

@@ -146,7 +146,7 @@ type locker struct {
 
 	mu       sync.Mutex
 	closed   bool
-	inflight sync.WaitGroup // Acquire calls inside the driver
+	inflight sync.WaitGroup // callers' Acquire, Refresh and Release calls inside the driver
 	leases   map[*Lease]struct{}
 }
 
@@ -190,13 +190,9 @@ func (l *locker) acquire(ctx context.Context, op, key string, wait bool, opts []
 	if err := ctx.Err(); err != nil {
 		return nil, l.errorf(op, key, withKind(ErrNotAcquired, err))
 	}
-	l.mu.Lock()
-	if l.closed {
-		l.mu.Unlock()
+	if !l.enter() {
 		return nil, l.errorf(op, key, ErrClosed)
 	}
-	l.inflight.Add(1)
-	l.mu.Unlock()
 	defer l.inflight.Done()
 
 	// A wait ends when the caller's ctx ends or Close starts. (One attempt needs
@@ -255,6 +251,19 @@ func (l *locker) acquire(ctx context.Context, op, key string, wait bool, opts []
 	return lease, nil
 }
 
+// enter registers a caller's call into the driver; it reports false once
+// Close has begun. Each true must be matched by l.inflight.Done(). Close waits
+// for all of them before it closes the driver.
+func (l *locker) enter() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
+	l.inflight.Add(1)
+	return true
+}
+
 // releaseDetached releases g on a context detached from any caller, bounded by
 // timeout. Used where no caller is waiting for the answer.
 func (l *locker) releaseDetached(g *backend.Grant, timeout time.Duration) error {
@@ -279,7 +288,7 @@ func (l *locker) Close() error {
 	l.mu.Unlock()
 
 	l.close(ErrClosed)
-	l.inflight.Wait() // no Acquire is inside the driver any more
+	l.inflight.Wait() // no caller is inside the driver any more
 
 	l.mu.Lock()
 	held := make([]*Lease, 0, len(l.leases))
