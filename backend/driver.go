@@ -4,8 +4,8 @@
 // [Capabilities]. Driver authors implement [Driver] and call [Register] from an
 // init function so that dlock.Open can find them by DSN scheme.
 //
-// A driver stays thin: it makes one attempt per call and maps the backend's
-// answers onto the contract below. Everything users see — key and option
+// A driver stays thin: it makes one attempt per call (Refresh excepted, see
+// there) and maps the backend's answers onto the contract below. Everything users see — key and option
 // validation, the closed state, keepalive, lease-loss signalling, error wrapping —
 // lives once in package dlock.
 //
@@ -60,6 +60,11 @@ type Driver interface {
 	// called Refresh to compute the lease's new deadline. It returns an error
 	// wrapping ErrNotHeld if g's owner no longer holds the lock; it never extends
 	// a lock held by another owner.
+	//
+	// Unlike the other methods, Refresh may retry transport errors (on another
+	// member of a cluster, say) until ctx is done: dlock's keepalive bounds ctx by
+	// the lease's deadline, so a retry can never extend belief in the lease past
+	// the time the backend may have dropped it.
 	Refresh(ctx context.Context, g *Grant, ttl time.Duration) (validity time.Duration, err error)
 
 	// Release gives up g. It is conditional on g.Owner: it never removes a lock

@@ -11,6 +11,9 @@ set -euo pipefail
 # One line per server the tests use. Drivers add theirs as they land.
 packages=(
   redis-server redis-tools   # redis driver, redlock driver
+  zookeeper                  # zookeeper driver (pulls a JRE)
+  postgresql                 # postgres driver
+  etcd-server etcd-client    # etcd driver (etcd 3.4; etcdctl for the interop test)
 )
 
 sudo=""

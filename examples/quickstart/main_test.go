@@ -1,12 +1,23 @@
 package main
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 // The quickstart's own invariants (a stale write rejected, no deposit lost)
-// are checked by run; this runs it as `go run ./examples/quickstart` would, with
-// a short TTL.
+// are checked by run; this runs it as `go run ./examples/quickstart` would —
+// on its embedded etcd server, and on the in-process mem:// backend — with
+// short TTLs.
 func TestQuickstart(t *testing.T) {
-	if err := run("mem://quickstart-test", 300e6); err != nil {
-		t.Fatal(err)
-	}
+	t.Run("embedded etcd", func(t *testing.T) {
+		if err := run("", time.Second); err != nil { // the embedded server's shortest lease
+			t.Fatal(err)
+		}
+	})
+	t.Run("mem", func(t *testing.T) {
+		if err := run("mem://quickstart-test", 300*time.Millisecond); err != nil {
+			t.Fatal(err)
+		}
+	})
 }
