@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +11,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/conformance"
 	"github.com/dlock-go/dlock/internal/testenv"
 )
 
@@ -142,57 +141,12 @@ func BenchmarkPeers(b *testing.B) {
 			b.Cleanup(func() { _ = s.Close() })
 			mutexes[i] = concurrency.NewMutex(s, name)
 		}
-		var (
-			remaining   atomic.Int64
-			mu          sync.Mutex
-			lastHolder  = -1
-			lastRelease time.Time
-			handoffs    []time.Duration
-			waits       []time.Duration
-			changed     int
-			grants      int
-		)
-		remaining.Store(int64(b.N))
-		b.ResetTimer()
-		var wg sync.WaitGroup
-		for i, m := range mutexes {
-			wg.Go(func() {
-				for remaining.Add(-1) >= 0 {
-					start := time.Now()
-					if err := m.Lock(ctx); err != nil {
-						b.Error(err)
-						return
-					}
-					got := time.Now()
-					mu.Lock()
-					grants++
-					waits = append(waits, got.Sub(start))
-					if lastHolder >= 0 {
-						handoffs = append(handoffs, got.Sub(lastRelease))
-						if lastHolder != i {
-							changed++
-						}
-					}
-					lastHolder = i
-					lastRelease = time.Now()
-					mu.Unlock()
-					if err := m.Unlock(ctx); err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			})
-		}
-		wg.Wait()
-		b.StopTimer()
-		if len(handoffs) > 0 {
-			b.ReportMetric(float64(pct(handoffs, 50).Microseconds()), "handoff-p50-µs")
-			b.ReportMetric(float64(pct(handoffs, 99).Microseconds()), "handoff-p99-µs")
-			b.ReportMetric(100*float64(changed)/float64(grants-1), "changed-hands-%")
-		}
-		if len(waits) > 0 {
-			b.ReportMetric(float64(pct(waits, 99).Microseconds())/1000, "wait-p99-ms")
-		}
+		conformance.MeasureHandoff(b, n, func(ctx context.Context, i int) (func() error, error) {
+			if err := mutexes[i].Lock(ctx); err != nil {
+				return nil, err
+			}
+			return func() error { return mutexes[i].Unlock(ctx) }, nil
+		})
 	})
 }
 
