@@ -2,6 +2,8 @@ package backend_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"net/url"
 	"strings"
 	"testing"
@@ -140,5 +142,22 @@ func TestStrings(t *testing.T) {
 	}
 	if d := backend.DriftAllowance(10 * time.Second); d != 102*time.Millisecond {
 		t.Fatalf("DriftAllowance(10s) = %v", d)
+	}
+}
+
+func TestRedactError(t *testing.T) {
+	u, _ := url.Parse("redis://user:p%40ss%20w@host/0")
+	cause := context.DeadlineExceeded
+	err := fmt.Errorf("dial redis://user:p@ss w@host and redis://user:p%%40ss%%20w@host: %w", cause)
+	r := backend.RedactError(err, u)
+	if strings.Contains(r.Error(), "p@ss w") || strings.Contains(r.Error(), "p%40ss%20w") {
+		t.Fatalf("RedactError left the password: %v", r)
+	}
+	if !errors.Is(r, context.DeadlineExceeded) {
+		t.Fatalf("RedactError broke the chain: %v", r)
+	}
+	clean := errors.New("no secret here")
+	if backend.RedactError(clean, u) != clean {
+		t.Fatal("RedactError changed an error without the password")
 	}
 }

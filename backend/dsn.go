@@ -41,6 +41,41 @@ func Redact(u *url.URL) string {
 	return u.Redacted()
 }
 
+// RedactError returns err with every form of u's password (as written, and
+// query- or path-escaped) in its message replaced by "xxxxx", for errors from a
+// client library that may quote the DSN. errors.Is and errors.As still see the
+// original error through it. It returns err itself if the message holds no
+// password.
+func RedactError(err error, u *url.URL) error {
+	if err == nil || u == nil || u.User == nil {
+		return err
+	}
+	pw, ok := u.User.Password()
+	if !ok || pw == "" {
+		return err
+	}
+	msg := err.Error()
+	found := false
+	for _, f := range []string{pw, url.QueryEscape(pw), url.PathEscape(pw), url.UserPassword("", pw).String()[1:]} {
+		if f != "" && strings.Contains(msg, f) {
+			msg = strings.ReplaceAll(msg, f, "xxxxx")
+			found = true
+		}
+	}
+	if !found {
+		return err
+	}
+	return &redactedError{msg: msg, err: err}
+}
+
+type redactedError struct {
+	msg string
+	err error
+}
+
+func (e *redactedError) Error() string { return e.msg }
+func (e *redactedError) Unwrap() error { return e.err }
+
 // Params reads the query parameters of a DSN. Each getter removes the parameter
 // it reads; Done then reports every parameter nobody asked for, so a typo such
 // as "?tll=10s" is an error instead of a silently ignored setting.
