@@ -343,7 +343,7 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 	}
 	cli, err := clientv3.New(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("connect to %s: %w", strings.Join(cfg.Endpoints, ","), redact(err, u))
+		return nil, fmt.Errorf("connect to %s: %w", strings.Join(cfg.Endpoints, ","), backend.RedactError(err, u))
 	}
 	d, err := NewDriver(cli, &o)
 	if err != nil {
@@ -358,7 +358,7 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 	cancel()
 	if err != nil {
 		_ = d.Close()
-		return nil, fmt.Errorf("etcd at %s: %w", strings.Join(cfg.Endpoints, ","), redact(err, u))
+		return nil, fmt.Errorf("etcd at %s: %w", strings.Join(cfg.Endpoints, ","), backend.RedactError(err, u))
 	}
 	return d, nil
 }
@@ -446,16 +446,3 @@ func tlsConfig(ca, cert, key string) (*tls.Config, error) {
 	return tc, nil
 }
 
-// redact returns err with any occurrence of u's password replaced by
-// "xxxxx". An error whose text holds no password is returned as it is, so
-// errors.Is still sees through it.
-func redact(err error, u *url.URL) error {
-	if err == nil || u.User == nil {
-		return err
-	}
-	pw, ok := u.User.Password()
-	if !ok || pw == "" || !strings.Contains(err.Error(), pw) {
-		return err
-	}
-	return errors.New(strings.ReplaceAll(err.Error(), pw, "xxxxx"))
-}
