@@ -64,7 +64,9 @@ type Driver interface {
 	// Unlike the other methods, Refresh may retry transport errors (on another
 	// member of a cluster, say) until ctx is done: dlock's keepalive bounds ctx by
 	// the lease's deadline, so a retry can never extend belief in the lease past
-	// the time the backend may have dropped it.
+	// the time the backend may have dropped it. Since dlock ends the lease on any
+	// error from its keepalive's Refresh, return one only when the lock is known
+	// lost or cannot be confirmed before ctx ends.
 	Refresh(ctx context.Context, g *Grant, ttl time.Duration) (validity time.Duration, err error)
 
 	// Release gives up g. It is conditional on g.Owner: it never removes a lock

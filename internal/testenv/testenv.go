@@ -1,5 +1,5 @@
-// Package testenv starts real servers (Redis now; etcd, ZooKeeper and
-// PostgreSQL later) as child processes of a test, on free 127.0.0.1 ports and
+// Package testenv starts real servers (Redis, etcd, ZooKeeper, PostgreSQL) as
+// child processes of a test, on free 127.0.0.1 ports and
 // in t.TempDir() data directories, and controls them: Kill, Pause (SIGSTOP),
 // Resume (SIGCONT), Restart and Stop.
 //

@@ -1,0 +1,56 @@
+package zookeeper
+
+// Test hooks for the tests of package zookeeper_test. They work on drivers
+// that own their connection (Dial, dlock.Open).
+
+// Sever makes d's process vanish as far as the servers can tell: its
+// connection drops and it cannot connect again, without closing its session or
+// deleting a node. The servers expire the session after its timeout.
+func Sever(d *Driver) {
+	BlockDial(d)
+	d.wireMu.Lock()
+	w := d.wire
+	d.wireMu.Unlock()
+	if w != nil {
+		_ = w.Conn.Close()
+	}
+}
+
+// BlockDial keeps d from opening new connections (its current one stays up).
+func BlockDial(d *Driver) {
+	d.wireMu.Lock()
+	d.severed = true
+	d.wireMu.Unlock()
+}
+
+// UnblockDial undoes BlockDial and Sever.
+func UnblockDial(d *Driver) {
+	d.wireMu.Lock()
+	d.severed = false
+	d.wireMu.Unlock()
+}
+
+// Session returns the id and password of d's latest session.
+func Session(d *Driver) (int64, []byte) {
+	h := d.lastHandshake()
+	return h.id, h.passwd
+}
+
+// DropNextCreateReply makes d's connection break when the server answers the
+// next lock-node create, after the server applied it: the client sees a
+// connection loss, and does not know whether the node was created.
+func DropNextCreateReply(d *Driver) {
+	d.wireMu.Lock()
+	d.dropOp = opMulti
+	d.wireMu.Unlock()
+}
+
+// DropArmed reports whether DropNextCreateReply's hook has not fired yet.
+func DropArmed(d *Driver) bool {
+	d.wireMu.Lock()
+	defer d.wireMu.Unlock()
+	return d.dropOp != 0
+}
+
+// SortedLocks returns the lock nodes among children in queue order.
+var SortedLocks = sortedLocks

@@ -1,0 +1,174 @@
+package zookeeper
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"unicode/utf8"
+)
+
+// Node names, in the layout of Apache Curator's InterProcessMutex with
+// protection (CreateBuilder.withProtection): a lock is an ephemeral sequential
+// child "_c_<uuid>-lock-<sequence>" of the key's node, so Curator clients and
+// dlock exclude each other when they use the same path.
+const (
+	protectedPrefix = "_c_"
+	lockName        = "lock-"
+)
+
+// EscapeKey returns the single ZooKeeper node name that stands for a dlock
+// key. The mapping is injective: two different keys never share a node.
+//
+// It percent-encodes, byte by byte of their UTF-8 form ("%2F", "%E2%80%A8"):
+//
+//   - '%' itself and '/', the path separator;
+//   - every character ZooKeeper forbids in a path (PathUtils.validatePath):
+//     U+0000–U+001F, U+007F–U+009F, U+D800–U+F8FF and U+FFF0–U+FFFF;
+//   - every character above U+FFFF (emoji and the like), which Java sees as a
+//     surrogate pair in U+D800–U+DFFF and so rejects too;
+//   - any byte that is not valid UTF-8.
+//
+// The whole keys "." and "..", which ZooKeeper reads as relative path
+// components, become "%2E" and "%2E%2E". Every other character is kept as it
+// is, so "jobs/nightly" becomes "jobs%2Fnightly".
+func EscapeKey(key string) string {
+	if key == "." || key == ".." {
+		return strings.Repeat("%2E", len(key))
+	}
+	var b strings.Builder
+	b.Grow(len(key))
+	for i := 0; i < len(key); {
+		r, size := utf8.DecodeRuneInString(key[i:])
+		if mustEscape(r, size) {
+			for _, c := range []byte(key[i : i+size]) {
+				fmt.Fprintf(&b, "%%%02X", c)
+			}
+		} else {
+			b.WriteString(key[i : i+size])
+		}
+		i += size
+	}
+	return b.String()
+}
+
+func mustEscape(r rune, size int) bool {
+	switch {
+	case r == utf8.RuneError && size <= 1: // invalid UTF-8
+		return true
+	case r == '%', r == '/':
+		return true
+	case r <= 0x1F, r >= 0x7F && r <= 0x9F:
+		return true
+	case r >= 0xD800 && r <= 0xF8FF:
+		return true
+	case r >= 0xFFF0: // includes every rune above U+FFFF
+		return true
+	}
+	return false
+}
+
+// LockPath returns the path of the node under which the locks of key queue:
+// root + "/" + EscapeKey(key). Its children are the holder's and the waiters'
+// ephemeral sequential nodes.
+func LockPath(root, key string) string {
+	return root + "/" + EscapeKey(key)
+}
+
+// checkRoot validates the root path every lock lives under.
+func checkRoot(root string) error {
+	if !strings.HasPrefix(root, "/") {
+		return fmt.Errorf("root %q: must be an absolute path such as %q", root, DefaultRoot)
+	}
+	if root == "/" {
+		return fmt.Errorf("root %q: locks cannot live in the root of the tree, next to /zookeeper; use a path such as %q", root, DefaultRoot)
+	}
+	if root == "/zookeeper" || strings.HasPrefix(root, "/zookeeper/") {
+		return fmt.Errorf("root %q: /zookeeper is ZooKeeper's own subtree", root)
+	}
+	for _, part := range strings.Split(root[1:], "/") {
+		switch {
+		case part == "":
+			return fmt.Errorf("root %q: empty path component", root)
+		case part == "." || part == "..":
+			return fmt.Errorf("root %q: relative path component %q", root, part)
+		}
+		for i := 0; i < len(part); {
+			r, size := utf8.DecodeRuneInString(part[i:])
+			if r != '%' && mustEscape(r, size) {
+				return fmt.Errorf("root %q: character %q is not allowed in a ZooKeeper path", root, part[i:i+size])
+			}
+			i += size
+		}
+	}
+	return nil
+}
+
+// protectedID returns the uuid that names an owner's lock node: the owner id
+// (32 hex digits from backend.NewOwnerID) written as a UUID, 8-4-4-4-12, the
+// form Curator's protected mode uses. Any other owner string is hashed first.
+func protectedID(owner string) string {
+	h := strings.ToLower(owner)
+	if len(h) != 32 || !isHex(h) {
+		sum := sha256.Sum256([]byte(owner))
+		h = hex.EncodeToString(sum[:16])
+	}
+	return h[0:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:32]
+}
+
+func isHex(s string) bool {
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+			return false
+		}
+	}
+	return true
+}
+
+// nodePrefix is the name a lock node is created with; the server appends a
+// 10-digit sequence number.
+func nodePrefix(uuid string) string {
+	return protectedPrefix + uuid + "-" + lockName
+}
+
+// sequence returns the part of a child's name that orders it in the queue:
+// what follows the last "lock-", as Curator's StandardLockInternalsDriver
+// sorts. ok is false for a child that is not a lock node.
+func sequence(child string) (seq string, ok bool) {
+	i := strings.LastIndex(child, lockName)
+	if i < 0 {
+		return "", false
+	}
+	return child[i+len(lockName):], true
+}
+
+// sortedLocks returns the lock nodes among children in queue order.
+func sortedLocks(children []string) []string {
+	locks := make([]string, 0, len(children))
+	for _, c := range children {
+		if _, ok := sequence(c); ok {
+			locks = append(locks, c)
+		}
+	}
+	slices.SortFunc(locks, func(a, b string) int {
+		sa, _ := sequence(a)
+		sb, _ := sequence(b)
+		return strings.Compare(sa, sb)
+	})
+	return locks
+}
+
+// ownChild returns the child created with prefix (our protected name), if any.
+func ownChild(children []string, prefix string) (string, bool) {
+	for _, c := range children {
+		if strings.HasPrefix(c, prefix) {
+			return c, true
+		}
+	}
+	return "", false
+}
+
+var errNoLockNode = errors.New("the lock node is gone")

@@ -1,0 +1,108 @@
+package zookeeper_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"unicode/utf8"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/zookeeper"
+)
+
+func TestEscapeKey(t *testing.T) {
+	for key, want := range map[string]string{
+		"jobs/nightly": "jobs%2Fnightly",
+		"a%2Fb":        "a%252Fb",
+		"%":            "%25",
+		".":            "%2E",
+		"..":           "%2E%2E",
+		"...":          "...",
+		"./..":         ".%2F..",
+		"a b\tc\n":     "a b%09c%0A",
+		"ключ":         "ключ",
+		"🔒":            "%F0%9F%94%92",
+		"\u0085":       "%C2%85",
+		"\ue000\uf8ff": "%EE%80%80%EF%A3%BF",
+		"\ufff0\uffff": "%EF%BF%B0%EF%BF%BF",
+		"\ufffd":       "%EF%BF%BD",
+		"bad\xff":      "bad%FF",
+		"zookeeper":    "zookeeper",
+		"_c_-lock-1":   "_c_-lock-1",
+	} {
+		if got := zookeeper.EscapeKey(key); got != want {
+			t.Errorf("EscapeKey(%q) = %q, want %q", key, got, want)
+		}
+	}
+}
+
+// TestEscapeKeyInjective checks that keys a naive scheme would merge stay
+// apart, and that every name is a valid ZooKeeper node name.
+func TestEscapeKeyInjective(t *testing.T) {
+	keys := []string{
+		"a/b", "a%2Fb", "a%252Fb", "a%2fb", "a/", "/a", "a", ".", "..", "%2E", "%2E%2E",
+		"a\x00", "a\x01", "🔒", "%F0%9F%94%92", "\ufffd", "\xff", "%FF", " ", "\t", "%09",
+	}
+	seen := map[string]string{}
+	for _, k := range keys {
+		name := zookeeper.EscapeKey(k)
+		if other, dup := seen[name]; dup {
+			t.Errorf("keys %q and %q both map to %q", k, other, name)
+		}
+		seen[name] = k
+		if name == "" || name == "." || name == ".." || strings.Contains(name, "/") || !utf8.ValidString(name) {
+			t.Errorf("EscapeKey(%q) = %q: not a valid node name", k, name)
+		}
+		for _, r := range name {
+			if r < 0x20 || r >= 0x7f && r <= 0x9f || r >= 0xd800 && r <= 0xf8ff || r >= 0xfff0 {
+				t.Errorf("EscapeKey(%q) = %q keeps %U, which ZooKeeper forbids", k, name, r)
+			}
+		}
+	}
+}
+
+func TestSortedLocks(t *testing.T) {
+	got := zookeeper.SortedLocks([]string{
+		"_c_8f1e0c7a-0000-4000-8000-000000000000-lock-0000000012",
+		"readme",
+		"_c_0123456789abcdef0123456789abcdef-lock-0000000003", // go-zookeeper's zk.Lock
+		"lock-0000000007", // Curator without protection
+	})
+	want := []string{
+		"_c_0123456789abcdef0123456789abcdef-lock-0000000003",
+		"lock-0000000007",
+		"_c_8f1e0c7a-0000-4000-8000-000000000000-lock-0000000012",
+	}
+	if !slices.Equal(got, want) {
+		t.Fatalf("SortedLocks = %q, want %q", got, want)
+	}
+}
+
+func TestOptions(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		opts *zookeeper.Options
+		want string
+	}{
+		{&zookeeper.Options{Root: "dlock"}, "absolute"},
+		{&zookeeper.Options{Root: "/"}, "root of the tree"},
+		{&zookeeper.Options{Root: "/zookeeper/locks"}, "/zookeeper"},
+		{&zookeeper.Options{Root: "/a/../b"}, "relative"},
+		{&zookeeper.Options{Root: "/a\x01"}, "not allowed"},
+		{&zookeeper.Options{SessionTimeout: -1}, "session timeout"},
+		{&zookeeper.Options{Digest: "alice"}, "user:password"},
+	} {
+		_, err := zookeeper.Dial(ctx, []string{"127.0.0.1:1"}, tc.opts)
+		if !errors.Is(err, dlock.ErrInvalidOption) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Dial with %+v: %v; want ErrInvalidOption mentioning %q", *tc.opts, err, tc.want)
+		}
+	}
+	if _, err := zookeeper.Dial(ctx, nil, nil); !errors.Is(err, dlock.ErrInvalidOption) {
+		t.Errorf("Dial with no server: %v", err)
+	}
+	if _, err := zookeeper.NewDriver(nil, nil); !errors.Is(err, dlock.ErrInvalidOption) {
+		t.Errorf("NewDriver(nil): %v", err)
+	}
+}

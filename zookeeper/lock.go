@@ -1,0 +1,588 @@
+package zookeeper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
+)
+
+// lockNode is a lock node the driver created: Grant.Data of its grants.
+type lockNode struct {
+	parent string // the key's node
+	name   string // the node's own name, "_c_<uuid>-lock-<seq>"
+	path   string // parent + "/" + name
+	czxid  int64
+	ses    *session  // the session the node lives in
+	owner  int64     // its ephemeralOwner, when read from the server (0: not read)
+	first  bool      // it was the only child of parent when created
+	start  time.Time // when the request that created it was sent
+}
+
+// validity is how long a grant or refresh sent at some moment is valid after
+// it: min(ttl, session timeout) less the drift allowance.
+func validity(ttl, sessionTimeout time.Duration) (time.Duration, error) {
+	v := min(ttl, sessionTimeout)
+	if v -= backend.DriftAllowance(v); v <= 0 {
+		return 0, fmt.Errorf("%w: ttl %v is too short (it must leave time after the drift allowance)", dlock.ErrInvalidOption, ttl)
+	}
+	return v, nil
+}
+
+// transient reports whether err says only that the connection failed: the
+// session, and with it the lock node, may well be alive.
+func transient(err error) bool {
+	return errors.Is(err, zk.ErrConnectionClosed) || errors.Is(err, zk.ErrNoServer) || errors.Is(err, zk.ErrSessionMoved)
+}
+
+type callResult[T any] struct {
+	v   T
+	err error
+}
+
+// call runs f, a go-zookeeper call, and returns its result, or ctx.Err() as
+// soon as ctx is done (go-zookeeper takes no context). An abandoned call runs
+// to its end in a goroutine Close waits for.
+func call[T any](ctx context.Context, d *Driver, f func() (T, error)) (T, error) {
+	if ctx.Done() == nil {
+		return f()
+	}
+	ch := make(chan callResult[T], 1)
+	d.wg.Go(func() {
+		v, err := f()
+		ch <- callResult[T]{v, err}
+	})
+	select {
+	case r := <-ch:
+		return r.v, r.err
+	case <-ctx.Done():
+		select {
+		case r := <-ch: // prefer an answer that is already there
+			return r.v, r.err
+		default:
+		}
+		var zero T
+		return zero, ctx.Err()
+	}
+}
+
+// pause waits for the next backoff step; it returns early with an error when
+// ctx is done, lost is closed or the driver is closed.
+func (d *Driver) pause(ctx context.Context, b *backend.Backoff, s *session) error {
+	t := time.NewTimer(b.Next())
+	defer t.Stop()
+	var lost <-chan struct{}
+	if s != nil {
+		lost = s.lost
+	}
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-lost:
+		return s.err()
+	case <-d.quit:
+		return errClosed
+	}
+}
+
+func retryBackoff() backend.Backoff {
+	return backend.Backoff{Min: 20 * time.Millisecond, Max: 500 * time.Millisecond}
+}
+
+// Acquire implements backend.Driver. It creates the lease's lock node (see the
+// package doc) and, unless the node is the key's only one, lists the key's
+// nodes: the lowest holds the lock. If another node is lower and req.Wait is
+// false, it deletes its node and returns ErrHeld; otherwise it watches the
+// node just before its own and looks again when that one goes.
+//
+// Connection failures do not fail it while the session may be alive: it
+// retries once reconnected. It fails when the session is lost. When ctx ends,
+// or on any failure, it deletes its node before returning (or, if the server
+// cannot be reached within a couple of seconds, in the background as soon as
+// it can).
+func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*backend.Grant, error) {
+	if d.closed.Load() {
+		return nil, errClosed
+	}
+	s, err := d.sess.live(ctx, req.Wait, d.quit)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := validity(req.TTL, s.timeout); err != nil {
+		return nil, err
+	}
+	parent := LockPath(d.root, req.Key)
+	n, err := d.create(ctx, s, req.Wait, parent, nodePrefix(protectedID(req.Owner)))
+	if err != nil {
+		return nil, err
+	}
+	if err := d.settle(ctx, n); err != nil {
+		d.remove(n)
+		return nil, err
+	}
+	g, err := d.wait(ctx, req, n)
+	if err != nil {
+		d.remove(n)
+		return nil, err
+	}
+	return g, nil
+}
+
+// create creates the lock node under parent, named prefix + sequence, and
+// returns it. If ctx ends first, the node the create still makes, if any, is
+// deleted.
+func (d *Driver) create(ctx context.Context, s *session, wait bool, parent, prefix string) (*lockNode, error) {
+	if ctx.Done() == nil {
+		return d.createNode(ctx, s, wait, parent, prefix)
+	}
+	ch := make(chan callResult[*lockNode], 1)
+	d.wg.Go(func() {
+		n, err := d.createNode(ctx, s, wait, parent, prefix)
+		ch <- callResult[*lockNode]{n, err}
+	})
+	select {
+	case r := <-ch:
+		return r.v, r.err
+	case <-ctx.Done():
+	}
+	done := make(chan struct{})
+	d.wg.Go(func() {
+		defer close(done)
+		if r := <-ch; r.v != nil {
+			d.deleteNode(r.v)
+		}
+	})
+	select {
+	case <-done:
+	case <-time.After(cleanupTimeout):
+	}
+	return nil, ctx.Err()
+}
+
+// createNode is create's goroutine. It runs until it knows whether it created
+// the node, even after ctx ends: a create whose reply was lost may have been
+// applied, and the node must not stay behind as an orphan. If the session
+// ends before the node is made, it goes on in the next session (waiting for
+// one if wait is set).
+func (d *Driver) createNode(ctx context.Context, s *session, wait bool, parent, prefix string) (*lockNode, error) {
+	b := retryBackoff()
+	noNode := 0
+	for {
+		if s.isLost() {
+			var err error
+			if s, err = d.sess.live(ctx, wait, d.quit); err != nil {
+				return nil, err
+			}
+		}
+		start := time.Now()
+		// The create runs in one transaction with a write to the key's node:
+		// the key node's new mzxid is the transaction's zxid, which is the new
+		// node's czxid (the token), and its child count says whether the new
+		// node is the only one (then it holds the lock at once).
+		res, err := d.conn.Multi(
+			&zk.CreateRequest{Path: parent + "/" + prefix, Acl: d.acl, Flags: zk.FlagEphemeralSequential},
+			&zk.SetDataRequest{Path: parent, Version: -1},
+		)
+		switch {
+		case err == nil:
+			if len(res) != 2 || res[1].Stat == nil || !strings.HasPrefix(res[0].String, parent+"/") {
+				return nil, fmt.Errorf("create lock node under %s: unexpected reply %+v", parent, res)
+			}
+			d.sess.ack(s.id, start)
+			return &lockNode{
+				parent: parent,
+				name:   res[0].String[len(parent)+1:],
+				path:   res[0].String,
+				czxid:  res[1].Stat.Mzxid,
+				ses:    s,
+				first:  res[1].Stat.NumChildren == 1,
+				start:  start,
+			}, nil
+		case errors.Is(err, zk.ErrNoNode) && noNode < 3:
+			// The key's node does not exist yet, or the server just removed
+			// the empty container.
+			noNode++
+			if err := d.ensureParent(parent); err != nil {
+				return nil, err
+			}
+			continue
+		case errors.Is(err, zk.ErrConnectionClosed):
+			// The request may have been applied: look for the node by its
+			// protected name.
+			n, ferr := d.findOwn(s, parent, prefix)
+			if ferr != nil || n != nil {
+				return n, ferr
+			}
+		case transient(err), errors.Is(err, zk.ErrSessionExpired):
+		default:
+			return nil, fmt.Errorf("create lock node under %s: %w", parent, err)
+		}
+		if err := d.pause(ctx, &b, s); err != nil && !s.isLost() {
+			return nil, err
+		}
+	}
+}
+
+// findOwn looks for the node a create with the given protected prefix may have
+// made under parent, after the reply was lost. It keeps trying while the
+// session that made the request may be alive.
+func (d *Driver) findOwn(s *session, parent, prefix string) (*lockNode, error) {
+	b := retryBackoff()
+	for {
+		children, _, err := d.conn.Children(parent)
+		if err == nil {
+			name, ok := ownChild(children, prefix)
+			if !ok {
+				return nil, nil
+			}
+			start := time.Now()
+			ok, st, err := d.conn.Exists(parent + "/" + name)
+			if err == nil {
+				if !ok {
+					return nil, nil
+				}
+				return &lockNode{parent: parent, name: name, path: parent + "/" + name,
+					czxid: st.Czxid, ses: s, owner: st.EphemeralOwner, start: start}, nil
+			}
+		}
+		switch {
+		case errors.Is(err, zk.ErrNoNode):
+			return nil, nil
+		case !transient(err):
+			return nil, fmt.Errorf("look for a lock node under %s after a lost reply: %w", parent, err)
+		case d.sess.gone(s.id):
+			return nil, nil // the node, if made, died with its session
+		}
+		if err := d.pause(context.Background(), &b, nil); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// ensureParent creates the key's node as a container, and the root's nodes
+// if they are missing.
+func (d *Driver) ensureParent(parent string) error {
+	for range 2 {
+		_, err := d.conn.CreateContainer(parent, nil, zk.FlagContainer, d.acl)
+		switch {
+		case err == nil, errors.Is(err, zk.ErrNodeExists):
+			return nil
+		case errors.Is(err, zk.ErrNoNode):
+			if err := d.ensureRoot(); err != nil {
+				return err
+			}
+		default:
+			// ZooKeeper before 3.5 has no container nodes.
+			if _, err2 := d.conn.Create(parent, nil, zk.FlagPersistent, d.acl); err2 != nil && !errors.Is(err2, zk.ErrNodeExists) {
+				return fmt.Errorf("create %s: %w", parent, err)
+			}
+			return nil
+		}
+	}
+	return nil
+}
+
+func (d *Driver) ensureRoot() error {
+	p := ""
+	for _, part := range strings.Split(d.root[1:], "/") {
+		p += "/" + part
+		if _, err := d.conn.Create(p, nil, zk.FlagPersistent, d.acl); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+			return fmt.Errorf("create %s: %w", p, err)
+		}
+	}
+	return nil
+}
+
+// settle makes sure n is attributed to the session it lives in. The session
+// may have changed while the create was in flight (a request queued while
+// disconnected runs in whatever session the client has next).
+func (d *Driver) settle(ctx context.Context, n *lockNode) error {
+	cur := d.sess.current()
+	if cur == n.ses && !cur.isLost() && (n.owner == 0 || n.owner == cur.id) {
+		return nil
+	}
+	owner := n.owner
+	if owner == 0 {
+		ok, st, err := callExists(ctx, d, n.path)
+		if err != nil {
+			return fmt.Errorf("check the session of %s: %w", n.path, err)
+		}
+		if !ok {
+			return fmt.Errorf("%w: %s vanished", errNoLockNode, n.path)
+		}
+		owner = st.EphemeralOwner
+	}
+	cur = d.sess.current()
+	if cur == nil || cur.isLost() || cur.id != owner {
+		return fmt.Errorf("the ZooKeeper session changed while the lock node was created: %w", errNoSession)
+	}
+	n.ses, n.owner, n.first = cur, owner, false
+	return nil
+}
+
+func callExists(ctx context.Context, d *Driver, path string) (bool, *zk.Stat, error) {
+	type ex struct {
+		ok bool
+		st *zk.Stat
+	}
+	r, err := call(ctx, d, func() (ex, error) {
+		ok, st, err := d.conn.Exists(path)
+		return ex{ok, st}, err
+	})
+	return r.ok, r.st, err
+}
+
+// wait returns the grant once n is the lowest lock node of its key. With
+// req.Wait false it returns ErrHeld if it is not.
+func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, n *lockNode) (*backend.Grant, error) {
+	if n.first {
+		return d.grant(req, n, n.start)
+	}
+	b := retryBackoff()
+	for {
+		if n.ses.isLost() {
+			return nil, n.ses.err()
+		}
+		start := time.Now()
+		children, err := call(ctx, d, func() ([]string, error) {
+			c, _, err := d.conn.Children(n.parent)
+			return c, err
+		})
+		if err != nil {
+			if errors.Is(err, zk.ErrNoNode) {
+				return nil, fmt.Errorf("%w: %s vanished", errNoLockNode, n.parent)
+			}
+			if !transient(err) || ctx.Err() != nil {
+				return nil, fmt.Errorf("list %s: %w", n.parent, err)
+			}
+			if err := d.pause(ctx, &b, n.ses); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		locks := sortedLocks(children)
+		i := slices.Index(locks, n.name)
+		switch {
+		case i < 0:
+			return nil, fmt.Errorf("%w: %s vanished (the session ended?)", errNoLockNode, n.path)
+		case i == 0:
+			d.sess.ack(n.ses.id, start)
+			return d.grant(req, n, start)
+		case !req.Wait:
+			return nil, fmt.Errorf("%w (%d ahead in the queue)", backend.ErrHeld, i)
+		}
+		pred := n.parent + "/" + locks[i-1]
+		type exw struct {
+			ok bool
+			ch <-chan zk.Event
+		}
+		// A data watch, as Curator sets: unlike an exists watch, it is not
+		// left behind when the node is gone already.
+		r, err := call(ctx, d, func() (exw, error) {
+			_, _, ch, err := d.conn.GetW(pred)
+			if errors.Is(err, zk.ErrNoNode) {
+				return exw{}, nil
+			}
+			return exw{true, ch}, err
+		})
+		if err != nil {
+			if !transient(err) || ctx.Err() != nil {
+				return nil, fmt.Errorf("watch %s: %w", pred, err)
+			}
+			if err := d.pause(ctx, &b, n.ses); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		b.Reset()
+		if !r.ok {
+			continue // gone already: look again
+		}
+		select {
+		case <-r.ch: // deleted (or changed, or the watch ended): look again
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-n.ses.lost:
+			return nil, n.ses.err()
+		case <-d.quit:
+			return nil, errClosed
+		}
+	}
+}
+
+func (d *Driver) grant(req backend.AcquireRequest, n *lockNode, start time.Time) (*backend.Grant, error) {
+	v, err := validity(req.TTL, n.ses.timeout)
+	if err != nil {
+		return nil, err
+	}
+	return &backend.Grant{
+		Key:      req.Key,
+		Owner:    req.Owner,
+		Token:    uint64(n.czxid),
+		Start:    start,
+		Validity: v,
+		Lost:     n.ses.lost,
+		Data:     n,
+	}, nil
+}
+
+// remove deletes n, waiting at most cleanupTimeout; the deletion goes on in
+// the background if it has to.
+func (d *Driver) remove(n *lockNode) {
+	done := make(chan struct{})
+	d.wg.Go(func() {
+		defer close(done)
+		d.deleteNode(n)
+	})
+	select {
+	case <-done:
+	case <-time.After(cleanupTimeout):
+	}
+}
+
+// deleteNode deletes n, retrying connection failures for as long as its
+// session may be alive (after that the server has deleted it) and the driver
+// is open. It reports whether it deleted the node.
+func (d *Driver) deleteNode(n *lockNode) bool {
+	id := n.ses.id
+	if n.owner != 0 {
+		id = n.owner
+	}
+	b := retryBackoff()
+	for {
+		err := d.conn.Delete(n.path, -1)
+		switch {
+		case err == nil:
+			return true
+		case !transient(err), d.sess.gone(id), d.closed.Load():
+			return false
+		}
+		if d.pause(context.Background(), &b, nil) != nil {
+			return false
+		}
+	}
+}
+
+func (d *Driver) node(g *backend.Grant) (*lockNode, error) {
+	n, ok := g.Data.(*lockNode)
+	if !ok || n == nil {
+		return nil, fmt.Errorf("grant of key %q was not made by this driver", g.Key)
+	}
+	return n, nil
+}
+
+// Refresh implements backend.Driver. It checks that g's node still exists and
+// is this lease's, in the session that created it: a sync, so that the answer
+// comes from a server as up to date as the leader, then an exists. It returns
+// min(ttl, session timeout) less the drift allowance. The session, not the
+// refresh, keeps the node alive; the refresh proves it still does.
+//
+// While the connection is down but the session may be alive, it waits for a
+// reconnection (until ctx ends); once the session is lost it returns
+// ErrNotHeld.
+func (d *Driver) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duration) (time.Duration, error) {
+	if d.closed.Load() {
+		return 0, errClosed
+	}
+	n, err := d.node(g)
+	if err != nil {
+		return 0, err
+	}
+	v, err := validity(ttl, n.ses.timeout)
+	if err != nil {
+		return 0, err
+	}
+	b := retryBackoff()
+	for {
+		if n.ses.isLost() {
+			return 0, fmt.Errorf("%w: %w", backend.ErrNotHeld, n.ses.err())
+		}
+		start := time.Now()
+		st, err := call(ctx, d, func() (*zk.Stat, error) {
+			if _, err := d.conn.Sync(n.path); err != nil {
+				return nil, err
+			}
+			ok, st, err := d.conn.Exists(n.path)
+			if err == nil && !ok {
+				err = zk.ErrNoNode
+			}
+			return st, err
+		})
+		switch {
+		case err == nil:
+			if st.Czxid != n.czxid || st.EphemeralOwner != n.ses.id {
+				return 0, fmt.Errorf("%w: %s belongs to another session", backend.ErrNotHeld, n.path)
+			}
+			if n.ses.isLost() {
+				return 0, fmt.Errorf("%w: %w", backend.ErrNotHeld, n.ses.err())
+			}
+			d.sess.ack(n.ses.id, start)
+			return v, nil
+		case errors.Is(err, zk.ErrNoNode):
+			return 0, fmt.Errorf("%w: %s is gone", backend.ErrNotHeld, n.path)
+		case !transient(err) || ctx.Err() != nil:
+			return 0, fmt.Errorf("check %s: %w", n.path, err)
+		}
+		if err := d.pause(ctx, &b, n.ses); err != nil {
+			if n.ses.isLost() {
+				return 0, fmt.Errorf("%w: %w", backend.ErrNotHeld, n.ses.err())
+			}
+			return 0, err
+		}
+	}
+}
+
+// Release implements backend.Driver: it deletes g's node. The node's name
+// carries the lease's owner id, so no other lease's node can be deleted. It
+// returns ErrNotHeld if the node was gone already (the session ended).
+//
+// While the connection is down but the session may be alive, it waits for a
+// reconnection until ctx ends or the session is lost; if it cannot delete
+// the node by then, a goroutine goes on trying for as long as the session may
+// be alive, so a live session never keeps a released lock.
+func (d *Driver) Release(ctx context.Context, g *backend.Grant) error {
+	if d.closed.Load() {
+		return errClosed
+	}
+	n, err := d.node(g)
+	if err != nil {
+		return err
+	}
+	b := retryBackoff()
+	for {
+		start := time.Now()
+		_, err := call(ctx, d, func() (struct{}, error) { return struct{}{}, d.conn.Delete(n.path, -1) })
+		switch {
+		case err == nil:
+			d.sess.ack(n.ses.id, start)
+			return nil
+		case errors.Is(err, zk.ErrNoNode):
+			if n.ses.isLost() {
+				return fmt.Errorf("%w: %w", backend.ErrNotHeld, n.ses.err())
+			}
+			return fmt.Errorf("%w: %s was deleted", backend.ErrNotHeld, n.path)
+		case transient(err) && ctx.Err() == nil && !n.ses.isLost():
+			if d.pause(ctx, &b, n.ses) == nil {
+				continue
+			}
+		}
+		// Not confirmed: keep trying in the background.
+		d.wg.Go(func() { d.deleteNode(n) })
+		if n.ses.isLost() {
+			return fmt.Errorf("%w: %w", backend.ErrNotHeld, n.ses.err())
+		}
+		if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+			err = fmt.Errorf("%w (%w)", ctx.Err(), err)
+		}
+		return fmt.Errorf("delete %s: %w", n.path, err)
+	}
+}

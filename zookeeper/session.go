@@ -1,0 +1,227 @@
+package zookeeper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/dlock-go/dlock/backend"
+)
+
+// Why a session, as the driver sees it, ended.
+var (
+	errSessionExpired = errors.New("the ZooKeeper session expired: the server deleted its lock nodes")
+	errSuspended      = errors.New("disconnected from ZooKeeper for as long as the session timeout: the server may have expired the session")
+	errNoSession      = errors.New("no live ZooKeeper session (disconnected)")
+)
+
+// session is one ZooKeeper session as the driver knows it. Every lock node the
+// driver creates is ephemeral, so it lives exactly as long as its session, and
+// every grant made in the session carries the session's lost channel as its
+// Grant.Lost: when the session ends, every lease of it ends at once.
+//
+// A session is lost (lost is closed) when the server says it expired, or when
+// the connection has been gone for so long that the server may have expired
+// it: the session timeout, less the drift allowance, after the latest moment
+// the server is known to have heard from the session (Curator's rule: while
+// suspended you cannot know you still hold a lock; past the timeout you must
+// assume you do not). If the same session comes back after that, the driver
+// treats it as a new one: the leases of the old one stay lost.
+type session struct {
+	id      int64
+	timeout time.Duration // as negotiated with the server
+	lost    chan struct{}
+
+	mu      sync.Mutex
+	lastAck time.Time // the server heard from the session no earlier than this
+	why     error     // why lost was closed
+}
+
+func (s *session) isLost() bool {
+	select {
+	case <-s.lost:
+		return true
+	default:
+		return false
+	}
+}
+
+// err says why the session was lost.
+func (s *session) err() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.why == nil {
+		return errNoSession
+	}
+	return s.why
+}
+
+// lose closes s.lost once; callers hold sessions.mu.
+func (s *session) lose(why error) {
+	if s.isLost() {
+		return
+	}
+	s.mu.Lock()
+	s.why = why
+	s.mu.Unlock()
+	close(s.lost)
+}
+
+// sessions tracks the driver's current session and its connection state, fed
+// by go-zookeeper's session events (or, for a connection the driver does not
+// own, by polling its state).
+type sessions struct {
+	mu        sync.Mutex
+	cur       *session
+	lastID    int64         // id of the latest session the server granted
+	connected bool          // cur's connection is up
+	changed   chan struct{} // closed and replaced whenever cur changes
+	timer     *time.Timer   // while suspended: loses cur when it may have expired
+	closed    bool
+}
+
+func newSessions() *sessions {
+	return &sessions{changed: make(chan struct{})}
+}
+
+// established records that the connection has a session: id, with the given
+// negotiated timeout; the handshake was sent at sent (zero if unknown).
+func (ss *sessions) established(id int64, timeout time.Duration, sent time.Time) {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.closed || id == 0 {
+		return
+	}
+	ss.connected = true
+	ss.stopTimer()
+	if c := ss.cur; c != nil && c.id == id && !c.isLost() {
+		return // reconnected within the session
+	}
+	if ss.cur != nil {
+		ss.cur.lose(errSessionExpired)
+	}
+	ss.cur = &session{id: id, timeout: timeout, lost: make(chan struct{}), lastAck: sent}
+	ss.lastID = id
+	close(ss.changed)
+	ss.changed = make(chan struct{})
+}
+
+// disconnected records that the connection is down. The session is suspended:
+// it is lost when the server may have expired it.
+func (ss *sessions) disconnected() {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.closed || !ss.connected {
+		return
+	}
+	ss.connected = false
+	c := ss.cur
+	if c == nil || c.isLost() {
+		return
+	}
+	c.mu.Lock()
+	deadline := c.lastAck.Add(c.timeout - backend.DriftAllowance(c.timeout))
+	c.mu.Unlock()
+	ss.stopTimer()
+	ss.timer = time.AfterFunc(max(time.Until(deadline), 0), func() {
+		ss.mu.Lock()
+		defer ss.mu.Unlock()
+		if !ss.connected && ss.cur == c {
+			c.lose(errSuspended)
+		}
+	})
+}
+
+// expired records that the server refused the session as expired.
+func (ss *sessions) expired() {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	ss.connected = false
+	ss.stopTimer()
+	if ss.cur != nil {
+		ss.cur.lose(errSessionExpired)
+	}
+}
+
+func (ss *sessions) stopTimer() {
+	if ss.timer != nil {
+		ss.timer.Stop()
+		ss.timer = nil
+	}
+}
+
+// ack records that the server heard from session id no earlier than t: t is
+// when a request it answered was sent.
+func (ss *sessions) ack(id int64, t time.Time) {
+	ss.mu.Lock()
+	c := ss.cur
+	ss.mu.Unlock()
+	if c == nil || c.id != id {
+		return
+	}
+	c.mu.Lock()
+	if t.After(c.lastAck) {
+		c.lastAck = t
+	}
+	c.mu.Unlock()
+}
+
+// current returns the current session, lost or not, or nil before the first.
+func (ss *sessions) current() *session {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.cur
+}
+
+// gone reports whether session id has certainly ended: the server has since
+// granted another session (go-zookeeper asks for a new one only after the old
+// one was refused as expired), or the driver is closed.
+func (ss *sessions) gone(id int64) bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return ss.closed || ss.lastID != id
+}
+
+// live returns the current session if it is not lost. Otherwise, if wait is
+// set, it waits for a new session until ctx is done or quit is closed; if not,
+// it fails at once.
+func (ss *sessions) live(ctx context.Context, wait bool, quit <-chan struct{}) (*session, error) {
+	for {
+		ss.mu.Lock()
+		c, changed, closed := ss.cur, ss.changed, ss.closed
+		ss.mu.Unlock()
+		switch {
+		case closed:
+			return nil, errClosed
+		case c != nil && !c.isLost():
+			return c, nil
+		case !wait:
+			if c != nil {
+				return nil, fmt.Errorf("%w: %w", errNoSession, c.err())
+			}
+			return nil, errNoSession
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return nil, fmt.Errorf("waiting for a ZooKeeper session: %w", ctx.Err())
+		case <-quit:
+			return nil, errClosed
+		}
+	}
+}
+
+// close loses the current session and stops tracking.
+func (ss *sessions) close() {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	ss.closed = true
+	ss.stopTimer()
+	if ss.cur != nil {
+		ss.cur.lose(errClosed)
+	}
+	close(ss.changed)
+	ss.changed = make(chan struct{})
+}

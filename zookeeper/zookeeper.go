@@ -1,0 +1,534 @@
+// Package zookeeper is dlock's driver for Apache ZooKeeper, over
+// github.com/go-zookeeper/zk. Importing it registers the DSN scheme "zk" with
+// dlock.Open:
+//
+//	import _ "github.com/dlock-go/dlock/zookeeper"
+//
+//	locker, err := dlock.Open(ctx, "zk://zk1:2181,zk2:2181,zk3:2181/dlock?session=10s")
+//
+// To lock over a *zk.Conn your program already has, call [New] or
+// [NewDriver]; [Dial] connects the way Open does and returns the driver.
+//
+// # Locks
+//
+// A lock is the recipe of Apache Curator's InterProcessMutex, in the same
+// layout, so Curator clients and dlock exclude each other on the same path.
+// Each Acquire creates an ephemeral sequential node
+//
+//	<root>/<EscapeKey(key)>/_c_<uuid>-lock-<sequence>
+//
+// whose <uuid> is the lease's owner id. The node with the lowest sequence
+// holds the lock; every other one waits for a watch on the node just before it
+// (first come, first served, and a release wakes exactly one waiter). The
+// key's node is a container node, which the server deletes some time after its
+// last child. The root node (default [DefaultRoot]) and any missing parents
+// are created as needed.
+//
+// The node is created in Curator's "protected" mode: if the connection breaks
+// while the create is in flight, the driver cannot tell whether the server
+// created the node, so it looks for the node by its <uuid> once it has
+// reconnected and adopts or deletes it. A create whose reply was lost never
+// leaves an orphan node queued in the holder's name. When an Acquire's ctx
+// ends, the driver deletes the waiter's node before it returns (or, if the
+// server cannot be reached within a couple of seconds, as soon as it can).
+//
+// # Fencing tokens
+//
+// A grant's token is the czxid of its node: the zxid of the transaction that
+// created it. Zxids are ZooKeeper's global, totally ordered transaction ids,
+// so tokens strictly increase per key across every grant, release, expiry,
+// leader election and server restart the ensemble survives — including when
+// the key's node is deleted and re-created, which restarts the sequence
+// numbers (which is why the sequence number is not the token). The driver
+// learns the czxid without an extra round trip: the create runs in one multi
+// transaction with a write of empty data to the key's node, whose new mzxid is
+// that zxid (and whose child count says whether the new node is alone, so an
+// uncontended Acquire costs one round trip). Do not keep data in a key's node.
+//
+// # Sessions, TTL and validity
+//
+// A ZooKeeper lock lives as long as the session that created its node: the
+// server deletes every ephemeral node of a session when the session ends
+// (closed by the client, or expired after the session timeout without a word
+// from the client). go-zookeeper keeps the session alive by itself, with pings.
+// Each driver has one session, shared by all its leases.
+//
+// So the session timeout, not dlock's TTL, bounds how long a holder that
+// crashed or was partitioned away keeps others waiting: up to the negotiated
+// session timeout (the server rounds up to its tick). The TTL keeps its
+// meaning for a live holder that stops renewing: dlock ends the lease at its
+// deadline and deletes the node. Each keepalive refresh (every TTL/3 by
+// default) checks, through the leader (sync, then exists), that the node still
+// exists and is this lease's, in this session.
+//
+// Validity is derived from the session, never from the TTL alone: a grant or
+// refresh is valid for min(TTL, session timeout) less the drift allowance,
+// counted from the moment its request was sent. The request reached a server
+// no earlier than that, so the session cannot expire sooner. (One caveat, as
+// for every ZooKeeper recipe: a follower reports session activity to the
+// leader every half tick, so if it is cut off from the leader just after
+// answering, the leader may count the session from up to half a tickTime
+// earlier. The fencing token covers that gap.)
+//
+// # Losing a lease
+//
+// Every grant's Lost channel is its session's: dlock ends every lease of a
+// session the moment the driver learns the session ended. That happens when
+// the server reports the session expired, and when the connection has been
+// down (suspended, in Curator's terms) for so long that the server may have
+// expired it: the session timeout, less the drift allowance, after the latest
+// request or ping the server answered. A lease is never believed past the
+// time the server may have dropped it. While the connection is down but the
+// session may still live, refreshes and releases wait for a reconnection; a
+// release that cannot finish is completed in the background as soon as the
+// server is reachable again, for as long as the session lives.
+//
+// A lock node deleted by hand is noticed at the lease's next refresh.
+//
+// # Key mapping
+//
+// A key becomes one node name by [EscapeKey]: '%', '/' and every character
+// ZooKeeper does not allow in a path are percent-encoded byte by byte, and the
+// keys "." and ".." become "%2E" and "%2E%2E". The mapping is injective. For
+// the key "jobs/nightly" and the default root, the lock nodes are children of
+// /dlock/jobs%2Fnightly.
+//
+// # DSN
+//
+//	zk://[user:password@]host[:port][,host[:port]...][/root][?param=value&...]
+//
+// The default port is 2181, the default root [DefaultRoot]. A user and
+// password turn on ZooKeeper digest authentication, and the nodes the driver
+// creates then get the ACL auth:: (all permissions for that identity, see
+// zk.AuthACL). Parameters read by the driver: "session", the session timeout
+// to ask for (default 10s; the servers clamp it to 2–20 × their tickTime), and
+// "connect", how long Open waits for the first session (default 10s). dlock
+// reads "ttl" and "autorenew". Errors never contain the password. IPv6
+// addresses cannot be listed in a DSN; use Dial.
+package zookeeper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
+)
+
+// Defaults for Options and the DSN parameters.
+const (
+	// DefaultRoot is the node under which every lock lives. DSN: the path.
+	DefaultRoot = "/dlock"
+
+	// DefaultSessionTimeout is the session timeout Dial asks the servers for.
+	// DSN parameter "session".
+	DefaultSessionTimeout = 10 * time.Second
+
+	// DefaultConnectTimeout bounds Dial's wait for the first session, on top of
+	// its ctx. DSN parameter "connect".
+	DefaultConnectTimeout = 10 * time.Second
+
+	// DefaultPort is the port of a DSN host given without one.
+	DefaultPort = 2181
+)
+
+const (
+	// cleanupTimeout bounds how long Acquire waits for the deletion of a node
+	// it gives up on; the deletion goes on in the background if it has to.
+	cleanupTimeout = 2 * time.Second
+	// closeWait bounds how long Close waits for go-zookeeper's goroutines, and
+	// for the driver's own calls on a connection the driver does not own.
+	closeWait = 5 * time.Second
+	// statePoll is how often the state of a connection the driver does not
+	// own is read (go-zookeeper reports its events only to its creator).
+	statePoll = 50 * time.Millisecond
+)
+
+var errClosed = errors.New("zookeeper driver closed")
+
+func init() {
+	backend.Register("zk", open)
+}
+
+// Options configure a Driver. The zero value, or a nil *Options, gives the
+// defaults.
+type Options struct {
+	// Root is the node under which every lock lives: an absolute path other
+	// than "/", such as "/dlock" or "/myapp/locks". Empty means DefaultRoot.
+	// DSN: the path.
+	Root string
+
+	// SessionTimeout is, for Dial, the session timeout to ask the servers for;
+	// they clamp it to [2, 20] × tickTime, and the driver uses the timeout
+	// they grant. Zero means DefaultSessionTimeout (10s). DSN parameter
+	// "session".
+	//
+	// For NewDriver and New it is required: the session timeout the server
+	// negotiated for conn, or less. The driver cannot learn it from a
+	// connection it did not dial, and it computes every lease's validity from
+	// it, so a value above the negotiated timeout would let a lease be
+	// believed after the server dropped it.
+	SessionTimeout time.Duration
+
+	// ConnectTimeout bounds how long Dial waits for the first session, on top
+	// of its ctx. Zero means DefaultConnectTimeout (10s). DSN parameter
+	// "connect". Not used by NewDriver.
+	ConnectTimeout time.Duration
+
+	// Digest is "user:password" for ZooKeeper digest authentication (Dial
+	// only; on a connection of your own, call conn.AddAuth). DSN: the user
+	// info. Default: none.
+	Digest string
+
+	// ACL is the ACL of the nodes the driver creates. Default:
+	// zk.AuthACL(zk.PermAll) when Digest is set, else zk.WorldACL(zk.PermAll).
+	ACL []zk.ACL
+
+	// Logger receives go-zookeeper's log lines (Dial only). Default: they are
+	// discarded.
+	Logger zk.Logger
+}
+
+func (o *Options) withDefaults(dialing bool) (Options, error) {
+	var r Options
+	if o != nil {
+		r = *o
+	}
+	if r.Root == "" {
+		r.Root = DefaultRoot
+	}
+	if err := checkRoot(r.Root); err != nil {
+		return r, err
+	}
+	switch {
+	case r.SessionTimeout < 0:
+		return r, fmt.Errorf("session timeout must be > 0, got %v", r.SessionTimeout)
+	case r.SessionTimeout == 0 && dialing:
+		r.SessionTimeout = DefaultSessionTimeout
+	case r.SessionTimeout == 0:
+		return r, errors.New("Options.SessionTimeout is required with a connection of your own: give the session timeout the server negotiated for it")
+	}
+	switch {
+	case r.ConnectTimeout < 0:
+		return r, fmt.Errorf("connect timeout must be > 0, got %v", r.ConnectTimeout)
+	case r.ConnectTimeout == 0:
+		r.ConnectTimeout = DefaultConnectTimeout
+	}
+	if r.Digest != "" && !strings.Contains(r.Digest, ":") {
+		return r, errors.New(`digest credentials must read "user:password"`)
+	}
+	if len(r.ACL) == 0 {
+		if r.Digest != "" {
+			r.ACL = zk.AuthACL(zk.PermAll)
+		} else {
+			r.ACL = zk.WorldACL(zk.PermAll)
+		}
+	}
+	if r.Logger == nil {
+		r.Logger = discard{}
+	}
+	return r, nil
+}
+
+type discard struct{}
+
+func (discard) Printf(string, ...any) {}
+
+// Driver is the ZooKeeper implementation of backend.Driver. Its methods are
+// safe for concurrent use. Most programs use it through dlock.Open or New;
+// build one with Dial or NewDriver to pass to dlock.New with your own options.
+type Driver struct {
+	conn    *zk.Conn
+	owned   bool            // Close closes conn (it was dialled by Dial)
+	events  <-chan zk.Event // owned connections: closed once go-zookeeper is done
+	root    string
+	acl     []zk.ACL
+	timeout time.Duration // asked for (Dial) or declared (NewDriver)
+
+	sess   *sessions
+	quit   chan struct{} // closed by Close
+	closed atomic.Bool
+	wg     sync.WaitGroup // every goroutine the driver starts
+
+	// Connections the driver dials (see wire.go).
+	wireMu    sync.Mutex
+	wire      *wireConn
+	handshake handshake
+	severed   bool  // test hook: the process "crashed"
+	dropOp    int32 // test hook: drop the reply to the next request with this opcode
+}
+
+var (
+	_ backend.Driver = (*Driver)(nil)
+	_ backend.Named  = (*Driver)(nil)
+)
+
+func newDriver(o Options) *Driver {
+	return &Driver{
+		root:    o.Root,
+		acl:     o.ACL,
+		timeout: o.SessionTimeout,
+		sess:    newSessions(),
+		quit:    make(chan struct{}),
+	}
+}
+
+// Dial connects to the ZooKeeper servers ("host:port" each; a host without a
+// port gets DefaultPort) and returns a driver that owns the connection: its
+// Close closes the connection, which ends the session and so deletes every
+// lock node the driver still has. It returns once the servers have granted a
+// session, or fails when ctx ends or Options.ConnectTimeout passes first.
+// opts may be nil for the defaults.
+func Dial(ctx context.Context, servers []string, opts *Options) (*Driver, error) {
+	o, err := opts.withDefaults(true)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", dlock.ErrInvalidOption, err)
+	}
+	if len(servers) == 0 {
+		return nil, fmt.Errorf("%w: no ZooKeeper server given", dlock.ErrInvalidOption)
+	}
+	for _, s := range servers {
+		if strings.TrimSpace(s) == "" {
+			return nil, fmt.Errorf("%w: empty ZooKeeper server address in %q", dlock.ErrInvalidOption, servers)
+		}
+	}
+	servers = zk.FormatServers(servers)
+	d := newDriver(o)
+	d.owned = true
+	conn, events, err := zk.Connect(servers, o.SessionTimeout,
+		zk.WithDialer(d.dial),
+		zk.WithLogger(o.Logger),
+		zk.WithLogInfo(false),
+		zk.WithEventCallback(d.onEvent))
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s: %w", strings.Join(servers, ","), err)
+	}
+	d.conn, d.events = conn, events
+
+	wctx, cancel := context.WithTimeout(ctx, o.ConnectTimeout)
+	defer cancel()
+	if _, err := d.sess.live(wctx, true, nil); err != nil {
+		_ = d.Close()
+		return nil, fmt.Errorf("no session with %s: %w", strings.Join(servers, ","), err)
+	}
+	if o.Digest != "" {
+		_, err := call(wctx, d, func() (struct{}, error) { return struct{}{}, conn.AddAuth("digest", []byte(o.Digest)) })
+		if err != nil {
+			_ = d.Close()
+			return nil, fmt.Errorf("digest authentication: %w", err)
+		}
+	}
+	return d, nil
+}
+
+// NewDriver returns a driver that locks over conn, a connection your program
+// made with zk.Connect and keeps: the driver's Close does not close it.
+// opts.SessionTimeout is required (see Options). The driver watches conn's
+// state by polling it every 50ms, since go-zookeeper reports events only to
+// the creator of a connection.
+//
+// Lock nodes live in conn's session, so they end with it; a node the driver
+// could not delete by the time Close returns stays until you close conn.
+func NewDriver(conn *zk.Conn, opts *Options) (*Driver, error) {
+	if conn == nil {
+		return nil, fmt.Errorf("%w: nil ZooKeeper connection", dlock.ErrInvalidOption)
+	}
+	o, err := opts.withDefaults(false)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", dlock.ErrInvalidOption, err)
+	}
+	d := newDriver(o)
+	d.conn = conn
+	d.observe()
+	d.wg.Go(d.poll)
+	return d, nil
+}
+
+// New returns a dlock.Locker over conn: dlock.New(NewDriver(conn, opts),
+// lockerOpts...). Closing the Locker does not close conn.
+func New(conn *zk.Conn, opts *Options, lockerOpts ...dlock.Option) (dlock.Locker, error) {
+	d, err := NewDriver(conn, opts)
+	if err != nil {
+		return nil, &dlock.Error{Op: "open", Backend: "zk", Err: err}
+	}
+	l, err := dlock.New(d, lockerOpts...)
+	if err != nil {
+		_ = d.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// open is the OpenFunc of the scheme "zk".
+func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
+	p := backend.NewParams(u)
+	o := Options{
+		SessionTimeout: p.Duration("session", DefaultSessionTimeout),
+		ConnectTimeout: p.Duration("connect", DefaultConnectTimeout),
+	}
+	if err := p.Done("session", "connect"); err != nil {
+		return nil, fmt.Errorf("%w: %w", dlock.ErrInvalidOption, err)
+	}
+	if u.Opaque != "" || u.Host == "" {
+		return nil, fmt.Errorf("%w: DSN names no server (want zk://host:2181[,host:2181...]/root)", dlock.ErrInvalidOption)
+	}
+	if u.Fragment != "" {
+		return nil, fmt.Errorf("%w: DSN has a fragment (#...)", dlock.ErrInvalidOption)
+	}
+	if root := strings.TrimSuffix(u.Path, "/"); root != "" {
+		o.Root = root
+	}
+	if u.User != nil {
+		pw, ok := u.User.Password()
+		if u.User.Username() == "" || !ok {
+			return nil, fmt.Errorf("%w: DSN user info must be user:password (digest authentication)", dlock.ErrInvalidOption)
+		}
+		o.Digest = u.User.Username() + ":" + pw
+	}
+	servers := strings.Split(u.Host, ",")
+	for _, s := range servers {
+		if s == "" {
+			return nil, fmt.Errorf("%w: empty host in DSN host list %q", dlock.ErrInvalidOption, u.Host)
+		}
+		if _, _, err := net.SplitHostPort(s); err != nil && strings.Contains(s, ":") {
+			return nil, fmt.Errorf("%w: DSN host %q: %w", dlock.ErrInvalidOption, s, err)
+		}
+	}
+	return Dial(ctx, servers, &o)
+}
+
+// onEvent receives go-zookeeper's events for a connection the driver owns. It
+// runs on go-zookeeper's goroutines and must not block.
+func (d *Driver) onEvent(ev zk.Event) {
+	if ev.Type != zk.EventSession {
+		return
+	}
+	switch ev.State {
+	case zk.StateHasSession:
+		// The ConnectResponse that granted the session was read just before,
+		// on this goroutine.
+		h := d.lastHandshake()
+		d.sess.established(h.id, h.timeout, h.sent)
+	case zk.StateExpired:
+		d.sess.expired()
+	default:
+		d.sess.disconnected()
+	}
+}
+
+// poll follows the state of a connection the driver does not own.
+func (d *Driver) poll() {
+	t := time.NewTicker(statePoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-d.quit:
+			return
+		case <-t.C:
+			d.observe()
+		}
+	}
+}
+
+func (d *Driver) observe() {
+	switch d.conn.State() {
+	case zk.StateHasSession:
+		d.sess.established(d.conn.SessionID(), d.timeout, time.Time{})
+	case zk.StateExpired:
+		d.sess.expired()
+	default:
+		d.sess.disconnected()
+	}
+}
+
+// Name returns "zk".
+func (d *Driver) Name() string { return "zk" }
+
+// Conn returns the driver's ZooKeeper connection. Do not close a connection
+// the driver owns (from Dial or dlock.Open); close the driver.
+func (d *Driver) Conn() *zk.Conn { return d.conn }
+
+// Root returns the node under which the driver's locks live (see LockPath).
+func (d *Driver) Root() string { return d.root }
+
+// SessionTimeout returns the timeout of the driver's current session: the one
+// the servers negotiated for a connection the driver dialled, else
+// Options.SessionTimeout. Before the first session it returns the timeout
+// asked for.
+func (d *Driver) SessionTimeout() time.Duration {
+	if c := d.sess.current(); c != nil {
+		return c.timeout
+	}
+	return d.timeout
+}
+
+// Capabilities reports strict fencing (czxid tokens), FIFO waiting with a
+// watch on the predecessor, fault tolerance (when ZooKeeper runs as an
+// ensemble: a lock survives the loss of a minority of servers), server-side
+// expiry (the session timeout, on the servers' clocks), and immediate loss
+// notification when the session ends.
+func (d *Driver) Capabilities() backend.Capabilities {
+	return backend.Capabilities{
+		Fencing:       backend.FencingStrict,
+		FIFO:          true,
+		FaultTolerant: true,
+		TimeAuthority: backend.TimeServer,
+		PushWait:      true,
+		LossNotify:    true,
+	}
+}
+
+// Close ends the driver. For a connection the driver owns it closes the
+// connection, which ends the session: the server deletes every lock node the
+// driver still had. A connection passed to NewDriver stays open. Waiting
+// Acquire calls return an error. A second Close returns an error.
+func (d *Driver) Close() error {
+	if d.closed.Swap(true) {
+		return errClosed
+	}
+	if d.owned {
+		d.conn.Close() // makes every call in flight return
+	}
+	close(d.quit)
+	d.sess.close()
+	if d.owned {
+		// go-zookeeper closes its event channel once its goroutines are done,
+		// and every call of the driver's returns once conn is closed.
+		timer := time.NewTimer(closeWait)
+		defer timer.Stop()
+	drain:
+		for {
+			select {
+			case _, ok := <-d.events:
+				if !ok {
+					break drain
+				}
+			case <-timer.C:
+				break drain
+			}
+		}
+		d.wg.Wait()
+		return nil
+	}
+	// Calls on a connection the driver does not own end when it answers or
+	// is closed.
+	done := make(chan struct{})
+	go func() {
+		d.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+	case <-time.After(closeWait):
+	}
+	return nil
+}

@@ -1,0 +1,515 @@
+package zookeeper_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/testenv"
+	"github.com/dlock-go/dlock/zookeeper"
+)
+
+func testKey(t *testing.T) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return strings.ReplaceAll(t.Name(), "/", ".") + "/" + hex.EncodeToString(b[:])
+}
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func mustAcquire(t *testing.T, l dlock.Locker, key string, opts ...dlock.Option) *dlock.Lease {
+	t.Helper()
+	lease, err := l.Acquire(testCtx(t), key, opts...)
+	if err != nil {
+		t.Fatalf("Acquire(%q): %v", key, err)
+	}
+	return lease
+}
+
+func mustRelease(t *testing.T, lease *dlock.Lease) {
+	t.Helper()
+	if err := lease.Release(context.Background()); err != nil {
+		t.Fatalf("Release(%q): %v", lease.Key(), err)
+	}
+}
+
+func waitDone(t *testing.T, lease *dlock.Lease, bound time.Duration, what string) time.Duration {
+	t.Helper()
+	start := time.Now()
+	select {
+	case <-lease.Done():
+		return time.Since(start)
+	case <-time.After(bound):
+		t.Fatalf("%s: lease Done not closed within %v", what, bound)
+		return 0
+	}
+}
+
+// eventually polls cond every 20ms until it holds or bound passes.
+func eventually(t *testing.T, bound time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(bound)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within %v", what, bound)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// czxid returns the czxid of a lock node of key.
+func (h *harness) czxid(t *testing.T, key, node string) int64 {
+	t.Helper()
+	ok, st, err := h.admin.Exists(zookeeper.LockPath(zookeeper.DefaultRoot, key) + "/" + node)
+	if err != nil || !ok {
+		t.Fatalf("node %s of %q: exists=%v, %v", node, key, ok, err)
+	}
+	return st.Czxid
+}
+
+// TestDriver runs the driver's own tests against one standalone server.
+func TestDriver(t *testing.T) {
+	srv := testenv.StartZooKeeper(t)
+	h := newHarness(t, []string{srv.Addr()}, 10*time.Second)
+	t.Run("Open", func(t *testing.T) { testOpen(t, srv, h) })
+	t.Run("DigestAuth", func(t *testing.T) { testDigestAuth(t, srv, h) })
+	t.Run("OwnConnection", func(t *testing.T) { testOwnConnection(t, srv, h) })
+	t.Run("SessionExpiry", func(t *testing.T) { testSessionExpiry(t, h) })
+	t.Run("CreateReplyLost", func(t *testing.T) { testCreateReplyLost(t, h) })
+	t.Run("CancelLeavesNoNode", func(t *testing.T) { testCancelLeavesNoNode(t, srv, h) })
+	t.Run("MixedWithZkLock", func(t *testing.T) { testMixedWithZkLock(t, h) })
+}
+
+var curatorName = regexp.MustCompile(`^_c_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}-lock-[0-9]{10}$`)
+
+func testOpen(t *testing.T, srv *testenv.ZooKeeper, h *harness) {
+	ctx := testCtx(t)
+	l, err := dlock.Open(ctx, srv.URL("/dsn/locks")+"?session=4s&ttl=5s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if c := l.Capabilities(); c.Fencing != backend.FencingStrict || !c.FIFO || !c.FaultTolerant || !c.LossNotify || !c.PushWait {
+		t.Errorf("Capabilities() = %+v", c)
+	}
+	k := "jobs/nightly"
+	lease, err := l.TryAcquire(ctx, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent := zookeeper.LockPath("/dsn/locks", k)
+	if parent != "/dsn/locks/jobs%2Fnightly" {
+		t.Errorf("LockPath = %q", parent)
+	}
+	children, _, err := h.admin.Children(parent)
+	if err != nil || len(children) != 1 || !curatorName.MatchString(children[0]) {
+		t.Fatalf("children of %s = %q, %v; want one node in Curator's protected layout", parent, children, err)
+	}
+	_, st, err := h.admin.Exists(parent + "/" + children[0])
+	if err != nil || uint64(st.Czxid) != uint64(lease.Token()) {
+		t.Fatalf("token %d, node czxid %d (%v)", lease.Token(), st.Czxid, err)
+	}
+	// session=4s: the lease's validity derives from the session (4s), not
+	// from the 5s TTL.
+	if left := time.Until(lease.Deadline()); left > 4*time.Second || left < 3*time.Second {
+		t.Errorf("deadline %v away with session=4s, ttl=5s; want just under 4s", left)
+	}
+	mustRelease(t, lease)
+
+	dead := testenv.FreePort(t)
+	for _, tc := range []struct{ dsn, want string }{
+		{srv.URL("/x") + "?sesion=1s", `"sesion"`},
+		{srv.URL("/x") + "?session=-1s", "session"},
+		{srv.URL("/zookeeper/x"), "/zookeeper"},
+		{srv.URL("/a//b"), "empty path component"},
+		{"zk://alice@" + srv.Addr() + "/x", "user:password"},
+		{"zk:///x", "no server"},
+		{"zk://alice:s3cret@127.0.0.1:" + strconv.Itoa(dead) + "/x?connect=300ms", "no session"},
+		{"zk://alice:s3cret@127.0.0.1:" + strconv.Itoa(dead) + "/x?bogus=1", `"bogus"`},
+	} {
+		begin := time.Now()
+		l, err := dlock.Open(ctx, tc.dsn)
+		if err == nil {
+			l.Close()
+			t.Errorf("Open(%q) succeeded", tc.dsn)
+			continue
+		}
+		if !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Open(%q): %v; want it to mention %s", tc.dsn, err, tc.want)
+		}
+		if strings.Contains(err.Error(), "s3cret") {
+			t.Errorf("Open(%q): the error shows the password: %v", tc.dsn, err)
+		}
+		if d := time.Since(begin); d > 5*time.Second {
+			t.Errorf("Open(%q) took %v", tc.dsn, d)
+		}
+	}
+}
+
+func testDigestAuth(t *testing.T, srv *testenv.ZooKeeper, h *harness) {
+	ctx := testCtx(t)
+	l, err := dlock.Open(ctx, "zk://alice:s3cret@"+srv.Addr()+"/digest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	k := testKey(t)
+	lease, err := l.TryAcquire(ctx, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	parent := zookeeper.LockPath("/digest", k)
+	// Without the credentials, nobody can see, join or remove the queue.
+	if _, _, err := h.admin.Children(parent); !errors.Is(err, zk.ErrNoAuth) {
+		t.Fatalf("unauthenticated list of %s: %v, want ErrNoAuth", parent, err)
+	}
+	alice, _, err := zk.Connect(h.servers, 4*time.Second, zk.WithLogInfo(false), zk.WithLogger(discard{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer alice.Close()
+	if err := alice.AddAuth("digest", []byte("alice:s3cret")); err != nil {
+		t.Fatal(err)
+	}
+	acl, _, err := alice.GetACL(parent)
+	if err != nil || len(acl) != 1 || acl[0].Scheme != "digest" || !strings.HasPrefix(acl[0].ID, "alice:") {
+		t.Fatalf("ACL of %s = %+v, %v; want alice's digest", parent, acl, err)
+	}
+	children, _, err := alice.Children(parent)
+	if err != nil || len(children) != 1 {
+		t.Fatalf("children of %s: %q, %v", parent, children, err)
+	}
+	if err := h.admin.Delete(parent+"/"+children[0], -1); !errors.Is(err, zk.ErrNoAuth) {
+		t.Fatalf("unauthenticated delete of the lock node: %v, want ErrNoAuth", err)
+	}
+	mustRelease(t, lease)
+}
+
+func testOwnConnection(t *testing.T, srv *testenv.ZooKeeper, h *harness) {
+	conn, _, err := zk.Connect([]string{srv.Addr()}, 4*time.Second, zk.WithLogInfo(false), zk.WithLogger(discard{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := zookeeper.New(conn, nil); !errors.Is(err, dlock.ErrInvalidOption) || !strings.Contains(err.Error(), "SessionTimeout") {
+		t.Fatalf("New without a session timeout: %v, want ErrInvalidOption naming SessionTimeout", err)
+	}
+	l, err := zookeeper.New(conn, &zookeeper.Options{SessionTimeout: 4 * time.Second, Root: "/own"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := testKey(t)
+	lease := mustAcquire(t, l, k)
+	children, _, err := conn.Children(zookeeper.LockPath("/own", k))
+	if err != nil || len(children) != 1 {
+		t.Fatalf("children: %q, %v", children, err)
+	}
+	_, st, err := conn.Exists(zookeeper.LockPath("/own", k) + "/" + children[0])
+	if err != nil || st.EphemeralOwner != conn.SessionID() {
+		t.Fatalf("lock node owner 0x%x, connection's session 0x%x (%v)", st.EphemeralOwner, conn.SessionID(), err)
+	}
+	mustRelease(t, lease)
+
+	// Closing the locker leaves the connection to its owner.
+	lease = mustAcquire(t, l, k, dlock.WithTTL(time.Minute))
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if ok, _, err := conn.Exists("/own"); err != nil || !ok {
+		t.Fatalf("connection unusable after the locker's Close: %v", err)
+	}
+	if children, _, _ := conn.Children(zookeeper.LockPath("/own", k)); len(children) != 0 {
+		t.Fatalf("Close left lock nodes: %q", children)
+	}
+	if !errors.Is(lease.Err(), dlock.ErrReleased) {
+		t.Fatalf("lease Err() after the locker's Close: %v, want ErrReleased", lease.Err())
+	}
+
+	// The driver follows the state of a connection it does not own: when the
+	// connection is gone, its leases end within the session timeout.
+	l2, err := zookeeper.New(conn, &zookeeper.Options{SessionTimeout: 4 * time.Second, Root: "/own"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l2.Close()
+	lease = mustAcquire(t, l2, k, dlock.WithTTL(time.Minute))
+	conn.Close()
+	d := waitDone(t, lease, 8*time.Second, "lease on a closed connection")
+	t.Logf("lease ended %v after its connection was closed", d)
+	if !errors.Is(lease.Err(), dlock.ErrLeaseLost) {
+		t.Fatalf("Err() = %v, want ErrLeaseLost", lease.Err())
+	}
+}
+
+// testSessionExpiry: when the session ends, every lease of it ends promptly,
+// and the next holder's token is higher.
+func testSessionExpiry(t *testing.T, h *harness) {
+	a, b := h.NewLocker(t), h.NewLocker(t)
+	k1, k2 := testKey(t), testKey(t)
+	l1 := mustAcquire(t, a, k1, dlock.WithTTL(time.Minute))
+	l2 := mustAcquire(t, a, k2, dlock.WithTTL(time.Minute))
+	h.Expire(t, k1)
+	d1 := waitDone(t, l1, 5*time.Second, "lease of the expired session")
+	waitDone(t, l2, 5*time.Second, "other lease of the expired session")
+	t.Logf("lease ended %v after the session expired", d1)
+	for _, l := range []*dlock.Lease{l1, l2} {
+		if !errors.Is(l.Err(), dlock.ErrLeaseLost) || !strings.Contains(l.Err().Error(), "session") {
+			t.Fatalf("Err() = %v, want ErrLeaseLost naming the session", l.Err())
+		}
+	}
+	l3 := mustAcquire(t, b, k1)
+	if l3.Token() <= l1.Token() {
+		t.Fatalf("token after the expiry %d, not above %d", l3.Token(), l1.Token())
+	}
+	mustRelease(t, l3)
+	// The expired holder goes on with a new session.
+	l4 := mustAcquire(t, a, k2)
+	if l4.Token() <= l2.Token() {
+		t.Fatalf("token in the new session %d, not above %d", l4.Token(), l2.Token())
+	}
+	mustRelease(t, l4)
+}
+
+// testCreateReplyLost: the connection breaks after the server created the
+// lock node but before the reply arrived. The driver finds its node by its
+// protected name: nothing is left behind, nothing blocks the queue.
+func testCreateReplyLost(t *testing.T, h *harness) {
+	ctx := testCtx(t)
+	a, b := h.NewLocker(t), h.NewLocker(t)
+	db := h.driverOf(t, b)
+	session, _ := zookeeper.Session(db)
+	k := testKey(t)
+
+	// Uncontended: the node found is adopted, and holds the lock.
+	zookeeper.DropNextCreateReply(db)
+	lb, err := b.TryAcquire(ctx, k)
+	if err != nil {
+		t.Fatalf("TryAcquire with the create's reply lost: %v", err)
+	}
+	if zookeeper.DropArmed(db) {
+		t.Fatal("the reply was not dropped")
+	}
+	nodes := h.nodes(t, k)
+	if len(nodes) != 1 || uint64(h.czxid(t, k, nodes[0])) != uint64(lb.Token()) {
+		t.Fatalf("nodes %q, token %d: want the one node, with the token as its czxid", nodes, lb.Token())
+	}
+	mustRelease(t, lb)
+	if n := h.nodes(t, k); len(n) != 0 {
+		t.Fatalf("nodes after the release: %q", n)
+	}
+
+	// Contended TryAcquire: the node found is not first, and is deleted.
+	la := mustAcquire(t, a, k)
+	zookeeper.DropNextCreateReply(db)
+	if _, err := b.TryAcquire(ctx, k); !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatalf("TryAcquire of a held key, reply lost: %v, want ErrNotAcquired", err)
+	}
+	if n := h.nodes(t, k); len(n) != 1 {
+		t.Fatalf("nodes after a failed TryAcquire whose reply was lost: %q (orphan?)", n)
+	}
+
+	// Contended Acquire: the node found waits its turn.
+	zookeeper.DropNextCreateReply(db)
+	got := make(chan *dlock.Lease, 1)
+	go func() {
+		lease, err := b.Acquire(ctx, k)
+		if err != nil {
+			t.Errorf("waiting Acquire, reply lost: %v", err)
+		}
+		got <- lease
+	}()
+	eventually(t, 10*time.Second, "the waiter's node", func() bool { return len(h.nodes(t, k)) == 2 })
+	mustRelease(t, la)
+	lb = <-got
+	if lb == nil {
+		t.FailNow()
+	}
+	if lb.Token() <= la.Token() {
+		t.Fatalf("token %d, not above the previous holder's %d", lb.Token(), la.Token())
+	}
+	mustRelease(t, lb)
+	if n := h.nodes(t, k); len(n) != 0 {
+		t.Fatalf("nodes left: %q", n)
+	}
+	if id, _ := zookeeper.Session(db); id != session {
+		t.Fatalf("session changed from 0x%x to 0x%x: the test meant a connection loss only", session, id)
+	}
+}
+
+// testCancelLeavesNoNode: a cancelled Acquire removes its node, whether it
+// was waiting or its create was still in flight.
+func testCancelLeavesNoNode(t *testing.T, srv *testenv.ZooKeeper, h *harness) {
+	a, b := h.NewLocker(t), h.NewLocker(t)
+	k := testKey(t)
+	la := mustAcquire(t, a, k)
+	ctx, cancel := context.WithTimeout(testCtx(t), 300*time.Millisecond)
+	defer cancel()
+	if _, err := b.Acquire(ctx, k); !errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire past its ctx: %v", err)
+	}
+	if n := h.nodes(t, k); len(n) != 1 {
+		t.Fatalf("nodes right after a cancelled Acquire: %q, want only the holder's", n)
+	}
+	mustRelease(t, la)
+
+	// The server is paused: the create is in flight when ctx ends. Once the
+	// server resumes and creates the node, the driver deletes it: the key's
+	// node sees two more child changes and has no children.
+	k2 := testKey(t)
+	lease, err := a.TryAcquire(testCtx(t), k2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustRelease(t, lease)
+	_, before, err := h.admin.Exists(zookeeper.LockPath(zookeeper.DefaultRoot, k2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			srv.Resume()
+		}
+	}()
+	ctx, cancel = context.WithTimeout(testCtx(t), 200*time.Millisecond)
+	defer cancel()
+	begin := time.Now()
+	_, err = b.Acquire(ctx, k2)
+	took := time.Since(begin)
+	srv.Resume()
+	resumed = true
+	if !errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Acquire against a paused server: %v", err)
+	}
+	if took > 5*time.Second {
+		t.Fatalf("Acquire returned %v after its 200ms ctx", took)
+	}
+	eventually(t, 10*time.Second, "the cancelled create's node created and deleted", func() bool {
+		_, st, err := h.admin.Exists(zookeeper.LockPath(zookeeper.DefaultRoot, k2))
+		return err == nil && st.Cversion >= before.Cversion+2 && st.NumChildren == 0
+	})
+	lease, err = a.TryAcquire(testCtx(t), k2)
+	if err != nil {
+		t.Fatalf("TryAcquire after the cancelled create: %v", err)
+	}
+	mustRelease(t, lease)
+}
+
+// testMixedWithZkLock: dlock and go-zookeeper's zk.Lock, which share
+// Curator's "lock-" sequence naming, exclude each other on the same path.
+func testMixedWithZkLock(t *testing.T, h *harness) {
+	a := h.NewLocker(t)
+	k := testKey(t)
+	zl := zk.NewLock(h.admin, zookeeper.LockPath(zookeeper.DefaultRoot, k), zk.WorldACL(zk.PermAll))
+	if err := zl.Lock(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.TryAcquire(testCtx(t), k); !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatalf("TryAcquire while zk.Lock holds the path: %v", err)
+	}
+	got := make(chan *dlock.Lease, 1)
+	go func() {
+		lease, err := a.Acquire(testCtx(t), k)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- lease
+	}()
+	eventually(t, 10*time.Second, "dlock queued behind zk.Lock", func() bool { return len(h.nodes(t, k)) == 2 })
+	if err := zl.Unlock(); err != nil {
+		t.Fatal(err)
+	}
+	lease := <-got
+	if lease == nil {
+		t.FailNow()
+	}
+	locked := make(chan error, 1)
+	go func() { locked <- zl.Lock() }()
+	eventually(t, 10*time.Second, "zk.Lock queued behind dlock", func() bool { return len(h.nodes(t, k)) == 2 })
+	select {
+	case err := <-locked:
+		t.Fatalf("zk.Lock returned (%v) while dlock holds the lock", err)
+	default:
+	}
+	mustRelease(t, lease)
+	select {
+	case err := <-locked:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("zk.Lock not granted after dlock's release")
+	}
+	if err := zl.Unlock(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLeaderFailover kills the ensemble's leader while a lease is held: the
+// lease survives (the session moves to another server), nobody else gets the
+// lock meanwhile, and tokens keep increasing.
+func TestLeaderFailover(t *testing.T) {
+	e := testenv.StartZooKeeperEnsemble(t, 3)
+	h := newHarness(t, e.Addrs(), 10*time.Second)
+	a, b := h.NewLocker(t), h.NewLocker(t)
+	k := testKey(t)
+	lease := mustAcquire(t, a, k) // TTL 15s: refreshed every ~3.3s, valid 9.9s
+	validity := 10*time.Second - backend.DriftAllowance(10*time.Second)
+
+	leader := e.Leader(t)
+	killed := time.Now()
+	leader.Kill()
+	newLeader := e.Leader(t)
+	t.Logf("leader %d killed; %d leads %v later", leader.ID(), newLeader.ID(), time.Since(killed))
+
+	// A refresh sent after the kill succeeds: the deadline moves past what
+	// any earlier refresh could have given.
+	deadline := time.Now().Add(20 * time.Second)
+	for !lease.Deadline().After(killed.Add(validity)) {
+		select {
+		case <-lease.Done():
+			t.Fatalf("lease lost in the failover: %v", lease.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no successful refresh within 20s of the failover (deadline %v after the kill)", lease.Deadline().Sub(killed))
+		}
+	}
+	t.Logf("first refresh after the kill done %v after it", time.Since(killed))
+	if _, err := b.TryAcquire(testCtx(t), k); !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatalf("TryAcquire while the lease survives the failover: %v, want ErrNotAcquired", err)
+	}
+	if err := lease.Err(); err != nil {
+		t.Fatalf("lease ended: %v", err)
+	}
+	mustRelease(t, lease)
+	l2 := mustAcquire(t, b, k)
+	if l2.Token() <= lease.Token() {
+		t.Fatalf("token after the failover %d, not above %d", l2.Token(), lease.Token())
+	}
+
+	// The old leader comes back as a follower; tokens still increase.
+	leader.Restart()
+	e.Leader(t)
+	mustRelease(t, l2)
+	l3 := mustAcquire(t, a, k)
+	if l3.Token() <= l2.Token() {
+		t.Fatalf("token after the restart %d, not above %d", l3.Token(), l2.Token())
+	}
+	mustRelease(t, l3)
+}
