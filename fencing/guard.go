@@ -26,11 +26,18 @@ var ErrStaleToken = errors.New("stale fencing token")
 type StaleTokenError struct {
 	Resource string
 	Token    dlock.Token // the rejected token
-	Highest  dlock.Token // the highest token accepted so far
+	Highest  dlock.Token // the highest token accepted so far; 0 if the resource did not say
 }
 
 // Error says which token was rejected for which resource, and why.
 func (e *StaleTokenError) Error() string {
+	switch {
+	case e.Token == 0:
+		return fmt.Sprintf("fencing: resource %q: token 0 rejected (no fencing backend issues it): %v", e.Resource, ErrStaleToken)
+	case e.Highest == 0:
+		return fmt.Sprintf("fencing: resource %q: token %d rejected, a higher token was already accepted: %v",
+			e.Resource, e.Token, ErrStaleToken)
+	}
 	return fmt.Sprintf("fencing: resource %q: token %d rejected, token %d was already accepted: %v",
 		e.Resource, e.Token, e.Highest, ErrStaleToken)
 }

@@ -12,7 +12,7 @@ set -euo pipefail
 packages=(
   redis-server redis-tools   # redis driver, redlock driver
   zookeeper                  # zookeeper driver (pulls a JRE)
-  postgresql                 # postgres driver
+  postgresql pgbouncer       # postgres driver (pgbouncer: the transaction-pooling refusal test)
   etcd-server etcd-client    # etcd driver (etcd 3.4; etcdctl for the interop test)
 )
 

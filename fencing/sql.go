@@ -1,0 +1,203 @@
+package fencing
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"math"
+	"strconv"
+	"strings"
+
+	"github.com/dlock-go/dlock"
+)
+
+// Execer is the one method SQLGuard needs. *sql.DB, *sql.Tx and *sql.Conn
+// have it; ExecFunc adapts drivers with their own API (pgx's Exec returns a
+// CommandTag). If the Execer also has database/sql's QueryRowContext, a
+// rejected write is followed by a read of the row's fence, to tell a stale
+// token from a missing row.
+type Execer interface {
+	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
+}
+
+// ExecFunc adapts a function that runs a statement and reports the number of
+// rows it changed to Execer. With pgx:
+//
+//	fencing.ExecFunc(func(ctx context.Context, q string, args ...any) (int64, error) {
+//		tag, err := pool.Exec(ctx, q, args...)
+//		return tag.RowsAffected(), err
+//	})
+type ExecFunc func(ctx context.Context, query string, args ...any) (rowsAffected int64, err error)
+
+// ExecContext runs f and returns its row count as a sql.Result.
+func (f ExecFunc) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	n, err := f(ctx, query, args...)
+	if err != nil {
+		return nil, err
+	}
+	return rowsAffected(n), nil
+}
+
+type rowsAffected int64
+
+func (r rowsAffected) LastInsertId() (int64, error) {
+	return 0, errors.New("fencing: LastInsertId is not available")
+}
+func (r rowsAffected) RowsAffected() (int64, error) { return int64(r), nil }
+
+// rowQuerier is database/sql's single-row query, which *sql.DB, *sql.Tx and
+// *sql.Conn have.
+type rowQuerier interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}
+
+// ErrNoRow is matched (errors.Is) by the error of a guarded write whose row
+// does not exist. It is reported only when the Execer can also query (see
+// Execer); otherwise a missing row reads as a stale token.
+var ErrNoRow = errors.New("fencing: no such row")
+
+// Dollar renders the n-th statement parameter as $n (PostgreSQL,
+// CockroachDB): SQLGuard's default Placeholder.
+func Dollar(n int) string { return "$" + strconv.Itoa(n) }
+
+// QuestionMark renders every statement parameter as ? (MySQL, MariaDB,
+// SQLite), for SQLGuard.Placeholder.
+func QuestionMark(int) string { return "?" }
+
+// SQLGuard performs writes that an SQL table checks against fencing tokens.
+// SQLGuard holds no state and is safe for concurrent use; the zero value
+// guards nothing: set Table.
+//
+// # The pattern, for any SQL database
+//
+// Give each guarded row a fence column, the highest token that has written
+// it:
+//
+//	ALTER TABLE accounts ADD COLUMN fence bigint NOT NULL DEFAULT 0;
+//
+// and make every write conditional on it, setting it in the same statement:
+//
+//	UPDATE accounts SET balance = $1, fence = $2
+//	WHERE id = $3 AND fence <= $2
+//
+// One row changed: the write is in, and no holder with a token below $2 can
+// change the row any more. No row changed: a newer holder has written the row
+// (or it does not exist); the write is stale and must not be retried with the
+// same token. Check and write are one atomic statement in any SQL database
+// (PostgreSQL, MySQL, SQLite, …): the row lock the UPDATE takes orders it
+// against every other write to the row. The same table is also a complete
+// "lock in a table" fallback: a row per resource whose token only moves
+// forward.
+//
+// To fence several statements, or rows without a fence column, fence one row
+// first inside a transaction ([SQLGuard.Fence] on a *sql.Tx) and write after
+// it: the fence row stays locked until the transaction ends, so no older
+// holder's transaction can commit in between, and a newer one waits for this
+// one.
+//
+// Like [Guard], SQLGuard accepts an equal token (one lease writes many
+// times) and rejects a lower one, and token 0.
+type SQLGuard struct {
+	// Table names the table, as it must appear in SQL; quote it yourself if
+	// it needs quoting. Required.
+	Table string
+
+	// KeyColumn identifies a row. Default "id".
+	KeyColumn string
+
+	// FenceColumn holds the highest token that wrote the row: a 64-bit
+	// integer (bigint), best NOT NULL DEFAULT 0. A NULL fence accepts any
+	// token. Default "fence".
+	FenceColumn string
+
+	// Placeholder renders the n-th (1-based) statement parameter. Default
+	// Dollar ($n, PostgreSQL); QuestionMark for MySQL and SQLite.
+	Placeholder func(n int) string
+}
+
+// Update runs
+//
+//	UPDATE Table SET <set>, fence = <token> WHERE id = <key> AND (fence IS NULL OR fence <= <token>)
+//
+// on db. set is an SQL assignment list whose parameters are args, numbered
+// from 1 in the Placeholder style ("balance = $1, note = $2", or
+// "balance = ?, note = ?"); an empty set only advances the fence. It returns
+// nil if the row was written, an error matching ErrStaleToken (a
+// *StaleTokenError when the highest token can be read) if the row carries a
+// higher token, and one matching ErrNoRow if there is no such row and db can
+// tell. Token 0 is always rejected, without a statement.
+func (g *SQLGuard) Update(ctx context.Context, db Execer, token dlock.Token, key any, set string, args ...any) error {
+	if g.Table == "" {
+		return errors.New("fencing: SQLGuard.Table is empty")
+	}
+	resource := g.Table + ":" + fmt.Sprint(key)
+	if token == 0 || token > math.MaxInt64 {
+		return &StaleTokenError{Resource: resource, Token: token}
+	}
+	ph := g.Placeholder
+	if ph == nil {
+		ph = Dollar
+	}
+	fence, keyCol := g.fenceColumn(), g.keyColumn()
+	n := len(args)
+	var q strings.Builder
+	q.WriteString("UPDATE " + g.Table + " SET ")
+	if strings.TrimSpace(set) != "" {
+		q.WriteString(set + ", ")
+	}
+	fmt.Fprintf(&q, "%s = %s WHERE %s = %s AND (%s IS NULL OR %s <= %s)",
+		fence, ph(n+1), keyCol, ph(n+2), fence, fence, ph(n+3))
+	tok := int64(token)
+	res, err := db.ExecContext(ctx, q.String(), append(args[:n:n], tok, key, tok)...)
+	if err != nil {
+		return fmt.Errorf("fencing: guarded update of %s: %w", resource, err)
+	}
+	changed, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("fencing: guarded update of %s: %w", resource, err)
+	}
+	if changed > 0 {
+		return nil
+	}
+	qr, ok := db.(rowQuerier)
+	if !ok {
+		return &StaleTokenError{Resource: resource, Token: token}
+	}
+	// Why did no row change? (A statement of its own: the answer is only
+	// for the error message, and for MySQL, which counts a row whose values
+	// did not change as unchanged.)
+	var highest sql.NullInt64
+	err = qr.QueryRowContext(ctx, fmt.Sprintf("SELECT %s FROM %s WHERE %s = %s", fence, g.Table, keyCol, ph(1)), key).Scan(&highest)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+		return fmt.Errorf("%w: %s", ErrNoRow, resource)
+	case err != nil:
+		return fmt.Errorf("fencing: guarded update of %s changed no row, and reading its fence failed: %w", resource, err)
+	case !highest.Valid || highest.Int64 <= tok:
+		return nil // matched but unchanged (MySQL)
+	}
+	return &StaleTokenError{Resource: resource, Token: token, Highest: dlock.Token(highest.Int64)}
+}
+
+// Fence advances the row's fence to token, or fails as Update does: it is
+// Update with an empty set. Run it first in a transaction (db a *sql.Tx) to
+// fence the transaction's other writes: the row stays locked until the
+// transaction ends.
+func (g *SQLGuard) Fence(ctx context.Context, db Execer, token dlock.Token, key any) error {
+	return g.Update(ctx, db, token, key, "")
+}
+
+func (g *SQLGuard) keyColumn() string {
+	if g.KeyColumn == "" {
+		return "id"
+	}
+	return g.KeyColumn
+}
+
+func (g *SQLGuard) fenceColumn() string {
+	if g.FenceColumn == "" {
+		return "fence"
+	}
+	return g.FenceColumn
+}

@@ -1,0 +1,293 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dlock-go/dlock/backend"
+)
+
+// Acquire takes the advisory lock of req.Key on a connection of its own
+// (see the package doc). If req.Wait, it waits in the server; if ctx ends
+// first, it cancels the wait and leaves nothing behind.
+func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*backend.Grant, error) {
+	if d.closed.Load() {
+		return nil, errClosed
+	}
+	ms, validity, err := leaseTimeout(req.TTL)
+	if err != nil {
+		return nil, err
+	}
+	key := d.opts.AdvisoryKey(req.Key)
+	for attempt := 0; ; attempt++ {
+		pc, err := d.pool.Acquire(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("connect: %w", err)
+		}
+		p := newPin(d, pc, key)
+		d.track(p)
+		p.mu <- struct{}{} // not shared yet; held for the destroy calls below
+		g, retry, err := d.acquireOn(ctx, p, req, ms, validity)
+		switch {
+		case err == nil:
+			p.startWatchLater()
+		case errors.Is(err, backend.ErrHeld):
+			p.giveBack() // the session is as it was
+		default:
+			p.destroy()
+		}
+		<-p.mu
+		if err == nil {
+			return g, nil
+		}
+		// A pooled connection that had died unnoticed: one more try on
+		// another connection.
+		if !retry || attempt > 0 {
+			return nil, err
+		}
+	}
+}
+
+// acquireOn runs the acquire on p's connection. retry reports a connection
+// that died under the request, which another connection may try again. On
+// error the caller closes the connection, except after ErrHeld.
+func (d *Driver) acquireOn(ctx context.Context, p *pin, req backend.AcquireRequest, ms int64, validity time.Duration) (g *backend.Grant, retry bool, err error) {
+	stmt := d.sql.tryLock
+	if req.Wait {
+		stmt = d.sql.lock
+	}
+	msText := strconv.FormatInt(ms, 10)
+	args := append(p.key.args(), req.Key, msText)
+	var token int64
+	var pid uint32
+	granted := false
+	scan := func(rows pgx.Rows) error {
+		defer rows.Close()
+		for rows.Next() {
+			if err := rows.Scan(&token, &pid, nil); err != nil {
+				return err
+			}
+			granted = true
+		}
+		return rows.Err()
+	}
+
+	start := time.Now()
+	cancelled, err := withCancelRequest(ctx, p.pc, func(qctx context.Context) error {
+		if d.sql.owned { // one statement: no batch needed
+			rows, err := p.pc.Query(qctx, stmt, args...)
+			if err != nil {
+				return err
+			}
+			return scan(rows)
+		}
+		return p.pc.SendBatch(qctx, d.sql.acquireBatch(stmt, args, msText, scan)).Close()
+	})
+	switch {
+	case cancelled:
+		// ctx ended during the acquire: whatever the server did, undo it.
+		if !p.pc.Conn().IsClosed() {
+			d.cleanup(p)
+		}
+		return nil, false, ctx.Err()
+	case err != nil:
+		if !p.pc.Conn().IsClosed() {
+			// The statement failed after the lock may have been granted (the
+			// counter's table is missing, say): a rollback does not release
+			// a session lock.
+			d.cleanup(p)
+			return nil, false, fmt.Errorf("acquire: %w", err)
+		}
+		// A connection that died (a pooled one the server had closed, say)
+		// took no lock that can outlive it: closing it undoes whatever its
+		// session did, so another connection may try again.
+		return nil, true, fmt.Errorf("acquire: %w", err)
+	case !granted:
+		return nil, false, backend.ErrHeld
+	}
+	p.pid = pid
+	if !d.proxied && pid != p.pc.Conn().PgConn().PID() {
+		d.cleanup(p)
+		return nil, false, fmt.Errorf("%w: the server announced process %d at connect, but the lock was taken in session %d",
+			ErrTransactionPooling, p.pc.Conn().PgConn().PID(), pid)
+	}
+	if token <= 0 {
+		d.cleanup(p)
+		return nil, false, fmt.Errorf("fence counter of %q in %s is %d; tokens must be positive", req.Key, d.table, token)
+	}
+	// A grant that waited: the server's idle timer started when the lock was
+	// granted, long after the request was sent. Restart the clock with a ping
+	// rather than count the wait against the lease.
+	if elapsed := time.Since(start); elapsed > req.TTL/10 {
+		start = time.Now()
+		// Not cut short by ctx (that would break the connection, and leave
+		// the lock to be freed only once the server notices): checked after.
+		pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+		validity, err = p.ping(pctx, req.TTL)
+		cancel()
+		if err != nil {
+			return nil, false, err // the connection is closed
+		}
+		if ctx.Err() != nil {
+			d.cleanup(p)
+			return nil, false, ctx.Err()
+		}
+	}
+	return &backend.Grant{
+		Key:      req.Key,
+		Owner:    req.Owner,
+		Token:    uint64(token),
+		Start:    start,
+		Validity: validity,
+		Lost:     p.lost,
+		Data:     p,
+	}, false, nil
+}
+
+// cleanup rolls back and releases p's lock, in case the acquire took it,
+// before the caller closes the connection: closing alone would free the lock
+// too, but only once the server has noticed, after Acquire has returned.
+func (d *Driver) cleanup(p *pin) {
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	b := &pgx.Batch{}
+	b.Queue(d.sql.rollback)
+	b.Queue(d.sql.cleanup, p.key.args()...)
+	_ = p.pc.SendBatch(ctx, b).Close()
+}
+
+// withCancelRequest runs f on pc with a context that ctx does not cancel.
+// When ctx ends first, it sends the server a cancel request, which ends a
+// blocked pg_advisory_lock with an error and keeps the connection usable for
+// cleanup; if the server has not answered within cancelGrace, it cancels f's
+// context, which makes pgx break the connection. cancelled reports that ctx
+// ended before f's result was known: the caller must then undo whatever f
+// did, and not reuse the connection (a late cancel request could hit its
+// next statement).
+func withCancelRequest(ctx context.Context, pc *pgxpool.Conn, f func(context.Context) error) (cancelled bool, err error) {
+	qctx, qcancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer qcancel()
+	finished := make(chan struct{})
+	cancelDone := make(chan struct{})
+	pg := pc.Conn().PgConn()
+	stop := context.AfterFunc(ctx, func() {
+		defer close(cancelDone)
+		cctx, cancel := context.WithTimeout(context.Background(), cancelGrace)
+		defer cancel()
+		_ = pg.CancelRequest(cctx)
+		select {
+		case <-finished:
+		case <-cctx.Done():
+			qcancel()
+		}
+	})
+	err = f(qctx)
+	close(finished)
+	if !stop() {
+		<-cancelDone
+		return true, err
+	}
+	return false, err
+}
+
+// ErrTransactionPooling is matched (errors.Is) by the error of opening a
+// driver, or of a lease's statement, when the connection does not keep one
+// server session: a pooler in transaction or statement mode (PgBouncer
+// pool_mode=transaction) sits between the client and PostgreSQL. Session
+// advisory locks would then be shared between clients. Connect to PostgreSQL
+// directly, or through a pool in session mode.
+var ErrTransactionPooling = errors.New("the connection does not keep one server session (a pooler in transaction mode, such as PgBouncer pool_mode=transaction?): session advisory locks would be shared between clients; connect directly or use session pooling")
+
+// checkPooling finds out whether conn talks to PostgreSQL directly, through a
+// proxy that keeps one server session per client connection (proxied), or
+// through one that does not (ErrTransactionPooling). other opens a second
+// client connection for the check.
+func checkPooling(ctx context.Context, conn *pgxpool.Conn, other *pgx.ConnConfig) (proxied bool, err error) {
+	announced := conn.Conn().PgConn().PID()
+	first, err := backendPID(ctx, conn.Conn())
+	if err != nil {
+		return false, fmt.Errorf("connect: %w", err)
+	}
+	if first == announced {
+		return false, nil // the server itself: BackendKeyData names this session
+	}
+	// A proxy answered the startup with its own process id. Does the client
+	// connection keep its server session across transactions, and keep it to
+	// itself?
+	pinned := []uint32{first}
+	second, err := backendPID(ctx, conn.Conn())
+	if err != nil {
+		return true, fmt.Errorf("connect: %w", err)
+	}
+	pinned = append(pinned, second)
+	c2, err := pgx.ConnectConfig(ctx, other)
+	if err != nil {
+		return true, fmt.Errorf("connect: %w", err)
+	}
+	stranger, err := backendPID(ctx, c2)
+	closeCtx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	_ = c2.Close(closeCtx)
+	cancel()
+	if err != nil {
+		return true, fmt.Errorf("connect: %w", err)
+	}
+	third, err := backendPID(ctx, conn.Conn())
+	if err != nil {
+		return true, fmt.Errorf("connect: %w", err)
+	}
+	pinned = append(pinned, third)
+	return true, poolingVerdict(pinned, stranger)
+}
+
+// backendPID asks for the session's pid with the simple protocol: a statement
+// prepared behind a transaction pool could clash with another client's.
+func backendPID(ctx context.Context, c *pgx.Conn) (uint32, error) {
+	var pid uint32
+	err := c.QueryRow(ctx, "SELECT pg_backend_pid()", pgx.QueryExecModeSimpleProtocol).Scan(&pid)
+	return pid, err
+}
+
+// poolingVerdict judges the backend pids that successive transactions on one
+// client connection saw (pinned), and the one a second client connection saw
+// while the first was open (stranger). Behind a session pool every pinned pid
+// is the same and the stranger's differs; behind a transaction pool either
+// the pinned connection moves between server sessions (a busy pool), or the
+// idle server session it used is handed to the stranger (a quiet one).
+func poolingVerdict(pinned []uint32, stranger uint32) error {
+	for _, pid := range pinned[1:] {
+		if pid != pinned[0] {
+			return fmt.Errorf("%w: pg_backend_pid() changed from %d to %d between two transactions on one connection",
+				ErrTransactionPooling, pinned[0], pid)
+		}
+	}
+	if len(pinned) > 0 && stranger == pinned[0] {
+		return fmt.Errorf("%w: two client connections were served by the same server session %d",
+			ErrTransactionPooling, stranger)
+	}
+	return nil
+}
+
+// Refresh pings the lease's session (see the package doc's Leases).
+func (d *Driver) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duration) (time.Duration, error) {
+	p, ok := g.Data.(*pin)
+	if !ok {
+		return 0, fmt.Errorf("%w: not a grant of this driver", backend.ErrNotHeld)
+	}
+	return p.refresh(ctx, ttl)
+}
+
+// Release unlocks the lease's advisory lock and returns its connection to
+// the pool.
+func (d *Driver) Release(ctx context.Context, g *backend.Grant) error {
+	p, ok := g.Data.(*pin)
+	if !ok {
+		return fmt.Errorf("%w: not a grant of this driver", backend.ErrNotHeld)
+	}
+	return p.release(ctx)
+}

@@ -1,0 +1,79 @@
+package postgres_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/conformance"
+	"github.com/dlock-go/dlock/internal/testenv"
+	"github.com/dlock-go/dlock/postgres"
+)
+
+// harness runs the conformance suite on one private PostgreSQL cluster. Each
+// locker is opened from the DSN, with its own pool.
+type harness struct {
+	srv *testenv.Postgres
+}
+
+func newHarness(t testing.TB) *harness {
+	return &harness{srv: testenv.StartPostgres(t)}
+}
+
+func (h *harness) NewLocker(t testing.TB) dlock.Locker {
+	t.Helper()
+	l, err := dlock.Open(context.Background(), h.srv.URL())
+	if err != nil {
+		t.Fatalf("dlock.Open(%q): %v", h.srv.URL(), err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
+// Expire terminates the session holding key's advisory lock, as
+// pg_terminate_backend does, and waits until it is gone.
+func (h *harness) Expire(t testing.TB, key string) {
+	t.Helper()
+	pid := holderPID(t, h.srv, postgres.Options{}.AdvisoryKey(key))
+	if pid == 0 {
+		t.Fatalf("Expire(%q): no session holds its advisory lock", key)
+	}
+	h.srv.TerminateBackend(t, pid)
+}
+
+// holderPID returns the backend pid holding k, or 0.
+func holderPID(t testing.TB, srv *testenv.Postgres, k postgres.AdvisoryKey) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn := connect(t, ctx, srv)
+	defer conn.Close(ctx)
+	classid, objid, objsubid := k.PgLocks()
+	var pid int
+	err := conn.QueryRow(ctx, `SELECT pid FROM pg_locks WHERE locktype = 'advisory'
+		AND classid = $1::int8::oid AND objid = $2::int8::oid AND objsubid = $3 AND granted`,
+		int64(classid), int64(objid), objsubid).Scan(&pid)
+	if err == pgx.ErrNoRows {
+		return 0
+	}
+	if err != nil {
+		t.Fatalf("pg_locks: %v", err)
+	}
+	return pid
+}
+
+func connect(t testing.TB, ctx context.Context, srv *testenv.Postgres) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, srv.URL())
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	return conn
+}
+
+func TestConformance(t *testing.T) {
+	conformance.Run(t, newHarness(t))
+}

@@ -1,0 +1,249 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dlock-go/dlock/backend"
+)
+
+// pin is one lease's connection: the session that holds its advisory lock.
+// A pgx connection is not safe for concurrent use, so every use of it —
+// refresh, release, the idle watcher — happens while holding mu, a one-slot
+// semaphore (so that waiting for it can respect a ctx).
+type pin struct {
+	d   *Driver
+	key AdvisoryKey
+	pid uint32 // pg_backend_pid() of the session that took the lock
+
+	lost     chan struct{} // Grant.Lost: closed when the session is known gone or given up
+	lostOnce sync.Once
+
+	mu chan struct{} // holds one token while the connection is in use
+
+	// Guarded by mu.
+	pc         *pgxpool.Conn // nil once released to the pool or closed
+	watch      chan error    // result of the idle watcher; nil when none runs
+	watchTimer *time.Timer   // starts the idle watcher of a new lease
+}
+
+// watchDelay is how long a new lease goes before its idle watcher starts: a
+// lease released sooner (a short critical section) never pays for one, and a
+// session that ends in that time is noticed that much later.
+const watchDelay = 20 * time.Millisecond
+
+func newPin(d *Driver, pc *pgxpool.Conn, key AdvisoryKey) *pin {
+	return &pin{d: d, pc: pc, key: key, lost: make(chan struct{}), mu: make(chan struct{}, 1)}
+}
+
+// lock takes mu, or gives up when ctx ends.
+func (p *pin) lock(ctx context.Context) error {
+	select {
+	case p.mu <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (p *pin) unlock() { <-p.mu }
+
+func (p *pin) markLost() { p.lostOnce.Do(func() { close(p.lost) }) }
+
+// startWatch reads the idle connection in the background, so that the end of
+// the session (the server sends a FATAL error and closes it) is noticed at
+// once: it closes lost. mu must be held; stopWatch must be called before the
+// connection is used again.
+func (p *pin) startWatch() {
+	pg := p.pc.Conn().PgConn()
+	done := make(chan error, 1)
+	p.watch = done
+	go func() {
+		for {
+			// With the background context, pgx sets no deadline of its own:
+			// stopWatch interrupts the read with one.
+			err := pg.WaitForNotification(context.Background())
+			if err == nil {
+				continue // a NOTIFY on a channel someone else's code LISTENs to
+			}
+			if !isTimeout(err) {
+				p.markLost()
+			}
+			done <- err
+			return
+		}
+	}()
+}
+
+// startWatchLater starts the idle watcher after watchDelay, unless the
+// connection is in use then (its user restarts the watcher) or gone. mu must
+// be held.
+func (p *pin) startWatchLater() {
+	p.watchTimer = time.AfterFunc(watchDelay, func() {
+		select {
+		case p.mu <- struct{}{}:
+		default:
+			return // busy: a refresh starts the watcher when it is done
+		}
+		defer p.unlock()
+		if p.watchTimer != nil && p.pc != nil && p.watch == nil {
+			p.startWatch()
+		}
+		p.watchTimer = nil
+	})
+}
+
+// stopWatch ends the idle watcher, or cancels its start, and reports the
+// error that ended the session, if it ended. mu must be held.
+func (p *pin) stopWatch() error {
+	if p.watchTimer != nil {
+		p.watchTimer.Stop()
+		p.watchTimer = nil
+	}
+	if p.watch == nil {
+		return nil
+	}
+	nc := p.pc.Conn().PgConn().Conn()
+	_ = nc.SetReadDeadline(time.Unix(1, 0))
+	err := <-p.watch
+	p.watch = nil
+	_ = nc.SetReadDeadline(time.Time{})
+	if isTimeout(err) {
+		return nil
+	}
+	return err
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// destroy gives the connection up: it closes lost, takes the connection out
+// of the pool and closes it, which ends the session and frees its lock on the
+// server. mu must be held.
+func (p *pin) destroy() {
+	if p.pc == nil {
+		return
+	}
+	_ = p.stopWatch()
+	p.markLost()
+	conn := p.pc.Hijack()
+	p.pc = nil
+	p.d.untrack(p)
+	p.d.closeConn(conn)
+}
+
+// giveBack returns the connection to the pool: only for a session that holds
+// no lock and has its settings as the pool gave them. mu must be held.
+func (p *pin) giveBack() {
+	p.d.untrack(p)
+	p.pc.Release()
+	p.pc = nil
+}
+
+// usable reports why the pin's session can no longer serve the lease: the
+// lease was released, or its connection closed, or the session ended while
+// idle. mu must be held; it stops the watcher.
+func (p *pin) usable() error {
+	if p.pc == nil {
+		return fmt.Errorf("%w: the lease's connection is closed", backend.ErrNotHeld)
+	}
+	if err := p.stopWatch(); err != nil {
+		p.destroy()
+		return fmt.Errorf("%w: the session ended: %w", backend.ErrNotHeld, err)
+	}
+	return nil
+}
+
+// ping runs the keepalive statement: it resets the server's idle timer, sets
+// the session's idle timeout for ttl, and checks that this session still
+// holds the lock. On any failure the connection is given up, and the error
+// wraps backend.ErrNotHeld. mu must be held and the watcher stopped.
+func (p *pin) ping(ctx context.Context, ttl time.Duration) (time.Duration, error) {
+	ms, validity, err := leaseTimeout(ttl)
+	if err != nil {
+		return 0, err
+	}
+	classid, objid, objsubid := p.key.PgLocks()
+	var pid uint32
+	var held bool
+	err = p.pc.QueryRow(ctx, p.d.sql.ping, strconv.FormatInt(ms, 10), int64(classid), int64(objid), objsubid).
+		Scan(&pid, nil, &held)
+	switch {
+	case err != nil:
+		p.destroy()
+		return 0, fmt.Errorf("%w: keepalive ping failed: %w", backend.ErrNotHeld, err)
+	case pid != p.pid:
+		p.destroy()
+		return 0, fmt.Errorf("%w: %w: the lock was taken in session %d, the ping ran in session %d",
+			backend.ErrNotHeld, ErrTransactionPooling, p.pid, pid)
+	case !held:
+		p.destroy()
+		return 0, fmt.Errorf("%w: session %d no longer holds the advisory lock", backend.ErrNotHeld, pid)
+	}
+	return validity, nil
+}
+
+// refresh is Driver.Refresh for this pin.
+func (p *pin) refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
+	if err := p.lock(ctx); err != nil {
+		return 0, err
+	}
+	defer p.unlock()
+	if err := p.usable(); err != nil {
+		return 0, err
+	}
+	v, err := p.ping(ctx, ttl)
+	if err != nil {
+		return 0, err
+	}
+	p.startWatch()
+	return v, nil
+}
+
+// release is Driver.Release for this pin: unlock, restore the session's idle
+// timeout, and return the connection to the pool — only if the unlock was
+// confirmed in the session that took the lock. Otherwise the connection is
+// closed.
+func (p *pin) release(ctx context.Context) error {
+	if err := p.lock(ctx); err != nil {
+		return err
+	}
+	defer p.unlock()
+	if err := p.usable(); err != nil {
+		return err
+	}
+	var pid uint32
+	var held bool
+	var err error
+	if p.d.sql.owned {
+		err = p.pc.QueryRow(ctx, p.d.sql.unlock, p.key.args()...).Scan(&pid, &held, nil)
+	} else {
+		b := p.d.sql.releaseBatch(p.key.args(), func(r pgx.Row) error { return r.Scan(&pid, &held) })
+		err = p.pc.SendBatch(ctx, b).Close()
+	}
+	switch {
+	case err != nil:
+		// Unknown whether the unlock ran: closing the session frees the lock.
+		p.destroy()
+		return fmt.Errorf("unlock: %w", err)
+	case pid != p.pid:
+		p.destroy()
+		return fmt.Errorf("%w: %w: the lock was taken in session %d, the unlock ran in session %d",
+			backend.ErrNotHeld, ErrTransactionPooling, p.pid, pid)
+	case !held:
+		p.destroy()
+		return fmt.Errorf("%w: session %d did not hold the advisory lock", backend.ErrNotHeld, pid)
+	}
+	p.giveBack()
+	return nil
+}

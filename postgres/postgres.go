@@ -1,0 +1,503 @@
+// Package postgres is dlock's driver for PostgreSQL session advisory locks,
+// with a durable fence counter. Importing it registers the DSN schemes
+// "postgres" and "postgresql" with dlock.Open:
+//
+//	import _ "github.com/dlock-go/dlock/postgres"
+//
+//	locker, err := dlock.Open(ctx, "postgres://app:secret@db:5432/app?ttl=15s")
+//
+// To lock through a *pgxpool.Pool you already have, call [New] or [NewDriver].
+// It needs PostgreSQL 14 or later (for idle_session_timeout).
+//
+// # Locks and connections
+//
+// A lock is a session-level advisory lock (pg_advisory_lock) held by one
+// connection that is pinned to the lease for its whole life: taken from the
+// pool at Acquire, used by nothing else, and returned to the pool only after
+// pg_advisory_unlock confirmed the release. Every statement of a lease —
+// acquire, keepalive ping, release — runs on that one connection, never on
+// whichever pooled connection comes next (the bug that makes advisory locks
+// through a plain pool unsafe). So each held lease, and each Acquire in
+// progress, occupies one connection: size the pool (pool_max_conns, default
+// here DefaultMaxConns) for the number of locks a process holds at once. A
+// connection that dies ends exactly the one lease pinned to it. A connection
+// whose state is in doubt (an error, a cancelled statement) is closed, never
+// returned to the pool, so a pool never hands out a connection holding a lock.
+//
+// # Leases
+//
+// Advisory locks have no TTL; the driver gives them one. When a lock is
+// granted, its session's idle_session_timeout is set to the lease's TTL, so the
+// server ends the session — and frees the lock — once the client has sent
+// nothing for a TTL: a paused, partitioned or crashed client loses the lock
+// within about a TTL, on the server's clock. dlock's keepalive refreshes every
+// TTL/3; a refresh is one statement on the pinned connection that checks the
+// session still holds the lock (pg_locks) and resets the server's idle timer.
+// The lease's validity is the TTL less backend.DriftAllowance, counted from
+// the moment the acquire or refresh was sent, which is before the server's
+// idle timer starts (a grant that waited in the server is pinged once more
+// before Acquire returns, so the wait does not eat into it). A TTL must
+// exceed its drift allowance (a few milliseconds); one beyond about 24 days
+// (idle_session_timeout is an int32 of milliseconds) is served as 24 days.
+// The session's idle timeout is restored before the connection goes back to
+// the pool.
+//
+// While a lease is idle, its connection is read by a background goroutine
+// (from 20ms after the grant on: shorter leases never need one), so the end
+// of the session — pg_terminate_backend, a server shutdown or restart, the
+// idle timeout — is noticed at once and closes the lease's Done
+// (Capabilities().LossNotify). A network partition is noticed at the next
+// refresh.
+//
+// # Fencing tokens
+//
+// A grant's token is a per-key counter in the table dlock_fence (see
+// Options.Table), incremented while the lock is held, in the same statement
+// that takes the lock: no extra round trip. The statement runs in READ
+// COMMITTED (so it sees the previous holder's increment although its snapshot
+// predates the wait) and commits durably: a server default of
+// synchronous_commit=off is raised to local for it. Tokens therefore strictly
+// increase per key across releases, expiries, session kills and server
+// crashes and restarts ([backend.FencingStrict]) — as far as the server's
+// storage is durable (fsync=off on the server gives that up). The driver creates the
+// table on first use if it is missing; to create it yourself (the role then
+// needs only SELECT, INSERT and UPDATE on it):
+//
+//	CREATE TABLE IF NOT EXISTS dlock_fence (key text PRIMARY KEY, token bigint NOT NULL);
+//
+// Counters are never deleted: one row per key ever locked.
+//
+// # Keys
+//
+// A dlock key maps to a 64-bit advisory key, [HashKey](namespace, key): the
+// first 8 bytes of SHA-256 over the namespace (default "dlock", DSN parameter
+// "namespace"), a NUL byte and the key. By default the lock is the int8 form
+// pg_advisory_lock(hash). Other tools sharing the database's advisory keyspace
+// (migration tools, job queues) mostly use the int8 form too; to stay out of
+// their way entirely, set a class id (DSN parameter "classid"): the lock is
+// then the two-int4 form pg_advisory_lock(classid, first 32 bits of hash), a
+// lock space PostgreSQL keeps apart from the int8 form. Either way, two keys
+// whose hashes collide only contend for one lock, like one key: a collision
+// can cost waiting, never safety — each key keeps its own fence counter, and
+// two holders of one key always take the same lock. [Options.AdvisoryKey]
+// computes the lock for a key; [AdvisoryKey.PgLocks] finds it in pg_locks.
+//
+// # Waiting
+//
+// Acquire waits in the server: pg_advisory_lock blocks until the lock is
+// granted, and PostgreSQL grants waiters in the order they started waiting
+// (FIFO), with no polling and no herd. When ctx ends first, the driver sends a
+// cancel request, rolls back, releases the lock if the grant raced the
+// cancellation, and closes the connection: nothing is left in pg_locks. Any
+// lock_timeout or statement_timeout is overridden for the acquire (ctx bounds
+// it instead).
+//
+// # Session settings
+//
+// On a pool it opened from a DSN, the driver owns every session: when a
+// connection opens it sets default_transaction_isolation to read committed,
+// lock_timeout, statement_timeout and idle_session_timeout to 0, and raises
+// synchronous_commit=off to local — whatever the DSN or the server say — and
+// an acquire is one statement. On a caller's pool it changes nothing for
+// long: an acquire runs in a transaction that sets what it needs locally
+// (three more statements in the same round trip), and a release resets
+// idle_session_timeout (RESET) before the connection goes back.
+//
+// # Poolers
+//
+// PgBouncer in transaction (or statement) pooling mode hands each transaction
+// to whichever server session is free, so a session-level advisory lock stays
+// with a server session that other clients then use: two clients hold one
+// lock. The driver refuses such a setup when it opens ([ErrTransactionPooling]):
+// if pg_backend_pid() differs from the process id the server announced at
+// connect (a proxy is in between), it checks that the server session stays
+// the same across transactions and is not shared with a second connection.
+// Every statement of a lease also checks that it runs in the session that took
+// the lock. Session pooling (pool_mode=session) is fine.
+//
+// # DSN
+//
+//	postgres://[user[:password]@]host[:port]/database[?param=value&...]
+//	postgresql://...
+//
+// Parameters read by the driver: "namespace" (default "dlock"), "classid" (a
+// 32-bit integer: use the two-int4 form) and "table" (default "dlock_fence",
+// may be schema-qualified). Parameters read by dlock for every backend: "ttl"
+// and "autorenew". Every other parameter goes to pgx and pgxpool (sslmode,
+// connect_timeout, pool_max_conns, …); parameters pgx does not know are sent
+// to the server as session settings, which rejects unknown ones when the
+// driver connects. Errors never contain the password.
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
+)
+
+// Defaults for Options and the DSN parameters.
+const (
+	// DefaultNamespace is hashed with every key (see HashKey). DSN parameter
+	// "namespace".
+	DefaultNamespace = "dlock"
+
+	// DefaultTable is the fence counter table. DSN parameter "table".
+	DefaultTable = "dlock_fence"
+
+	// DefaultMaxConns is the size of the pool a DSN opens when it has no
+	// pool_max_conns parameter: the most leases (and Acquire calls in
+	// progress) one Locker can hold at once before Acquire waits for a
+	// connection.
+	DefaultMaxConns = 64
+)
+
+// Tuning of the driver's own waits.
+const (
+	// cancelGrace is how long a cancelled acquire waits for the server to
+	// answer the cancel request before it breaks the connection instead.
+	cancelGrace = time.Second
+	// cleanupTimeout bounds the statements that clean up after a cancelled
+	// acquire, and closing a connection.
+	cleanupTimeout = 2 * time.Second
+)
+
+var errClosed = errors.New("postgres driver closed")
+
+func init() {
+	backend.Register("postgres", open)
+	backend.Register("postgresql", open)
+}
+
+// Options configure a Driver. The zero value, or a nil *Options, gives the
+// defaults.
+type Options struct {
+	// Namespace is hashed with every key (see HashKey): lockers with different
+	// namespaces never contend. It must be valid UTF-8 without NUL bytes.
+	// Empty means DefaultNamespace ("dlock"). DSN parameter "namespace".
+	Namespace string
+
+	// Int4Pair selects the two-int4 form of advisory locks,
+	// pg_advisory_lock(ClassID, hash), instead of the default int8 form
+	// pg_advisory_lock(hash). DSN parameter "classid" sets both fields.
+	Int4Pair bool
+
+	// ClassID is the first key of the two-int4 form: reserve one number per
+	// application in a database whose advisory locks several tools use.
+	// Ignored unless Int4Pair. Default 0.
+	ClassID int32
+
+	// Table is the fence counter table, optionally schema-qualified
+	// ("locks.dlock_fence"); each part is quoted as an identifier. Empty means
+	// DefaultTable ("dlock_fence"). DSN parameter "table".
+	Table string
+}
+
+func (o *Options) withDefaults() (Options, error) {
+	var r Options
+	if o != nil {
+		r = *o
+	}
+	if r.Namespace == "" {
+		r.Namespace = DefaultNamespace
+	}
+	if !utf8.ValidString(r.Namespace) || strings.IndexByte(r.Namespace, 0) >= 0 {
+		return r, errors.New("namespace must be valid UTF-8 without NUL bytes")
+	}
+	if r.Table == "" {
+		r.Table = DefaultTable
+	}
+	if _, err := tableIdent(r.Table); err != nil {
+		return r, err
+	}
+	return r, nil
+}
+
+// AdvisoryKey returns the advisory lock a Driver with these options takes for
+// key. The zero Options give the default mapping.
+func (o Options) AdvisoryKey(key string) AdvisoryKey {
+	ns := o.Namespace
+	if ns == "" {
+		ns = DefaultNamespace
+	}
+	h := HashKey(ns, key)
+	if o.Int4Pair {
+		return AdvisoryKey{Int4Pair: true, Key1: o.ClassID, Key2: int32(h >> 32)}
+	}
+	return AdvisoryKey{Int8: h}
+}
+
+// tableIdent parses "name" or "schema.name" into a quoted identifier.
+func tableIdent(table string) (pgx.Identifier, error) {
+	parts := strings.Split(table, ".")
+	if len(parts) > 2 {
+		return nil, fmt.Errorf("table %q: want NAME or SCHEMA.NAME", table)
+	}
+	for _, p := range parts {
+		if p == "" || strings.IndexByte(p, 0) >= 0 || !utf8.ValidString(p) {
+			return nil, fmt.Errorf("table %q: want NAME or SCHEMA.NAME", table)
+		}
+	}
+	return pgx.Identifier(parts), nil
+}
+
+// Driver is the PostgreSQL implementation of backend.Driver. Its methods are
+// safe for concurrent use. Most programs use it through dlock.Open or New;
+// build one with NewDriver to pass to dlock.New with your own options.
+type Driver struct {
+	pool    *pgxpool.Pool
+	owned   bool // Close closes pool
+	opts    Options
+	table   string // quoted
+	sql     statements
+	proxied bool // a proxy sits between the pool and the server (session pooling)
+	closed  atomic.Bool
+
+	mu      sync.Mutex
+	pins    map[*pin]struct{}
+	closing sync.WaitGroup // connection closes in progress
+}
+
+var (
+	_ backend.Driver = (*Driver)(nil)
+	_ backend.Named  = (*Driver)(nil)
+)
+
+// NewDriver returns a driver that locks through pool; opts may be nil for the
+// defaults. It checks, bounded by ctx, that the server is reachable and not
+// behind a transaction-pooling proxy (ErrTransactionPooling), and creates
+// the fence table if it is missing.
+//
+// The caller keeps ownership of pool: the driver's Close does not close it.
+// Each held lease and each Acquire in progress takes one of its connections
+// (see the package doc), which goes back to the pool, with its session
+// settings reset, when the lease is released. The pool's MaxConns therefore
+// caps how many locks the driver can hold at once.
+func NewDriver(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Driver, error) {
+	return newDriver(ctx, pool, opts, false)
+}
+
+// newDriver is NewDriver; owned says the driver opened pool, with
+// sessionDefaults run on every connection, and closes it.
+func newDriver(ctx context.Context, pool *pgxpool.Pool, opts *Options, owned bool) (*Driver, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: nil pool", dlock.ErrInvalidOption)
+	}
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", dlock.ErrInvalidOption, err)
+	}
+	ident, _ := tableIdent(o.Table)
+	d := &Driver{
+		pool:  pool,
+		owned: owned,
+		opts:  o,
+		table: ident.Sanitize(),
+		pins:  map[*pin]struct{}{},
+	}
+	d.sql = newStatements(d.table, o.Int4Pair, owned)
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Release()
+	if d.proxied, err = checkPooling(ctx, conn, pool.Config().ConnConfig); err != nil {
+		return nil, err
+	}
+	if err := ensureTable(ctx, conn, d.table); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// New returns a dlock.Locker over pool: dlock.New(NewDriver(ctx, pool, opts),
+// lockerOpts...). opts may be nil for the defaults. Closing the Locker does
+// not close pool.
+func New(ctx context.Context, pool *pgxpool.Pool, opts *Options, lockerOpts ...dlock.Option) (dlock.Locker, error) {
+	d, err := NewDriver(ctx, pool, opts)
+	if err != nil {
+		return nil, &dlock.Error{Op: "open", Backend: "postgres", Err: err}
+	}
+	l, err := dlock.New(d, lockerOpts...)
+	if err != nil {
+		_ = d.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// open is the OpenFunc for the schemes "postgres" and "postgresql".
+func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
+	p := backend.NewParams(u)
+	o := Options{
+		Namespace: p.String("namespace", DefaultNamespace),
+		Table:     p.String("table", DefaultTable),
+	}
+	if s := p.String("classid", ""); s != "" {
+		n, err := strconv.ParseInt(s, 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("%w: parameter classid=%q: want a whole number from %d to %d",
+				dlock.ErrInvalidOption, s, math.MinInt32, math.MaxInt32)
+		}
+		o.Int4Pair, o.ClassID = true, int32(n)
+	}
+	rest := p.Rest()
+	if err := p.Done(); err != nil {
+		return nil, fmt.Errorf("%w: %w", dlock.ErrInvalidOption, err)
+	}
+	if _, err := o.withDefaults(); err != nil {
+		return nil, fmt.Errorf("%w: %w", dlock.ErrInvalidOption, err)
+	}
+	cu := *u
+	cu.RawQuery = rest.Encode()
+	cfg, err := pgxpool.ParseConfig(cu.String())
+	if err != nil {
+		return nil, fmt.Errorf("%w: DSN: %w", dlock.ErrInvalidOption, backend.RedactError(err, u))
+	}
+	if !rest.Has("pool_max_conns") {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	// The pool is the driver's alone: set the session defaults an acquire
+	// needs once per connection rather than in every acquire.
+	cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+		_, err := conn.Exec(ctx, sessionDefaults)
+		return err
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, backend.RedactError(err, u)
+	}
+	d, err := newDriver(ctx, pool, &o, true)
+	if err != nil {
+		pool.Close()
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "42704" { // undefined_object: a parameter the server does not know
+			err = fmt.Errorf("%w: %w (the driver reads namespace, classid and table; dlock reads ttl and autorenew; "+
+				"pgx reads its own parameters and sends the rest to the server as settings)", dlock.ErrInvalidOption, err)
+		}
+		return nil, backend.RedactError(err, u)
+	}
+	return d, nil
+}
+
+// ensureTable creates the fence table if it does not exist.
+func ensureTable(ctx context.Context, conn *pgxpool.Conn, table string) error {
+	var exists bool
+	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", table).Scan(&exists); err != nil {
+		return fmt.Errorf("looking up the fence table %s: %w", table, err)
+	}
+	if exists {
+		return nil
+	}
+	create := "CREATE TABLE IF NOT EXISTS " + table + " (key text PRIMARY KEY, token bigint NOT NULL)"
+	if _, err := conn.Exec(ctx, create); err != nil {
+		var pgErr *pgconn.PgError
+		// Another client created it at the same moment: IF NOT EXISTS does
+		// not cover a creation still in progress.
+		if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07" || pgErr.Code == "42710") {
+			return nil
+		}
+		return fmt.Errorf("creating the fence table (or create it yourself: %s): %w", create, err)
+	}
+	return nil
+}
+
+// Name returns "postgres".
+func (d *Driver) Name() string { return "postgres" }
+
+// Table returns the fence counter table, quoted.
+func (d *Driver) Table() string { return d.table }
+
+// AdvisoryKey returns the advisory lock the driver takes for key.
+func (d *Driver) AdvisoryKey(key string) AdvisoryKey { return d.opts.AdvisoryKey(key) }
+
+// Capabilities reports strict fencing (a durable counter), FIFO waiting in the
+// server, server-side expiry (idle_session_timeout), push-based waiting and
+// immediate loss notification; not fault tolerant (one server).
+func (d *Driver) Capabilities() backend.Capabilities {
+	return backend.Capabilities{
+		Fencing:       backend.FencingStrict,
+		FIFO:          true,
+		FaultTolerant: false,
+		TimeAuthority: backend.TimeServer,
+		PushWait:      true,
+		LossNotify:    true,
+	}
+}
+
+// Close closes the connection of every lease still held (which frees their
+// locks on the server) and, if the driver opened the pool from a DSN, closes
+// the pool. dlock releases every lease before it calls Close.
+func (d *Driver) Close() error {
+	if d.closed.Swap(true) {
+		return errClosed
+	}
+	d.mu.Lock()
+	pins := make([]*pin, 0, len(d.pins))
+	for p := range d.pins {
+		pins = append(pins, p)
+	}
+	d.mu.Unlock()
+	for _, p := range pins {
+		p.mu <- struct{}{}
+		p.destroy()
+		<-p.mu
+	}
+	d.closing.Wait()
+	if d.owned {
+		d.pool.Close()
+	}
+	return nil
+}
+
+func (d *Driver) track(p *pin) {
+	d.mu.Lock()
+	d.pins[p] = struct{}{}
+	d.mu.Unlock()
+}
+
+func (d *Driver) untrack(p *pin) {
+	d.mu.Lock()
+	delete(d.pins, p)
+	d.mu.Unlock()
+}
+
+// closeConn closes a connection taken out of the pool, and waits in the
+// background until pgx has finished with its socket (Close waits for that).
+func (d *Driver) closeConn(conn *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	_ = conn.Close(ctx)
+	cancel()
+	d.closing.Add(1)
+	go func() {
+		defer d.closing.Done()
+		<-conn.PgConn().CleanupDone()
+	}()
+}
+
+// leaseTimeout returns the idle_session_timeout, in milliseconds, for a TTL
+// (rounded up, so the server never ends the session before the TTL), and the
+// validity the driver can promise.
+func leaseTimeout(ttl time.Duration) (ms int64, validity time.Duration, err error) {
+	ms = int64((ttl + time.Millisecond - 1) / time.Millisecond)
+	ms = min(max(ms, 1), math.MaxInt32)
+	validity = min(ttl, time.Duration(ms)*time.Millisecond) - backend.DriftAllowance(ttl)
+	if validity <= 0 {
+		return 0, 0, fmt.Errorf("%w: ttl %v is too short for the drift allowance of %v", dlock.ErrInvalidOption, ttl, backend.DriftAllowance(ttl))
+	}
+	return ms, validity, nil
+}

@@ -1,0 +1,118 @@
+package postgres
+
+import (
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// statements are the SQL the driver runs, built once per driver for its fence
+// table, its advisory key form, and whether it owns the pool's sessions.
+// Lock arguments come first ($1, or $1 and $2 for the two-int4 form).
+//
+// The acquire must run in READ COMMITTED (so that the counter update sees the
+// previous holder's committed increment even though the statement's snapshot
+// predates the lock wait), with no lock_timeout or statement_timeout (ctx
+// bounds the wait), and commit durably (synchronous_commit at least local). A
+// driver that owns its pool sets those once per connection (sessionDefaults,
+// run by AfterConnect) and acquires with one statement; a driver over a
+// caller's pool cannot know the sessions' defaults, and wraps the statement
+// in a transaction that sets them (begin, setup, commit) — in the same round
+// trip.
+type statements struct {
+	owned bool
+
+	// begin, setup and commit bracket the acquire on a caller's pool. setup
+	// sets, for the transaction only: the settings above, and an idle timeout
+	// inside the transaction equal to the TTL (argument: milliseconds, text).
+	begin, setup, commit string
+
+	// tryLock and lock take the lock and, only if it was granted, increment
+	// the key's counter and set the session's idle_session_timeout (which
+	// frees the lock of a silent client) to the TTL, in one statement; they
+	// return the token and the session's backend pid, or no row if the lock
+	// was not granted (the session is then as it was). Arguments: the lock
+	// arguments, the key, the TTL in milliseconds as text.
+	tryLock, lock string
+
+	// ping resets the session's idle timer (and sets its timeout for the
+	// TTL), and reports the backend pid and whether the session holds the
+	// lock. Arguments: the TTL in milliseconds as text, classid, objid,
+	// objsubid.
+	ping string
+
+	// unlock releases the lock, returning the backend pid and whether the
+	// lock was held; on an owned pool it also restores the session's idle
+	// timeout (0), on a caller's pool reset does (RESET).
+	unlock, reset string
+
+	// rollback and cleanup end a cancelled acquire: cleanup releases the lock
+	// in case the grant raced the cancellation.
+	rollback, cleanup string
+}
+
+// sessionDefaults is what AfterConnect runs on every connection of a pool the
+// driver owns. The idle timeout is 0 between leases, whatever the server's
+// default: a lease sets its own.
+const sessionDefaults = `SELECT set_config('default_transaction_isolation', 'read committed', false),
+	set_config('lock_timeout', '0', false),
+	set_config('statement_timeout', '0', false),
+	set_config('idle_session_timeout', '0', false),
+	CASE WHEN current_setting('synchronous_commit') = 'off' THEN set_config('synchronous_commit', 'local', false) END`
+
+func newStatements(table string, pair, owned bool) statements {
+	lockArgs, keyArg, msArg := "$1::int8", "$2", "$3"
+	if pair {
+		lockArgs, keyArg, msArg = "$1::int4, $2::int4", "$3", "$4"
+	}
+	// RETURNING runs only for the row the grant inserted or updated.
+	fence := func(lockCall, cond string) string {
+		return fmt.Sprintf(`WITH l AS (SELECT %s AS ok)
+INSERT INTO %s AS f (key, token) SELECT %s::text, 1 FROM l%s
+ON CONFLICT (key) DO UPDATE SET token = f.token + 1
+RETURNING f.token, pg_backend_pid(), set_config('idle_session_timeout', %s::text, false)`, lockCall, table, keyArg, cond, msArg)
+	}
+	s := statements{
+		owned:  owned,
+		begin:  "BEGIN ISOLATION LEVEL READ COMMITTED",
+		commit: "COMMIT",
+		setup: `SELECT set_config('idle_in_transaction_session_timeout', $1::text, true),
+	set_config('lock_timeout', '0', true),
+	set_config('statement_timeout', '0', true),
+	CASE WHEN current_setting('synchronous_commit') = 'off' THEN set_config('synchronous_commit', 'local', true) END`,
+		tryLock: fence("pg_try_advisory_lock("+lockArgs+")", " WHERE l.ok"),
+		// pg_advisory_lock returns void; the CTE runs it once, before the insert.
+		lock: fence("pg_advisory_lock("+lockArgs+")", ""),
+		ping: `SELECT pg_backend_pid(), set_config('idle_session_timeout', $1::text, false),
+	EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()
+		AND classid = $2::int8::oid AND objid = $3::int8::oid AND objsubid = $4::int2 AND granted)`,
+		unlock:   "SELECT pg_backend_pid(), pg_advisory_unlock(" + lockArgs + ")",
+		reset:    "RESET idle_session_timeout",
+		rollback: "ROLLBACK",
+		cleanup:  "SELECT pg_advisory_unlock(" + lockArgs + ")",
+	}
+	if owned {
+		s.unlock = "SELECT pg_backend_pid(), pg_advisory_unlock(" + lockArgs + "), set_config('idle_session_timeout', '0', false)"
+	}
+	return s
+}
+
+// acquireBatch queues the acquire on a caller's pool: stmt (tryLock or lock)
+// with args, whose rows onRow scans, in a transaction with setup.
+func (s *statements) acquireBatch(stmt string, args []any, ms string, onRow func(pgx.Rows) error) *pgx.Batch {
+	b := &pgx.Batch{}
+	b.Queue(s.begin)
+	b.Queue(s.setup, ms)
+	b.Queue(stmt, args...).Query(onRow)
+	b.Queue(s.commit)
+	return b
+}
+
+// releaseBatch queues the release on a caller's pool; onRow scans the
+// unlock's row.
+func (s *statements) releaseBatch(args []any, onRow func(pgx.Row) error) *pgx.Batch {
+	b := &pgx.Batch{}
+	b.Queue(s.unlock, args...).QueryRow(onRow)
+	b.Queue(s.reset)
+	return b
+}
