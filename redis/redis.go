@@ -82,10 +82,8 @@ package redis
 
 import (
 	"context"
-	_ "embed"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"strings"
 	"sync/atomic"
@@ -95,6 +93,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/rediscore"
 )
 
 // Defaults for Options and the DSN parameters.
@@ -113,21 +112,6 @@ const (
 // whose outcome it does not know (an error after the request may have reached
 // the server), or whose grant raced the caller's cancellation.
 const cleanupTimeout = 2 * time.Second
-
-var (
-	//go:embed acquire.lua
-	acquireSrc string
-	//go:embed release.lua
-	releaseSrc string
-	//go:embed extend.lua
-	extendSrc string
-
-	// Run sends EVALSHA and falls back to EVAL when the server answers
-	// NOSCRIPT (first use, restart, SCRIPT FLUSH).
-	acquireScript = goredis.NewScript(acquireSrc)
-	releaseScript = goredis.NewScript(releaseSrc)
-	extendScript  = goredis.NewScript(extendSrc)
-)
 
 var errClosed = errors.New("redis driver closed")
 
@@ -161,7 +145,7 @@ func (o *Options) withDefaults() (Options, error) {
 	if r.Prefix == "" {
 		r.Prefix = DefaultPrefix
 	}
-	if err := checkPrefix(r.Prefix); err != nil {
+	if err := rediscore.CheckPrefix(r.Prefix); err != nil {
 		return r, err
 	}
 	switch {
@@ -181,7 +165,7 @@ type Driver struct {
 	owned  bool // Close closes client
 	prefix string
 	poll   time.Duration
-	mux    *mux
+	mux    *rediscore.Mux
 	closed atomic.Bool
 }
 
@@ -213,7 +197,7 @@ func NewDriver(client goredis.UniversalClient, opts *Options) (*Driver, error) {
 		client: client,
 		prefix: o.Prefix,
 		poll:   o.PollInterval,
-		mux:    newMux(client),
+		mux:    rediscore.NewMux(client, errClosed),
 	}, nil
 }
 
@@ -255,7 +239,7 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 	cu.RawQuery = rest.Encode()
 	opt, err := goredis.ParseURL(cu.String())
 	if err != nil {
-		msg := strings.TrimPrefix(redact(err, u).Error(), "redis: ")
+		msg := strings.TrimPrefix(rediscore.Redact(err, u).Error(), "redis: ")
 		if strings.HasPrefix(msg, "unexpected option") {
 			msg += " (the driver reads prefix and poll; dlock reads ttl and autorenew; go-redis reads the rest)"
 		}
@@ -265,9 +249,9 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 	// refresh must not outlive the lease's deadline).
 	opt.ContextTimeoutEnabled = true
 	client := goredis.NewClient(opt)
-	if err := ping(ctx, client); err != nil {
+	if err := rediscore.Ping(ctx, client); err != nil {
 		_ = client.Close()
-		return nil, fmt.Errorf("ping %s: %w", opt.Addr, redact(err, u))
+		return nil, fmt.Errorf("ping %s: %w", opt.Addr, rediscore.Redact(err, u))
 	}
 	d, err := NewDriver(client, &o)
 	if err != nil {
@@ -276,48 +260,6 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 	}
 	d.owned = true
 	return d, nil
-}
-
-// ping checks that the server answers, within ctx: go-redis bounds a command
-// by ctx's deadline but does not notice a cancellation while it waits for a
-// reply.
-func ping(ctx context.Context, client *goredis.Client) error {
-	done := make(chan error, 1)
-	go func() { done <- client.Ping(ctx).Err() }()
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-		_ = client.Close() // ends the ping
-		<-done
-		return ctx.Err()
-	}
-}
-
-// redact returns err with any occurrence of u's password, raw or escaped,
-// replaced by "xxxxx". An error whose text holds no password is returned as
-// it is, so errors.Is still sees through it.
-func redact(err error, u *url.URL) error {
-	if err == nil || u.User == nil {
-		return err
-	}
-	pw, ok := u.User.Password()
-	if !ok || pw == "" {
-		return err
-	}
-	msg := err.Error()
-	forms := []string{pw, url.QueryEscape(pw), url.PathEscape(pw), url.UserPassword("", pw).String()[1:]}
-	found := false
-	for _, f := range forms {
-		if f != "" && strings.Contains(msg, f) {
-			msg = strings.ReplaceAll(msg, f, "xxxxx")
-			found = true
-		}
-	}
-	if !found {
-		return err
-	}
-	return errors.New(msg)
 }
 
 // Name returns "redis".
@@ -349,7 +291,7 @@ func (d *Driver) Close() error {
 	if d.closed.Swap(true) {
 		return errClosed
 	}
-	d.mux.close()
+	d.mux.Close()
 	if d.owned {
 		return d.client.Close()
 	}
@@ -368,11 +310,11 @@ func ttlMillis(ttl time.Duration) (ms int64, validity time.Duration, err error) 
 	return ms, validity, nil
 }
 
-func (d *Driver) keys(g *backend.Grant) *keys {
-	if k, ok := g.Data.(*keys); ok {
+func (d *Driver) keys(g *backend.Grant) *rediscore.Keys {
+	if k, ok := g.Data.(*rediscore.Keys); ok {
 		return k
 	}
-	return keysFor(d.prefix, g.Key)
+	return rediscore.KeysFor(d.prefix, g.Key)
 }
 
 // Acquire implements backend.Driver. It makes one attempt; if the lock is
@@ -388,7 +330,7 @@ func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 	if err != nil {
 		return nil, err
 	}
-	k := keysFor(d.prefix, req.Key)
+	k := rediscore.KeysFor(d.prefix, req.Key)
 	g, pttl, err := d.attempt(ctx, req, k, ms, validity)
 	if err != nil || g != nil {
 		return g, err
@@ -407,13 +349,14 @@ func heldError(pttl time.Duration) error {
 	return fmt.Errorf("%w (its TTL ends in %v unless renewed)", backend.ErrHeld, pttl)
 }
 
-func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *keys, ms int64, validity, pttl time.Duration) (*backend.Grant, error) {
-	w, err := d.mux.subscribe(k.channel)
+func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *rediscore.Keys, ms int64, validity, pttl time.Duration) (*backend.Grant, error) {
+	wake, ready := make(chan struct{}, 1), make(chan struct{}, 1)
+	w, err := d.mux.Subscribe(k.Channel, wake, ready)
 	if err != nil {
 		return nil, err
 	}
 	granted := false
-	defer func() { d.mux.unsubscribe(w, granted) }()
+	defer func() { d.mux.Unsubscribe(w, granted) }()
 
 	// Try again only once the subscription is active, so a release between
 	// the attempt and the subscription cannot go unnoticed; but never wait
@@ -421,11 +364,11 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *keys, 
 	timer := time.NewTimer(d.nextWait(pttl))
 	defer timer.Stop()
 	select {
-	case <-w.st.active:
+	case <-ready:
 	case <-timer.C:
 	case <-ctx.Done():
 		return nil, ctx.Err()
-	case <-d.mux.quit:
+	case <-d.mux.Done():
 		return nil, errClosed
 	}
 	for {
@@ -440,11 +383,11 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *keys, 
 		}
 		timer.Reset(d.nextWait(pttl))
 		select {
-		case <-w.wake:
+		case <-wake:
 		case <-timer.C:
 		case <-ctx.Done():
 			return nil, ctx.Err()
-		case <-d.mux.quit:
+		case <-d.mux.Done():
 			return nil, errClosed
 		}
 	}
@@ -464,14 +407,14 @@ func (d *Driver) nextWait(pttl time.Duration) time.Duration {
 // attempt runs the acquire script once. It returns the grant, or the holder's
 // remaining TTL (-1 if unknown) when the lock is held. It leaves nothing
 // behind when it fails or when ctx ends while the grant is in flight.
-func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, k *keys, ms int64, validity time.Duration) (*backend.Grant, time.Duration, error) {
+func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, k *rediscore.Keys, ms int64, validity time.Duration) (*backend.Grant, time.Duration, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, 0, err
 	}
 	start := time.Now()
-	res, err := acquireScript.Run(ctx, d.client, []string{k.lock, k.fence}, req.Owner, ms).Int64Slice()
+	res, err := rediscore.Acquire.Run(ctx, d.client, []string{k.Lock, k.Fence}, req.Owner, ms).Int64Slice()
 	if err != nil {
-		if mayHaveRun(err) {
+		if rediscore.MayHaveRun(err) {
 			// The script may have run and the reply been lost: free the
 			// lock if it is ours.
 			d.cleanup(ctx, req.Owner, k)
@@ -506,22 +449,12 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, k *key
 	}, 0, nil
 }
 
-// mayHaveRun reports whether a failed command may still have reached the
-// server: anything but a failure to connect.
-func mayHaveRun(err error) bool {
-	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
-		return false
-	}
-	return !errors.Is(err, goredis.ErrClosed)
-}
-
 // cleanup releases owner's lock, if it holds it, on a context detached from
 // the caller's and bounded by cleanupTimeout.
-func (d *Driver) cleanup(ctx context.Context, owner string, k *keys) {
+func (d *Driver) cleanup(ctx context.Context, owner string, k *rediscore.Keys) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	_ = releaseScript.Run(ctx, d.client, []string{k.lock}, owner, k.channel).Err()
+	_ = rediscore.Release.Run(ctx, d.client, []string{k.Lock}, owner, k.Channel).Err()
 }
 
 // Refresh implements backend.Driver: it resets the lock's TTL to ttl if g's
@@ -535,7 +468,7 @@ func (d *Driver) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duratio
 	if err != nil {
 		return 0, err
 	}
-	n, err := extendScript.Run(ctx, d.client, []string{d.keys(g).lock}, g.Owner, ms).Int64()
+	n, err := rediscore.Extend.Run(ctx, d.client, []string{d.keys(g).Lock}, g.Owner, ms).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("extend script: %w", err)
 	}
@@ -552,7 +485,7 @@ func (d *Driver) Release(ctx context.Context, g *backend.Grant) error {
 		return errClosed
 	}
 	k := d.keys(g)
-	n, err := releaseScript.Run(ctx, d.client, []string{k.lock}, g.Owner, k.channel).Int64()
+	n, err := rediscore.Release.Run(ctx, d.client, []string{k.Lock}, g.Owner, k.Channel).Int64()
 	if err != nil {
 		return fmt.Errorf("release script: %w", err)
 	}

@@ -4,16 +4,23 @@
 -- KEYS[2]  the fencing counter     <prefix>{<tag>}:fence   (same hash tag)
 -- ARGV[1]  the owner id
 -- ARGV[2]  the TTL in milliseconds
+-- ARGV[3]  optional: if given, a refusal also names the holder (Redlock uses
+--          it to tell one holder with a quorum from a split vote)
 --
 -- Returns {1, token} when granted, {0, pttl} when another owner holds the lock
--- (pttl: the holder's remaining time to live in ms, -1 if the key has none).
+-- (pttl: the holder's remaining time to live in ms, -1 if the key has none),
+-- or {0, pttl, holder} with ARGV[3].
 
 -- TIME is non-deterministic; Redis before 5 replicates scripts verbatim unless
 -- told to replicate their effects. A no-op on Redis 7.
 if redis.replicate_commands then redis.replicate_commands() end
 
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  local holder = redis.call('GET', KEYS[1])
+  if holder ~= ARGV[1] then
+    if ARGV[3] then
+      return {0, redis.call('PTTL', KEYS[1]), holder or ''}
+    end
     return {0, redis.call('PTTL', KEYS[1])}
   end
   -- This owner holds the lock already: the client retried a request whose

@@ -1,4 +1,4 @@
-package redis
+package rediscore
 
 import (
 	"context"
@@ -18,12 +18,13 @@ import (
 // pings the server, to keep the connection alive and notice a dead one.
 const healthInterval = 30 * time.Second
 
-// mux shares one pub/sub connection among all the waiting Acquire calls of a
-// Driver. Subscriptions are reference-counted per channel: the first waiter on
-// a channel subscribes, the last one to leave unsubscribes.
+// Mux shares one pub/sub connection to one Redis server (or Cluster) among
+// all the waiting Acquire calls of a driver. Subscriptions are
+// reference-counted per channel: the first waiter on a channel subscribes,
+// the last one to leave unsubscribes.
 //
 // Two goroutines own the connection, started with the first subscription and
-// stopped by close: a writer, which sends SUBSCRIBE, UNSUBSCRIBE and PING in
+// stopped by Close: a writer, which sends SUBSCRIBE, UNSUBSCRIBE and PING in
 // the order they were asked for (so an UNSUBSCRIBE can never overtake the
 // SUBSCRIBE that a later waiter of the same channel needs), and a reader,
 // which dispatches release messages to waiters.
@@ -32,13 +33,16 @@ const healthInterval = 30 * time.Second
 // after the SUBSCRIBE: pings carry a sequence number, and replies arrive in
 // order, so the pong of ping n confirms every SUBSCRIBE written before ping n
 // was allocated.
-type mux struct {
-	client goredis.UniversalClient
-	ctx    context.Context // cancelled by close, for the writer's network calls
-	cancel context.CancelFunc
-	quit   chan struct{} // closed by close
-	kick   chan struct{} // buffered(1): ops were queued
-	wg     sync.WaitGroup
+//
+// Its methods are safe for concurrent use.
+type Mux struct {
+	client    goredis.UniversalClient
+	errClosed error           // returned by Subscribe after Close
+	ctx       context.Context // cancelled by Close, for the writer's network calls
+	cancel    context.CancelFunc
+	quit      chan struct{} // closed by Close
+	kick      chan struct{} // buffered(1): ops were queued
+	wg        sync.WaitGroup
 
 	mu      sync.Mutex
 	ps      *goredis.PubSub // nil until the first subscription
@@ -51,18 +55,18 @@ type mux struct {
 // chanState is one subscribed channel and the calls waiting on it.
 type chanState struct {
 	name    string
-	waiters []*waiter // in arrival order; the first is woken by a message
+	waiters []*Waiter // in arrival order; the first is woken by a message
 
-	active     chan struct{} // closed once the subscription is confirmed
 	confirmed  bool
 	subscribed bool   // the writer has sent SUBSCRIBE
 	after      uint64 // pings with a greater sequence number were sent after SUBSCRIBE
 }
 
-// waiter is one Acquire call waiting on a channel.
-type waiter struct {
-	st   *chanState
-	wake chan struct{} // buffered(1)
+// Waiter is one Acquire call waiting on one channel of one Mux.
+type Waiter struct {
+	st    *chanState
+	wake  chan<- struct{}
+	ready chan<- struct{}
 }
 
 type opKind int
@@ -78,25 +82,34 @@ type muxOp struct {
 	st   *chanState
 }
 
-func newMux(client goredis.UniversalClient) *mux {
+// NewMux returns a Mux over client. It opens its pub/sub connection, and
+// starts its two goroutines, only when the first waiter subscribes. After
+// Close, Subscribe returns errClosed.
+func NewMux(client goredis.UniversalClient, errClosed error) *Mux {
 	ctx, cancel := context.WithCancel(context.Background())
-	return &mux{
-		client: client,
-		ctx:    ctx,
-		cancel: cancel,
-		quit:   make(chan struct{}),
-		kick:   make(chan struct{}, 1),
-		chans:  map[string]*chanState{},
+	return &Mux{
+		client:    client,
+		errClosed: errClosed,
+		ctx:       ctx,
+		cancel:    cancel,
+		quit:      make(chan struct{}),
+		kick:      make(chan struct{}, 1),
+		chans:     map[string]*chanState{},
 	}
 }
 
-// subscribe registers a waiter on channel, subscribing to it if this is its
-// first waiter. The waiter must be handed back to unsubscribe.
-func (m *mux) subscribe(channel string) (*waiter, error) {
+// Subscribe registers a waiter on channel, subscribing to it if this is its
+// first waiter. The Mux signals the waiter by a send on wake, which never
+// blocks (so wake should be buffered), when a release message is meant for
+// it; and by one non-blocking send on ready once the subscription is
+// confirmed (at once if it already is). Several waiters, on one Mux or on
+// many, may share wake and ready channels. The waiter must be handed back to
+// Unsubscribe.
+func (m *Mux) Subscribe(channel string, wake, ready chan<- struct{}) (*Waiter, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
-		return nil, errClosed
+		return nil, m.errClosed
 	}
 	if m.ps == nil {
 		m.ps = m.client.Subscribe(m.ctx)
@@ -106,19 +119,22 @@ func (m *mux) subscribe(channel string) (*waiter, error) {
 	}
 	st := m.chans[channel]
 	if st == nil {
-		st = &chanState{name: channel, active: make(chan struct{})}
+		st = &chanState{name: channel}
 		m.chans[channel] = st
 		m.enqueueLocked(muxOp{kind: opSubscribe, st: st})
 	}
-	w := &waiter{st: st, wake: make(chan struct{}, 1)}
+	w := &Waiter{st: st, wake: wake, ready: ready}
 	st.waiters = append(st.waiters, w)
+	if st.confirmed {
+		signal(ready)
+	}
 	return w, nil
 }
 
-// unsubscribe removes w. If w leaves without the lock (granted is false) and
+// Unsubscribe removes w. If w leaves without the lock (granted is false) and
 // others wait on the channel, the next one is woken in case w had taken a
 // release message meant for whoever could use it.
-func (m *mux) unsubscribe(w *waiter, granted bool) {
+func (m *Mux) Unsubscribe(w *Waiter, granted bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	st := w.st
@@ -127,7 +143,7 @@ func (m *mux) unsubscribe(w *waiter, granted bool) {
 	}
 	if len(st.waiters) > 0 {
 		if !granted {
-			notify(st.waiters[0])
+			signal(st.waiters[0].wake)
 		}
 		return
 	}
@@ -139,7 +155,7 @@ func (m *mux) unsubscribe(w *waiter, granted bool) {
 	}
 }
 
-func (m *mux) enqueueLocked(op muxOp) {
+func (m *Mux) enqueueLocked(op muxOp) {
 	m.ops = append(m.ops, op)
 	select {
 	case m.kick <- struct{}{}:
@@ -147,16 +163,22 @@ func (m *mux) enqueueLocked(op muxOp) {
 	}
 }
 
-func notify(w *waiter) {
+// signal sends on c without blocking.
+func signal(c chan<- struct{}) {
 	select {
-	case w.wake <- struct{}{}:
+	case c <- struct{}{}:
 	default:
 	}
 }
 
-// close stops both goroutines and closes the pub/sub connection. Waiters
-// still registered see quit closed.
-func (m *mux) close() {
+// Done returns a channel closed when Close is called: waiters still
+// registered should give up.
+func (m *Mux) Done() <-chan struct{} { return m.quit }
+
+// Close stops both goroutines and closes the pub/sub connection, and waits
+// for the goroutines to end. Waiters still registered see Done closed. A
+// second Close does nothing.
+func (m *Mux) Close() {
 	m.mu.Lock()
 	if m.closed {
 		m.mu.Unlock()
@@ -174,7 +196,7 @@ func (m *mux) close() {
 	m.wg.Wait()
 }
 
-func (m *mux) isClosed() bool {
+func (m *Mux) isClosed() bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.closed
@@ -182,7 +204,7 @@ func (m *mux) isClosed() bool {
 
 // writeLoop sends queued subscription changes, in order, then one PING to
 // confirm them.
-func (m *mux) writeLoop(ps *goredis.PubSub) {
+func (m *Mux) writeLoop(ps *goredis.PubSub) {
 	defer m.wg.Done()
 	for {
 		select {
@@ -229,7 +251,7 @@ func (m *mux) writeLoop(ps *goredis.PubSub) {
 // for a ping to confirm the subscriptions on the new connection, and once the
 // server answers again it wakes every waiter, since release messages may have
 // been lost meanwhile.
-func (m *mux) readLoop(ps *goredis.PubSub) {
+func (m *Mux) readLoop(ps *goredis.PubSub) {
 	defer m.wg.Done()
 	backoff := backend.Backoff{Min: 10 * time.Millisecond, Max: time.Second}
 	var pause *time.Timer
@@ -284,7 +306,7 @@ func isTimeout(err error) bool {
 	return errors.As(err, &ne) && ne.Timeout()
 }
 
-func (m *mux) requestPing() {
+func (m *Mux) requestPing() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.closed {
@@ -296,32 +318,34 @@ func (m *mux) requestPing() {
 // enough: if it takes the lock, its release wakes the next; if it leaves
 // without it, unsubscribe passes the wake-up on. Waiters in other processes
 // get the message on their own connections.
-func (m *mux) dispatch(channel string) {
+func (m *Mux) dispatch(channel string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if st := m.chans[channel]; st != nil && len(st.waiters) > 0 {
-		notify(st.waiters[0])
+		signal(st.waiters[0].wake)
 	}
 }
 
 // confirm marks active every subscription sent before ping seq.
-func (m *mux) confirm(seq uint64) {
+func (m *Mux) confirm(seq uint64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, st := range m.chans {
 		if st.subscribed && !st.confirmed && seq > st.after {
 			st.confirmed = true
-			close(st.active)
+			for _, w := range st.waiters {
+				signal(w.ready)
+			}
 		}
 	}
 }
 
-func (m *mux) wakeAll() {
+func (m *Mux) wakeAll() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for _, st := range m.chans {
 		for _, w := range st.waiters {
-			notify(w)
+			signal(w.wake)
 		}
 	}
 }

@@ -1,0 +1,46 @@
+package rediscore
+
+import (
+	"fmt"
+	"strings"
+)
+
+// tagEscaper percent-encodes the three bytes that would break a hash tag or
+// the injectivity of the mapping: '%' itself, and the braces Redis Cluster
+// reads as the tag's delimiters.
+var tagEscaper = strings.NewReplacer("%", "%25", "{", "%7B", "}", "%7D")
+
+// HashTag returns the Redis Cluster hash tag of a dlock key: the key with '%',
+// '{' and '}' percent-encoded as "%25", "%7B" and "%7D". For a non-empty key
+// the tag is never empty and holds no brace, so Redis Cluster hashes exactly
+// it, and two different keys never share a tag.
+func HashTag(key string) string { return tagEscaper.Replace(key) }
+
+// LockKey returns "<prefix>{<tag>}", the Redis key that holds the lock on key.
+func LockKey(prefix, key string) string { return prefix + "{" + HashTag(key) + "}" }
+
+// FenceKey returns "<prefix>{<tag>}:fence", the key of key's fencing counter.
+func FenceKey(prefix, key string) string { return LockKey(prefix, key) + ":fence" }
+
+// ReleaseChannel returns "<prefix>{<tag>}:released", the pub/sub channel
+// announcing that key was released.
+func ReleaseChannel(prefix, key string) string { return LockKey(prefix, key) + ":released" }
+
+// Keys are the Redis names of one dlock key.
+type Keys struct {
+	Lock, Fence, Channel string
+}
+
+// KeysFor returns the names of key under prefix.
+func KeysFor(prefix, key string) *Keys {
+	lock := LockKey(prefix, key)
+	return &Keys{Lock: lock, Fence: lock + ":fence", Channel: lock + ":released"}
+}
+
+// CheckPrefix reports why prefix cannot prefix the drivers' keys.
+func CheckPrefix(prefix string) error {
+	if strings.ContainsAny(prefix, "{}") {
+		return fmt.Errorf("prefix %q contains '{' or '}': Redis Cluster would take the hash tag from the prefix", prefix)
+	}
+	return nil
+}

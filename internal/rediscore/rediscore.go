@@ -1,0 +1,101 @@
+// Package rediscore is what dlock's two Redis drivers share: the Lua scripts
+// that take, extend and release a lock on one Redis server, the key layout
+// those scripts work on, the pub/sub connection that wakes waiters, and the
+// helpers that keep passwords out of errors.
+//
+// Package redis runs the scripts against one server (or one Redis Cluster);
+// package redlock runs the same scripts against each of N independent servers
+// and counts a quorum. Keeping them here means both drivers lay out keys the
+// same way and one fix reaches both.
+package rediscore
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"net"
+	"net/url"
+	"strings"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed acquire.lua
+	acquireSrc string
+	//go:embed release.lua
+	releaseSrc string
+	//go:embed extend.lua
+	extendSrc string
+)
+
+// The scripts. Run sends EVALSHA and falls back to EVAL when the server
+// answers NOSCRIPT (first use, restart, SCRIPT FLUSH). Each file documents its
+// KEYS, ARGV and reply.
+var (
+	// Acquire takes the lock if it is free (or already this owner's) and bumps
+	// the fencing counter, floored at the server's clock in µs.
+	// KEYS: lock, fence. ARGV: owner, TTL in ms. Reply: {1, token} or {0, pttl}.
+	Acquire = goredis.NewScript(acquireSrc)
+
+	// Release deletes the lock if it is this owner's and publishes on the
+	// release channel. KEYS: lock [, fence]. ARGV: owner, channel [, token].
+	// Reply: 1 if deleted, else 0.
+	Release = goredis.NewScript(releaseSrc)
+
+	// Extend resets the lock's TTL if it is this owner's. KEYS: lock [, fence].
+	// ARGV: owner, TTL in ms [, token]. Reply: 1 if extended, else 0.
+	Extend = goredis.NewScript(extendSrc)
+)
+
+// MayHaveRun reports whether a failed command may still have reached the
+// server: anything but a failure to connect or a closed client.
+func MayHaveRun(err error) bool {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return false
+	}
+	return !errors.Is(err, goredis.ErrClosed)
+}
+
+// Ping checks that the server answers, within ctx: go-redis bounds a command
+// by ctx's deadline but does not notice a cancellation while it waits for a
+// reply, so on cancellation Ping closes client to end the call.
+func Ping(ctx context.Context, client *goredis.Client) error {
+	done := make(chan error, 1)
+	go func() { done <- client.Ping(ctx).Err() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		_ = client.Close() // ends the ping
+		<-done
+		return ctx.Err()
+	}
+}
+
+// Redact returns err with any occurrence of u's password, raw or escaped,
+// replaced by "xxxxx". An error whose text holds no password is returned as
+// it is, so errors.Is still sees through it.
+func Redact(err error, u *url.URL) error {
+	if err == nil || u == nil || u.User == nil {
+		return err
+	}
+	pw, ok := u.User.Password()
+	if !ok || pw == "" {
+		return err
+	}
+	msg := err.Error()
+	forms := []string{pw, url.QueryEscape(pw), url.PathEscape(pw), url.UserPassword("", pw).String()[1:]}
+	found := false
+	for _, f := range forms {
+		if f != "" && strings.Contains(msg, f) {
+			msg = strings.ReplaceAll(msg, f, "xxxxx")
+			found = true
+		}
+	}
+	if !found {
+		return err
+	}
+	return errors.New(msg)
+}

@@ -1,0 +1,43 @@
+package redlock
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock/backend"
+)
+
+func TestSplitHosts(t *testing.T) {
+	got, err := splitHosts("a, b:6380,[::1]:7000,[::1],10.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"a:6379", "b:6380", "[::1]:7000", "[::1]:6379", "10.0.0.1:6379"}
+	if !slices.Equal(got, want) {
+		t.Errorf("splitHosts = %q, want %q", got, want)
+	}
+	for _, bad := range []string{"", "a,,b", "a,", "a:1:2"} {
+		if _, err := splitHosts(bad); err == nil {
+			t.Errorf("splitHosts(%q) succeeded", bad)
+		}
+	}
+}
+
+func TestDrift(t *testing.T) {
+	d := &Driver{driftFactor: DefaultDriftFactor}
+	for _, ttl := range []time.Duration{time.Second, 10 * time.Second, 1234567 * time.Microsecond} {
+		if got, want := d.drift(ttl), backend.DriftAllowance(ttl); got != want {
+			t.Errorf("drift(%v) = %v, want backend.DriftAllowance = %v", ttl, got, want)
+		}
+	}
+	d.driftFactor = 0.2
+	if got, want := d.drift(10*time.Second), 2002*time.Millisecond; got != want {
+		t.Errorf("drift(10s) with factor 0.2 = %v, want %v", got, want)
+	}
+	d.nodeTimeout = DefaultNodeTimeout
+	ms, validity, nodeTimeout, err := d.ttlMillis(500*time.Millisecond + 700*time.Microsecond)
+	if err != nil || ms != 500 || validity != 500*time.Millisecond-d.drift(500*time.Millisecond+700*time.Microsecond) || nodeTimeout != 50070*time.Microsecond {
+		t.Errorf("ttlMillis(500.7ms) = %d, %v, %v, %v", ms, validity, nodeTimeout, err)
+	}
+}

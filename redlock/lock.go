@@ -1,0 +1,448 @@
+package redlock
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/rediscore"
+)
+
+// grantData is the driver-private part of a Grant.
+type grantData struct {
+	keys *rediscore.Keys
+	// pending counts the grant's acquire requests still running when the
+	// quorum was reached. Release waits for them, so that a late acquire
+	// cannot set the lock on a node after the release has passed it.
+	pending *sync.WaitGroup
+}
+
+func (d *Driver) grantData(g *backend.Grant) *grantData {
+	if gd, ok := g.Data.(*grantData); ok {
+		return gd
+	}
+	return &grantData{keys: rediscore.KeysFor(d.prefix, g.Key)}
+}
+
+// attemptKind classifies a failed attempt.
+type attemptKind int
+
+const (
+	attemptHeld      attemptKind = iota // enough nodes answered; another owner holds the lock on some
+	attemptNoQuorum                     // fewer than a quorum of nodes answered
+	attemptSlow                         // a quorum granted the lock, but too late
+	attemptCancelled                    // ctx ended
+)
+
+// attemptResult is the outcome of one round of the algorithm.
+type attemptResult struct {
+	grant *backend.Grant
+	err   error
+	kind  attemptKind
+	// split is set for attemptHeld when no other owner holds the lock on a
+	// quorum of nodes: the vote was split between contenders (or a holder's
+	// lock is partly gone).
+	split bool
+	// first is set for a split vote that this attempt won by plurality: it
+	// may try again at once while the other contenders wait.
+	first bool
+	// expiry is, for attemptHeld, how long until enough holders' TTLs run
+	// out for a quorum to be free; -1 if unknown.
+	expiry time.Duration
+}
+
+// Acquire implements backend.Driver. Each attempt is one round of the
+// algorithm (see the package doc). If the lock is held and req.Wait is set, it
+// subscribes to the key's release channel on every node, waits until a quorum
+// of subscriptions is confirmed, and tries again after every release message,
+// when enough holders' TTLs have run out, and at least every poll interval;
+// after a split vote or a failed round it tries again after a random delay. A
+// waiting Acquire gives up with an error matching ErrNoQuorum after five
+// rounds in a row in which fewer than a quorum of nodes answered.
+func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*backend.Grant, error) {
+	if d.closed.Load() {
+		return nil, errClosed
+	}
+	ms, validity, nodeTimeout, err := d.ttlMillis(req.TTL)
+	if err != nil {
+		return nil, err
+	}
+	k := rediscore.KeysFor(d.prefix, req.Key)
+	a := d.attempt(ctx, req, k, ms, validity, nodeTimeout)
+	if a.grant != nil || a.kind == attemptCancelled || !req.Wait {
+		return a.grant, a.err
+	}
+	return d.wait(ctx, req, k, ms, validity, nodeTimeout, a)
+}
+
+func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *rediscore.Keys, ms int64, validity, nodeTimeout time.Duration, a attemptResult) (*backend.Grant, error) {
+	var w *waiting // subscribed at the first sight of a single holder
+	won := false
+	defer func() { w.leave(won) }()
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	backoff := backend.Backoff{Min: d.retryDelay, Max: d.poll}
+	failedRounds := 0
+	splits := 0 // split votes in a row
+	for {
+		var wake <-chan struct{}
+		var delay time.Duration
+		switch {
+		case a.kind == attemptHeld && !a.split && w == nil:
+			// Subscribe, and try again as soon as a quorum of subscriptions
+			// is confirmed: the holder's release reaches at least a quorum
+			// of nodes, which overlaps ours, so a release between the
+			// attempt and the subscriptions cannot go unnoticed. Never wait
+			// for the confirmations longer than a poll.
+			failedRounds = 0
+			var err error
+			if w, err = d.subscribe(k.Channel); err != nil {
+				return nil, err
+			}
+			if err := w.confirmed(ctx, timer, backend.Jitter(d.poll)); err != nil {
+				return nil, err
+			}
+		case a.kind == attemptHeld && !a.split:
+			// One holder: wait for its release, or its TTL.
+			failedRounds, splits = 0, 0
+			backoff.Reset()
+			wake = w.wake
+			delay = backend.Jitter(d.poll)
+			if a.expiry >= 0 {
+				delay = min(delay, a.expiry+time.Millisecond)
+			}
+		case a.kind == attemptHeld:
+			// A split vote: fall out of step with the other contenders,
+			// deaf to the release messages their give-backs send. The
+			// plurality winner of the first split in a row goes at once.
+			failedRounds = 0
+			splits++
+			if !a.first || splits > 1 {
+				delay = backoff.Next()
+			}
+		default:
+			splits = 0
+			failedRounds++
+			if failedRounds >= failedRoundsLimit {
+				return nil, a.err
+			}
+			delay = backoff.Next()
+		}
+		if delay > 0 {
+			timer.Reset(delay)
+			select {
+			case <-wake:
+			case <-timer.C:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-d.quit:
+				return nil, errClosed
+			}
+		}
+		a = d.attempt(ctx, req, k, ms, validity, nodeTimeout)
+		if a.grant != nil {
+			won = true
+			return a.grant, nil
+		}
+		if a.kind == attemptCancelled {
+			return nil, a.err
+		}
+	}
+}
+
+// attempt runs one round of the algorithm: the acquire script on every node
+// in parallel; a grant if a quorum granted the lock with validity left;
+// otherwise a release on every node that may hold it for this owner. It
+// leaves nothing behind when it fails or when ctx ends while the grant is in
+// flight.
+func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, k *rediscore.Keys, ms int64, validity, nodeTimeout time.Duration) attemptResult {
+	if err := ctx.Err(); err != nil {
+		return attemptResult{err: err, kind: attemptCancelled}
+	}
+	if done, ok := d.releasing.Load(k.Lock); ok {
+		// This driver's release of the key has not reached every node yet:
+		// let it, or it could refuse this grant there. (It takes at most
+		// the node timeout.)
+		<-done.(chan struct{})
+	}
+	start := time.Now()
+	g := d.fanout(ctx, d.nodes, nodeTimeout, func(ctx context.Context, n *node) reply {
+		res, err := rediscore.Acquire.Run(ctx, n.client, []string{k.Lock, k.Fence}, req.Owner, ms, "holder").Slice()
+		if err != nil {
+			return failure(fmt.Errorf("acquire script: %w", err))
+		}
+		var r reply
+		ok := len(res) >= 2
+		if ok {
+			var won int64
+			won, ok = res[0].(int64)
+			r.val, _ = res[1].(int64)
+			switch {
+			case ok && won == 1 && len(res) == 2:
+				r.out = granted
+			case ok && won == 0 && len(res) == 3:
+				r.out = refused
+				r.holder, ok = res[2].(string)
+			default:
+				ok = false
+			}
+		}
+		if !ok {
+			return reply{out: failed, maybe: true, err: fmt.Errorf("acquire script: unexpected reply %v", res)}
+		}
+		return r
+	}, nil)
+	t := g.collect(func(t *tally) bool { return t.granted >= d.quorum })
+	elapsed := time.Since(start)
+	if t.granted >= d.quorum && elapsed < validity && ctx.Err() == nil {
+		var token int64
+		for _, r := range t.replies {
+			if r.out == granted {
+				token = max(token, r.val)
+			}
+		}
+		return attemptResult{grant: &backend.Grant{
+			Key:      req.Key,
+			Owner:    req.Owner,
+			Token:    uint64(token),
+			Start:    start,
+			Validity: validity,
+			Data:     &grantData{keys: k, pending: g.pending},
+		}}
+	}
+
+	// Failed: hear from every node, then give the lock back wherever it may
+	// be this owner's, including the nodes that did not answer.
+	t = g.collect(nil)
+	d.giveBack(ctx, req.Owner, k, t, nodeTimeout)
+
+	n := len(d.nodes)
+	switch {
+	case ctx.Err() != nil:
+		return attemptResult{err: ctx.Err(), kind: attemptCancelled}
+	case t.granted >= d.quorum:
+		return attemptResult{kind: attemptSlow, err: fmt.Errorf(
+			"%w in time: %d of %d nodes granted the lock, but only after %v, past its validity of %v (TTL %v less the drift allowance %v); released it",
+			ErrNoQuorum, t.granted, n, elapsed.Round(time.Microsecond), validity, time.Duration(ms)*time.Millisecond, d.drift(req.TTL))}
+	case t.granted+t.refused < d.quorum:
+		return attemptResult{kind: attemptNoQuorum, err: d.noQuorum("granted", t, errNodeHeld)}
+	}
+	// One holder with a quorum explains the failure: wait for its release or
+	// its expiry. Otherwise the vote was split between contenders (or a
+	// holder is partly gone): retry after a random delay.
+	a := attemptResult{kind: attemptHeld, expiry: -1, split: true}
+	held := map[string]int{}
+	for _, r := range t.replies {
+		if r.out == refused {
+			held[r.holder]++
+			if held[r.holder] >= d.quorum {
+				a.split = false
+			}
+		}
+	}
+	if a.split && t.granted > 0 {
+		// Every contender sees the same split (each node granted one of
+		// them), so they agree on its plurality winner: the one with the
+		// most nodes, ties going to the lowest owner id.
+		a.first = true
+		for holder, n := range held {
+			if n > t.granted || n == t.granted && holder < req.Owner {
+				a.first = false
+			}
+		}
+	}
+	// The lock can be free once enough of the holders' keys expire for a
+	// quorum of nodes not to hold it.
+	var pttls []time.Duration
+	for _, r := range t.replies {
+		if r.out == refused {
+			p := time.Duration(math.MaxInt64)
+			if r.val >= 0 {
+				p = time.Duration(r.val) * time.Millisecond
+			} else if r.val == -2 { // expired since
+				p = 0
+			}
+			pttls = append(pttls, p)
+		}
+	}
+	slices.Sort(pttls)
+	if need := d.quorum - (n - t.refused); need > 0 && pttls[need-1] != math.MaxInt64 {
+		a.expiry = pttls[need-1]
+	}
+	msg := fmt.Sprintf(" on %d of %d nodes", t.refused, n)
+	switch {
+	case a.split:
+		msg += ", but by no one owner on a quorum (contended)"
+	case a.expiry >= 0:
+		msg += fmt.Sprintf(" (free on a quorum in %v unless renewed)", a.expiry)
+	}
+	if t.failed > 0 {
+		a.err = fmt.Errorf("%w%s; %d failed: %w", backend.ErrHeld, msg, t.failed, d.causes(t, nil))
+	} else {
+		a.err = fmt.Errorf("%w%s", backend.ErrHeld, msg)
+	}
+	return a
+}
+
+// giveBack releases owner's lock on every node where an attempt may have set
+// it: those that granted it and those whose request failed after it may have
+// reached them. Like every fanout it ignores ctx's cancellation (a cancelled
+// caller must not leave a lock behind) and is bounded by the node timeout.
+func (d *Driver) giveBack(ctx context.Context, owner string, k *rediscore.Keys, t *tally, nodeTimeout time.Duration) {
+	var nodes []*node
+	for _, r := range t.replies {
+		if r.out == granted || r.out == failed && r.maybe {
+			nodes = append(nodes, r.node)
+		}
+	}
+	if len(nodes) == 0 {
+		return
+	}
+	d.fanout(ctx, nodes, nodeTimeout, func(ctx context.Context, n *node) reply {
+		if err := rediscore.Release.Run(ctx, n.client, []string{k.Lock}, owner, k.Channel).Err(); err != nil {
+			return failure(err)
+		}
+		return reply{out: granted}
+	}, nil).collect(nil)
+}
+
+// Refresh implements backend.Driver: it resets the lock's TTL to ttl on every
+// node where g's owner holds it, and raises each node's fencing counter to
+// g's token. It succeeds if a quorum extended the lock within the validity,
+// measured from the refresh's send time, and returns ttl (in whole
+// milliseconds) less the drift allowance. If enough nodes no longer hold the
+// lock for g's owner to make a quorum impossible, the error matches
+// backend.ErrNotHeld; if too few nodes answered, ErrNoQuorum.
+func (d *Driver) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duration) (time.Duration, error) {
+	if d.closed.Load() {
+		return 0, errClosed
+	}
+	ms, validity, nodeTimeout, err := d.ttlMillis(ttl)
+	if err != nil {
+		return 0, err
+	}
+	k := d.grantData(g).keys
+	token := strconv.FormatUint(g.Token, 10)
+	start := time.Now()
+	t := d.fanout(ctx, d.nodes, nodeTimeout, func(ctx context.Context, n *node) reply {
+		v, err := rediscore.Extend.Run(ctx, n.client, []string{k.Lock, k.Fence}, g.Owner, ms, token).Int64()
+		switch {
+		case err != nil:
+			return failure(fmt.Errorf("extend script: %w", err))
+		case v == 1:
+			return reply{out: granted}
+		}
+		return reply{out: refused}
+	}, nil).collect(func(t *tally) bool { return t.granted >= d.quorum })
+	elapsed := time.Since(start)
+	switch {
+	case t.granted >= d.quorum && elapsed < validity:
+		return validity, nil
+	case t.granted >= d.quorum:
+		return 0, fmt.Errorf("%w in time: the lock was extended on a quorum, but only after %v, past its validity of %v",
+			ErrNoQuorum, elapsed.Round(time.Microsecond), validity)
+	case t.refused >= len(d.nodes)-d.quorum+1:
+		return 0, fmt.Errorf("%w on %d of %d nodes: %w", backend.ErrNotHeld, t.refused, len(d.nodes), d.causes(t, errNodeNotHeld))
+	}
+	return 0, d.noQuorum("extended", t, errNodeNotHeld)
+}
+
+// Release implements backend.Driver: it deletes the lock on every node where
+// g's owner holds it, announces the release to waiters there, and raises each
+// node's fencing counter to g's token. It returns nil as soon as a quorum has
+// deleted the lock (the other nodes' requests go on; this driver's next
+// attempt on the key waits for them); an error matching backend.ErrNotHeld if
+// enough nodes no longer held it for g's owner to make a quorum impossible;
+// else one matching ErrNoQuorum. Nodes that fail keep the lock until its TTL
+// runs out.
+func (d *Driver) Release(ctx context.Context, g *backend.Grant) error {
+	if d.closed.Load() {
+		return errClosed
+	}
+	gd := d.grantData(g)
+	if gd.pending != nil {
+		gd.pending.Wait()
+	}
+	k := gd.keys
+	token := strconv.FormatUint(g.Token, 10)
+	// Return once a quorum has deleted the lock; until the other nodes have
+	// answered too, this driver's next attempt on the key waits for them.
+	finished := make(chan struct{})
+	d.releasing.Store(k.Lock, finished)
+	t := d.fanout(ctx, d.nodes, d.nodeTimeout, func(ctx context.Context, n *node) reply {
+		v, err := rediscore.Release.Run(ctx, n.client, []string{k.Lock, k.Fence}, g.Owner, k.Channel, token).Int64()
+		switch {
+		case err != nil:
+			return failure(fmt.Errorf("release script: %w", err))
+		case v == 1:
+			return reply{out: granted}
+		}
+		return reply{out: refused}
+	}, func() {
+		close(finished)
+		d.releasing.CompareAndDelete(k.Lock, finished)
+	}).collect(func(t *tally) bool { return t.granted >= d.quorum })
+	switch {
+	case t.granted >= d.quorum:
+		return nil
+	case t.refused >= len(d.nodes)-d.quorum+1:
+		return fmt.Errorf("%w on %d of %d nodes: %w", backend.ErrNotHeld, t.refused, len(d.nodes), d.causes(t, errNodeNotHeld))
+	}
+	return d.noQuorum("released", t, errNodeNotHeld)
+}
+
+// waiting is one waiting Acquire's subscriptions to a key's release channel,
+// one per node, sharing one wake channel.
+type waiting struct {
+	d     *Driver
+	wake  chan struct{} // buffered(1): some node announced a release
+	ready chan struct{} // buffered(N): one send per confirmed subscription
+	subs  []*rediscore.Waiter
+}
+
+func (d *Driver) subscribe(channel string) (*waiting, error) {
+	w := &waiting{d: d, wake: make(chan struct{}, 1), ready: make(chan struct{}, len(d.nodes))}
+	for _, n := range d.nodes {
+		s, err := n.mux.Subscribe(channel, w.wake, w.ready)
+		if err != nil {
+			w.leave(false)
+			return nil, err
+		}
+		w.subs = append(w.subs, s)
+	}
+	return w, nil
+}
+
+// confirmed waits until a quorum of the subscriptions is confirmed, or for
+// at most bound.
+func (w *waiting) confirmed(ctx context.Context, timer *time.Timer, bound time.Duration) error {
+	timer.Reset(bound)
+	for n := 0; n < w.d.quorum; n++ {
+		select {
+		case <-w.ready:
+		case <-timer.C:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-w.d.quit:
+			return errClosed
+		}
+	}
+	timer.Stop()
+	return nil
+}
+
+// leave unsubscribes from every node. w may be nil.
+func (w *waiting) leave(won bool) {
+	if w == nil {
+		return
+	}
+	for i, s := range w.subs {
+		w.d.nodes[i].mux.Unsubscribe(s, won)
+	}
+}

@@ -1,0 +1,574 @@
+// Package redlock is dlock's driver for Redlock: one lock held on a quorum of
+// N independent Redis masters, as the algorithm's authors specify it
+// (https://redis.io/docs/latest/develop/use/patterns/distributed-locks/).
+// Importing it registers the DSN schemes "redlock" and "redlocks" (TLS) with
+// dlock.Open:
+//
+//	import _ "github.com/dlock-go/dlock/redlock"
+//
+//	locker, err := dlock.Open(ctx, "redlock://h1:6379,h2:6379,h3:6379,h4:6379,h5:6379?ttl=10s")
+//
+// To use go-redis clients built in code (a different password or TLS
+// configuration per node, IPv6 literals), call [New] or [NewDriver].
+//
+// # The algorithm
+//
+// To acquire, the driver records the time, then sends the acquire script of
+// the single-Redis driver (SET NX PX with a random owner id, plus a fencing
+// counter) to all N nodes in parallel, each request bounded by a timeout much
+// shorter than the TTL ([Options.NodeTimeout]). The lock is granted only if a
+// quorum of N/2+1 nodes granted it and time is left: validity = TTL − elapsed
+// − drift > 0, where drift = TTL × factor + 2 ms ([Options.DriftFactor], 0.01
+// by default). The lease's deadline is the recorded start time plus TTL −
+// drift, so the time the requests took is never counted as held time. If the
+// quorum or the time is missing, the driver releases the lock on every node
+// that may hold it — those that granted it and those that did not answer. If
+// the caller waits, it tries again: after a random delay
+// ([Options.RetryDelay]) if the vote was split between contenders or nodes
+// failed, or, if one other owner holds the lock on a quorum, when that owner's
+// release is announced or its TTL runs out. A waiting Acquire gives up with
+// [ErrNoQuorum] after five rounds in a row in which fewer than a quorum of
+// nodes answered.
+//
+// A refresh extends the lock (an owner-checked PEXPIRE) on all nodes in
+// parallel and succeeds only if a quorum extended it within the validity,
+// measured from the refresh's own send time; otherwise the lease ends. A
+// release deletes the lock (owner-checked) on all nodes. Per-node errors are
+// collected (go-multierror) and named by host:port in the error: which nodes
+// failed, and why.
+//
+// Waiting is push-based: a waiter subscribes to the key's release channel on
+// every node, and any release message makes it try again; so do the holder's
+// TTL running out and, at the latest, a jittered poll ([Options.PollInterval]).
+// Waiters are not served in arrival order (FIFO is false).
+//
+// # What is guaranteed, and what is not
+//
+// Redlock's safety rests on timing assumptions: bounded network delay, bounded
+// process pauses, and bounded clock drift between the client and the nodes
+// (the drift allowance). The client's clock decides validity
+// (TimeAuthority client). When an assumption fails, two clients can hold the
+// lock at once, and this package's tests reproduce both of Martin Kleppmann's
+// scenarios to keep this documentation honest:
+//
+//   - A node forgets a lock early — its clock jumps forward, or it restarts
+//     without persistence — and a second client gets a quorum that includes
+//     it. Both believe they hold the lock until the first client's next
+//     refresh, which then fails (at most TTL/3 later with auto-renew).
+//   - The holder pauses (GC, VM, SIGSTOP) past its validity. Another client
+//     takes the lock; the first wakes and, having checked its lease before the
+//     pause, writes.
+//
+// The fencing token is the maximum, over the quorum that granted the lock, of
+// the per-node counters of the single-Redis driver, each floored at its node's
+// clock (TIME, in µs). Every refresh and release writes the token back into
+// the counter of each node it reaches, so a later quorum, which overlaps that
+// one, counts from above it. Capabilities report
+// [backend.FencingTimingDependent]: tokens increase across grants in a healthy
+// deployment, and they are never 0, but they can go backwards when
+//
+//   - a lease ends by expiry without ever having been refreshed (its holder
+//     crashed or paused: nothing wrote its token back), and a node in its
+//     quorum but not in the next one has a clock ahead of the next quorum's
+//     clocks by more than the time between the two grants — at least the
+//     TTL less the drift allowance; or
+//   - a node loses its counter — it restarts without persistence or from an
+//     older snapshot, or evicts keys under an allkeys-* maxmemory policy — and
+//     its clock is behind the newest token, and it is the only member of the
+//     next quorum that had seen that token; or
+//   - two clients hold the lock at once (the scenarios above): their tokens
+//     are then ordered by the nodes' clocks, not by the order of the grants.
+//
+// In Kleppmann's first scenario the second client's token is higher when the
+// clocks agree, so a resource that checks tokens (package fencing) rejects the
+// first client's writes once the second has written; with the first client's
+// quorum holding a node whose clock runs ahead, the second client's token can
+// be lower and it is the newer holder that is rejected. In the second scenario
+// the paused holder's token is lower and its late write is rejected, provided
+// the new holder wrote first. A strictly increasing token needs consensus: use
+// etcd, ZooKeeper or PostgreSQL where that matters.
+//
+// # Operating it
+//
+// The algorithm's authors require of the nodes:
+//
+//   - They are independent masters: no replication between them, not shards
+//     of one Redis Cluster (that is a single point of truth; the driver
+//     refuses a cluster-enabled node, a replica and a Sentinel), and not one
+//     server listed twice (refused by run_id).
+//   - A node must not forget locks on restart: run it with appendonly yes and
+//     appendfsync always, or keep a restarted node out of service for at least
+//     the longest TTL in use ("delayed restart").
+//   - Clocks run at about the same rate everywhere (the drift allowance covers
+//     1% by default); do not step them (ntpd slewing is fine, manual or large
+//     jumps are not).
+//   - Use N = 5 (or 3): the lock survives the loss of N − (N/2+1) nodes.
+//
+// # Key layout
+//
+// Each node holds the same names as the single-Redis driver's, under the
+// configured prefix (default "dlock:"): "<prefix>{<tag>}" the lock,
+// "<prefix>{<tag>}:fence" the fencing counter, "<prefix>{<tag>}:released" the
+// release channel, where the tag is the key with '%', '{' and '}'
+// percent-encoded.
+//
+// # DSN
+//
+//	redlock://[user:password@]host1[:port],host2[:port],...[/db][?param=value&...]
+//	redlocks://...   the same over TLS to every node
+//
+// The user and password apply to every node; the port defaults to 6379; an
+// IPv6 literal cannot appear in a list of hosts (use a host name, or
+// NewDriver). Parameters read by the driver: "drift" (the drift factor, default
+// 0.01), "node_timeout" (default 100ms), "retry_delay" (default 10ms), "poll"
+// (default 1s) and "prefix" (default "dlock:"). Parameters read by dlock for
+// every backend: "ttl" and "autorenew". Every other parameter goes to
+// go-redis's ParseURL for every node (dial_timeout, pool_size, …), which
+// rejects those it does not know. Errors never contain the password.
+package redlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/rediscore"
+)
+
+// Defaults for Options and the DSN parameters.
+const (
+	// DefaultPrefix is prepended to every Redis key and channel the driver
+	// uses, on every node. DSN parameter "prefix".
+	DefaultPrefix = "dlock:"
+
+	// DefaultDriftFactor is the share of the TTL the driver does not count
+	// on, for clock-rate differences between the client and the nodes; 2 ms
+	// are added for timer slack. DSN parameter "drift".
+	DefaultDriftFactor = 0.01
+
+	// DefaultNodeTimeout bounds each request to one node. DSN parameter
+	// "node_timeout".
+	DefaultNodeTimeout = 100 * time.Millisecond
+
+	// DefaultRetryDelay is the nominal delay before a waiting Acquire tries
+	// again after an attempt that failed without a clear holder (a split
+	// vote, a slow or failing node). DSN parameter "retry_delay".
+	DefaultRetryDelay = 10 * time.Millisecond
+
+	// DefaultPollInterval is the longest a waiting Acquire goes between two
+	// attempts when no release message arrives. DSN parameter "poll".
+	DefaultPollInterval = time.Second
+
+	// DefaultPort is the port of a DSN host given without one.
+	DefaultPort = "6379"
+)
+
+// Bounds of Options.DriftFactor.
+const (
+	minDriftFactor = 0.001
+	maxDriftFactor = 0.5
+)
+
+// failedRoundsLimit is how many attempts in a row a waiting Acquire makes
+// when a quorum cannot be reached for another reason than a holder (nodes
+// down, too slow), before it returns the error.
+const failedRoundsLimit = 5
+
+// checkTimeout bounds the check of one node (INFO) when the driver is built.
+const checkTimeout = 5 * time.Second
+
+// ErrNoQuorum is matched (errors.Is) by the error of an operation that could
+// not reach a quorum of N/2+1 nodes for another reason than a lock held by
+// another owner: nodes down, too slow, or refusing. The error lists every
+// node that failed, with its cause (see NodeError).
+var ErrNoQuorum = errors.New("no quorum")
+
+var errClosed = errors.New("redlock driver closed")
+
+func init() {
+	backend.Register("redlock", open)
+	backend.Register("redlocks", open)
+}
+
+// NodeError is one node's part of a failed operation: the node's address
+// (host:port, never a password) and what went wrong there. The errors of all
+// failed nodes are collected in a *multierror.Error inside the operation's
+// error; use errors.As to get at them.
+type NodeError struct {
+	Addr string
+	Err  error
+}
+
+// Error returns "host:port: cause".
+func (e *NodeError) Error() string { return e.Addr + ": " + e.Err.Error() }
+
+// Unwrap returns e.Err.
+func (e *NodeError) Unwrap() error { return e.Err }
+
+// Options configure a Driver. The zero value, or a nil *Options, gives the
+// defaults.
+type Options struct {
+	// Prefix is prepended to every Redis key and channel the driver uses. It
+	// must not contain '{' or '}'. Empty means DefaultPrefix ("dlock:"). DSN
+	// parameter "prefix".
+	Prefix string
+
+	// DriftFactor is the share of the TTL not counted on, for clock-rate
+	// differences: drift = TTL × DriftFactor + 2 ms, and a grant's validity is
+	// TTL − elapsed − drift. Zero means DefaultDriftFactor (0.01); otherwise
+	// it must be from 0.001 to 0.5. DSN parameter "drift".
+	DriftFactor float64
+
+	// NodeTimeout bounds each request to one node, so that a node that is
+	// down or slow costs a vote, not the lock's validity. Acquire and refresh
+	// use the smaller of NodeTimeout and a tenth of the TTL. Zero means
+	// DefaultNodeTimeout (100ms); negative is an error. DSN parameter
+	// "node_timeout".
+	NodeTimeout time.Duration
+
+	// RetryDelay is the nominal delay before a waiting Acquire tries again
+	// after an attempt that failed without a clear holder (no node had the
+	// lock for another owner on enough nodes to explain the failure: a split
+	// vote between contenders, or nodes down or slow). Each delay is drawn at
+	// random, doubling from [RetryDelay/2, RetryDelay] up to PollInterval, so
+	// contenders fall out of step. Zero means DefaultRetryDelay (10ms);
+	// negative is an error. DSN parameter "retry_delay".
+	RetryDelay time.Duration
+
+	// PollInterval is the longest a waiting Acquire goes between two attempts
+	// when no release message arrives (a lock that expires is not announced).
+	// Each wait is drawn from [PollInterval/2, PollInterval], and is cut short
+	// when enough holders' TTLs run out. Zero means DefaultPollInterval (1s);
+	// negative is an error. DSN parameter "poll".
+	PollInterval time.Duration
+}
+
+func (o *Options) withDefaults() (Options, error) {
+	var r Options
+	if o != nil {
+		r = *o
+	}
+	if r.Prefix == "" {
+		r.Prefix = DefaultPrefix
+	}
+	if err := rediscore.CheckPrefix(r.Prefix); err != nil {
+		return r, err
+	}
+	switch {
+	case r.DriftFactor == 0:
+		r.DriftFactor = DefaultDriftFactor
+	case r.DriftFactor < minDriftFactor || r.DriftFactor > maxDriftFactor:
+		return r, fmt.Errorf("drift factor must be from %g to %g, got %g", minDriftFactor, maxDriftFactor, r.DriftFactor)
+	}
+	for _, d := range []struct {
+		name string
+		v    *time.Duration
+		def  time.Duration
+	}{
+		{"node timeout", &r.NodeTimeout, DefaultNodeTimeout},
+		{"retry delay", &r.RetryDelay, DefaultRetryDelay},
+		{"poll interval", &r.PollInterval, DefaultPollInterval},
+	} {
+		switch {
+		case *d.v == 0:
+			*d.v = d.def
+		case *d.v < 0:
+			return r, fmt.Errorf("%s must be > 0, got %v", d.name, *d.v)
+		}
+	}
+	return r, nil
+}
+
+// Driver is the Redlock implementation of backend.Driver. Its methods are
+// safe for concurrent use. Most programs use it through dlock.Open or New;
+// build one with NewDriver to pass to dlock.New with your own options.
+type Driver struct {
+	nodes       []*node
+	quorum      int
+	prefix      string
+	driftFactor float64
+	nodeTimeout time.Duration
+	retryDelay  time.Duration
+	poll        time.Duration
+	owned       bool     // Close closes the clients
+	secret      *url.URL // the DSN, to keep its password out of errors; may be nil
+
+	closed    atomic.Bool
+	quit      chan struct{} // closed by Close
+	workers   *workers      // run the node requests
+	releasing sync.Map      // lock key → chan struct{}, closed once a release has reached every node
+}
+
+var (
+	_ backend.Driver = (*Driver)(nil)
+	_ backend.Named  = (*Driver)(nil)
+)
+
+// node is one Redis master.
+type node struct {
+	addr   string
+	client *goredis.Client
+	mux    *rediscore.Mux
+
+	checked atomic.Bool // passed check
+	mu      sync.Mutex
+	refused error // non-nil: check found the node unusable (permanent)
+}
+
+// NewDriver returns a driver that locks on the Redis servers behind clients,
+// one client per node. Each must reach an independent master: the driver
+// checks every node it can reach (ctx bounds the check) and refuses a Redis
+// Cluster node, a replica, a Sentinel, and one server reached through two
+// clients; a node it cannot reach yet is checked before its first use. A
+// quorum of nodes must answer. Each client must have ContextTimeoutEnabled
+// set, so that the node timeout bounds every request. opts may be nil for
+// the defaults.
+//
+// The caller keeps ownership of the clients: the driver's Close does not close
+// them. The driver opens one extra pub/sub connection per node when a call
+// first has to wait, and closes them on Close.
+func NewDriver(ctx context.Context, clients []*goredis.Client, opts *Options) (*Driver, error) {
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", dlock.ErrInvalidOption, err)
+	}
+	if len(clients) == 0 {
+		return nil, fmt.Errorf("%w: no Redis clients (Redlock needs N independent masters; 5 is usual)", dlock.ErrInvalidOption)
+	}
+	d := &Driver{
+		quorum:      len(clients)/2 + 1,
+		prefix:      o.Prefix,
+		driftFactor: o.DriftFactor,
+		nodeTimeout: o.NodeTimeout,
+		retryDelay:  o.RetryDelay,
+		poll:        o.PollInterval,
+		quit:        make(chan struct{}),
+		workers:     newWorkers(),
+	}
+	seen := map[string]bool{}
+	for i, c := range clients {
+		if c == nil {
+			return nil, fmt.Errorf("%w: client %d is nil", dlock.ErrInvalidOption, i)
+		}
+		addr := c.Options().Addr
+		if seen[addr] {
+			return nil, fmt.Errorf("%w: node %s is listed twice: the nodes must be independent servers", dlock.ErrInvalidOption, addr)
+		}
+		seen[addr] = true
+		if !c.Options().ContextTimeoutEnabled {
+			return nil, fmt.Errorf("%w: node %s: the client's ContextTimeoutEnabled is false; Redlock bounds every node request by its node timeout, which go-redis enforces only with ContextTimeoutEnabled",
+				dlock.ErrInvalidOption, addr)
+		}
+		d.nodes = append(d.nodes, &node{addr: addr, client: c, mux: rediscore.NewMux(c, errClosed)})
+	}
+	if err := d.checkAll(ctx); err != nil {
+		d.closeMuxes()
+		d.workers.stop()
+		return nil, err
+	}
+	return d, nil
+}
+
+// New returns a dlock.Locker over the Redis servers behind clients:
+// dlock.New(NewDriver(ctx, clients, opts), lockerOpts...). ctx bounds the
+// check of the nodes only. Closing the Locker does not close the clients.
+func New(ctx context.Context, clients []*goredis.Client, opts *Options, lockerOpts ...dlock.Option) (dlock.Locker, error) {
+	d, err := NewDriver(ctx, clients, opts)
+	if err != nil {
+		return nil, &dlock.Error{Op: "open", Backend: "redlock", Err: err}
+	}
+	l, err := dlock.New(d, lockerOpts...)
+	if err != nil {
+		_ = d.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// checkAll checks every node in parallel and fails if a node is unusable, if
+// two nodes are one server, or if fewer than a quorum answer.
+func (d *Driver) checkAll(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, checkTimeout)
+	defer cancel()
+	type result struct {
+		runID string
+		err   error
+	}
+	results := make([]result, len(d.nodes))
+	var wg sync.WaitGroup
+	for i, n := range d.nodes {
+		wg.Go(func() {
+			runID, err := n.check(ctx)
+			results[i] = result{runID, err}
+		})
+	}
+	wg.Wait()
+	var failed []error
+	owner := map[string]string{}
+	for i, r := range results {
+		n := d.nodes[i]
+		if r.err != nil {
+			if n.refusal() != nil {
+				return fmt.Errorf("%w: %w", dlock.ErrInvalidOption, &NodeError{Addr: n.addr, Err: d.redact(r.err)})
+			}
+			failed = append(failed, &NodeError{Addr: n.addr, Err: d.redact(r.err)})
+			continue
+		}
+		if other, dup := owner[r.runID]; dup {
+			return fmt.Errorf("%w: nodes %s and %s are the same Redis server (run_id %s): the nodes must be independent servers",
+				dlock.ErrInvalidOption, other, n.addr, r.runID)
+		}
+		owner[r.runID] = n.addr
+	}
+	if ok := len(d.nodes) - len(failed); ok < d.quorum {
+		return fmt.Errorf("%w: %d of %d nodes could be checked, %d needed: %w", ErrNoQuorum, ok, len(d.nodes), d.quorum, nodeErrors(failed))
+	}
+	return nil
+}
+
+// check runs INFO on the node, once it has passed: it returns the server's
+// run_id, or why the node cannot serve as a Redlock node (then remembered, and
+// returned by every later check).
+func (n *node) check(ctx context.Context) (runID string, err error) {
+	if err := n.refusal(); err != nil {
+		return "", err
+	}
+	info, err := n.client.Info(ctx).Result()
+	if err != nil {
+		return "", fmt.Errorf("INFO: %w", err)
+	}
+	fields := map[string]string{}
+	for _, line := range strings.Split(info, "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), ":"); ok {
+			fields[k] = v
+		}
+	}
+	var refuse error
+	switch {
+	case fields["redis_mode"] == "sentinel":
+		refuse = errors.New("is a Redis Sentinel, not a data node")
+	case fields["cluster_enabled"] == "1" || fields["redis_mode"] == "cluster":
+		refuse = errors.New("is a Redis Cluster node (cluster_enabled:1): Redlock needs N independent masters, and one Cluster is a single point of truth; use the redis driver for a Cluster")
+	case fields["role"] != "" && fields["role"] != "master":
+		refuse = fmt.Errorf("is a replica (role:%s), not an independent master", fields["role"])
+	}
+	if refuse != nil {
+		n.mu.Lock()
+		n.refused = refuse
+		n.mu.Unlock()
+		return "", refuse
+	}
+	n.checked.Store(true)
+	return fields["run_id"], nil
+}
+
+func (n *node) refusal() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.refused
+}
+
+// ready checks the node before its first use, if it could not be checked
+// when the driver was built.
+func (n *node) ready(ctx context.Context) error {
+	if n.checked.Load() {
+		return nil
+	}
+	_, err := n.check(ctx)
+	return err
+}
+
+// Name returns "redlock".
+func (d *Driver) Name() string { return "redlock" }
+
+// Prefix returns the prefix of the driver's keys.
+func (d *Driver) Prefix() string { return d.prefix }
+
+// Nodes returns the nodes' addresses (host:port), in the order given.
+func (d *Driver) Nodes() []string {
+	addrs := make([]string, len(d.nodes))
+	for i, n := range d.nodes {
+		addrs[i] = n.addr
+	}
+	return addrs
+}
+
+// Quorum returns N/2+1, the number of nodes that must agree.
+func (d *Driver) Quorum() int { return d.quorum }
+
+// Capabilities reports timing-dependent fencing, client-side time authority,
+// push-based waiting and fault tolerance (with N ≥ 3 nodes); no FIFO order and
+// no immediate loss notification. See the package doc for what each rests on.
+func (d *Driver) Capabilities() backend.Capabilities {
+	return backend.Capabilities{
+		Fencing:       backend.FencingTimingDependent,
+		FIFO:          false,
+		FaultTolerant: len(d.nodes) >= 3,
+		TimeAuthority: backend.TimeClient,
+		PushWait:      true,
+		LossNotify:    false,
+	}
+}
+
+// Close stops the driver's pub/sub connections and goroutines, waits for node
+// requests still in flight (each bounded by the node timeout), and closes the
+// clients if the driver was opened from a DSN (clients passed to NewDriver or
+// New stay open). Waiting Acquire calls return an error. A second Close returns
+// an error.
+func (d *Driver) Close() error {
+	if d.closed.Swap(true) {
+		return errClosed
+	}
+	close(d.quit)
+	d.closeMuxes()
+	d.workers.stop()
+	if !d.owned {
+		return nil
+	}
+	var errs []error
+	for _, n := range d.nodes {
+		if err := n.client.Close(); err != nil {
+			errs = append(errs, &NodeError{Addr: n.addr, Err: err})
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (d *Driver) closeMuxes() {
+	var wg sync.WaitGroup
+	for _, n := range d.nodes {
+		wg.Go(n.mux.Close)
+	}
+	wg.Wait()
+}
+
+// drift is the Redlock drift allowance for ttl: ttl × factor + 2 ms. With the
+// default factor it is backend.DriftAllowance(ttl).
+func (d *Driver) drift(ttl time.Duration) time.Duration {
+	if d.driftFactor == DefaultDriftFactor {
+		return backend.DriftAllowance(ttl)
+	}
+	return time.Duration(float64(ttl)*d.driftFactor) + 2*time.Millisecond
+}
+
+// ttlMillis converts ttl to the whole milliseconds sent as PX, and returns the
+// validity a grant or refresh of that TTL gets counted from its send time
+// (TTL − drift), and the timeout of each node request.
+func (d *Driver) ttlMillis(ttl time.Duration) (ms int64, validity, nodeTimeout time.Duration, err error) {
+	ms = ttl.Milliseconds()
+	validity = time.Duration(ms)*time.Millisecond - d.drift(ttl)
+	if validity <= 0 {
+		return 0, 0, 0, fmt.Errorf("%w: ttl %v is too short for Redlock (it must leave time after the drift allowance of %v)",
+			dlock.ErrInvalidOption, ttl, d.drift(ttl))
+	}
+	return ms, validity, max(min(d.nodeTimeout, ttl/10), time.Millisecond), nil
+}
