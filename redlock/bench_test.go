@@ -2,25 +2,18 @@ package redlock_test
 
 import (
 	"context"
-	"fmt"
-	"slices"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/go-redsync/redsync/v4"
-	redsyncredis "github.com/go-redsync/redsync/v4/redis"
-	redsyncgoredis "github.com/go-redsync/redsync/v4/redis/goredis/v9"
-	goredis "github.com/redis/go-redis/v9"
-
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/conformance"
 	"github.com/dlock-go/dlock/internal/testenv"
 	_ "github.com/dlock-go/dlock/redis" // the single-node baseline, through dlock.Open; test-only
 )
 
-// benchTTL is every implementation's TTL (redsync: expiry).
+// benchTTL is every implementation's TTL.
 const benchTTL = 10 * time.Second
 
 // locker is what the benchmarks compare: one client of one lock
@@ -46,33 +39,10 @@ func (d dlockLocker) lock(ctx context.Context, key string, wait bool) (func() er
 	return func() error { return lease.Release(ctx) }, nil
 }
 
-type redsyncLocker struct{ rs *redsync.Redsync }
-
-func (r redsyncLocker) lock(ctx context.Context, key string, wait bool) (func() error, error) {
-	// Enough tries that a contended Lock does not give up (the default is 32,
-	// 50–250ms apart).
-	m := r.rs.NewMutex(key, redsync.WithExpiry(benchTTL), redsync.WithTries(1_000_000))
-	var err error
-	if wait {
-		err = m.LockContext(ctx)
-	} else {
-		err = m.TryLockContext(ctx)
-	}
-	if err != nil {
-		return nil, err
-	}
-	return func() error {
-		ok, err := m.UnlockContext(ctx)
-		if err == nil && !ok {
-			err = fmt.Errorf("redsync: unlock of %q failed", key)
-		}
-		return err
-	}, nil
-}
-
 // BenchmarkRedlock compares, on this machine, dlock's Redlock over 5
 // redis-server processes with dlock's single-node Redis driver (one more
-// redis-server) and with redsync over the same 5 servers (5 pools):
+// redis-server). Peer libraries (redsync with 5 pools) are compared in the
+// separate benchmark module, so that users of dlock never download them:
 //
 //   - AcquireRelease/IMPL: uncontended TryAcquire + Release, one client.
 //   - Parallel8/IMPL: 8 goroutines of one client, each on its own key;
@@ -101,19 +71,11 @@ func BenchmarkRedlock(b *testing.B) {
 			return dlockLocker{l}
 		case "redlock5":
 			return dlockLocker{c.open(b, "", dlock.WithTTL(benchTTL))}
-		case "redsync5":
-			var pools []redsyncredis.Pool
-			for _, n := range c.nodes {
-				cl := goredis.NewClient(&goredis.Options{Addr: n.Addr()})
-				b.Cleanup(func() { _ = cl.Close() })
-				pools = append(pools, redsyncgoredis.NewPool(cl))
-			}
-			return redsyncLocker{redsync.New(pools...)}
 		}
 		b.Fatalf("unknown implementation %q", name)
 		return nil
 	}
-	impls := []string{"redis1", "redlock5", "redsync5"}
+	impls := []string{"redis1", "redlock5"}
 
 	for _, name := range impls {
 		b.Run("AcquireRelease/"+name, func(b *testing.B) {
@@ -186,74 +148,13 @@ func BenchmarkRedlock(b *testing.B) {
 		for i, name := range impls {
 			b.ReportMetric(float64(took[i].Microseconds())/n, name+"-µs")
 		}
-		// Latency relative to the single node (target ≤ 1.5), and
-		// throughput relative to redsync (target ≥ 1).
+		// Latency relative to the single node (target ≤ 1.5).
 		b.ReportMetric(float64(took[1])/float64(took[0]), "redlock/redis1-latency")
-		b.ReportMetric(float64(took[2])/float64(took[1]), "redlock/redsync-ops")
 	})
 }
 
 func benchHandoff(b *testing.B, lockers []locker, key string) {
-	ctx := context.Background()
-	var (
-		remaining   atomic.Int64
-		inside      atomic.Int32
-		mu          sync.Mutex
-		lastHolder  = -1
-		lastRelease time.Time
-		handoffs    []time.Duration // release → grant to another client
-		waits       []time.Duration // one lock call
-		changed     int
-		grants      int
-	)
-	remaining.Store(int64(b.N))
-	b.ResetTimer()
-	var wg sync.WaitGroup
-	for i, l := range lockers {
-		wg.Go(func() {
-			for remaining.Add(-1) >= 0 {
-				start := time.Now()
-				unlock, err := l.lock(ctx, key, true)
-				if err != nil {
-					b.Error(err)
-					return
-				}
-				got := time.Now()
-				if inside.Add(1) != 1 {
-					b.Error("two holders at once")
-				}
-				mu.Lock()
-				grants++
-				waits = append(waits, got.Sub(start))
-				if lastHolder >= 0 && lastHolder != i {
-					changed++
-					handoffs = append(handoffs, got.Sub(lastRelease))
-				}
-				lastHolder = i
-				inside.Add(-1)
-				lastRelease = time.Now()
-				mu.Unlock()
-				if err := unlock(); err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	b.StopTimer()
-	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
-	if grants > 1 {
-		b.ReportMetric(100*float64(changed)/float64(grants-1), "changed-hands-%")
-	}
-	if len(handoffs) > 0 {
-		slices.Sort(handoffs)
-		b.ReportMetric(float64(handoffs[len(handoffs)/2].Microseconds()), "handoff-p50-µs")
-		b.ReportMetric(float64(handoffs[(len(handoffs)-1)*99/100].Microseconds()), "handoff-p99-µs")
-	}
-	if len(waits) > 0 {
-		slices.Sort(waits)
-		b.ReportMetric(float64(waits[(len(waits)-1)*99/100].Microseconds())/1000, "wait-p99-ms")
-		b.ReportMetric(float64(waits[len(waits)-1].Microseconds())/1000, "wait-max-ms")
-	}
+	conformance.MeasureHandoff(b, len(lockers), func(ctx context.Context, i int) (func() error, error) {
+		return lockers[i].lock(ctx, key, true)
+	})
 }
