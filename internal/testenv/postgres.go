@@ -278,8 +278,12 @@ func (p *Postgres) Pause() {
 	}
 	post := p.PID()
 	_ = syscall.Kill(post, syscall.SIGSTOP)
-	for _, k := range childPIDs(post) {
+	kids := childPIDs(post)
+	for _, k := range kids {
 		_ = syscall.Kill(k, syscall.SIGSTOP)
+	}
+	for _, pid := range append([]int{post}, kids...) {
+		waitStopped(p.t, pid)
 	}
 }
 

@@ -362,6 +362,44 @@ func (p *Process) kill() {
 func (p *Process) Pause() {
 	if !p.signal(syscall.SIGSTOP) {
 		p.t.Errorf("testenv: Pause: %s is not running", p.cfg.Name)
+		return
+	}
+	waitStopped(p.t, p.PID())
+}
+
+// waitStopped returns once every thread of process pid is in the stopped
+// state. kill(2) only queues SIGSTOP: on a busy machine a multi-threaded
+// server (a JVM, etcd) can still answer a request after it returns, which
+// would make a test that pauses a server and then sends it a request see the
+// request served. It reads /proc; where that is missing it returns at once.
+func waitStopped(t testing.TB, pid int) {
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		if err != nil {
+			return // no /proc, or the process is gone
+		}
+		running := 0
+		for _, task := range tasks {
+			stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+			if err != nil {
+				continue // the thread exited
+			}
+			// The state follows the ")" that closes the command name.
+			if i := bytes.LastIndexByte(stat, ')'); i >= 0 && i+2 < len(stat) {
+				if st := stat[i+2]; st != 'T' && st != 't' && st != 'Z' && st != 'X' {
+					running++
+				}
+			}
+		}
+		if running == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("testenv: process %d: %d threads not stopped 5s after SIGSTOP", pid, running)
+			return
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
