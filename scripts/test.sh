@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs every check and test dlock has: formatting, go vet, staticcheck, a
-# go.mod tidiness check, and `go test -race` over the whole module against real
+# Runs every check and test dlock has: formatting, go vet (also of the separate
+# peer-benchmark module bench/), staticcheck, a go.mod tidiness check, and
+# `go test -race` over the whole module against real
 # servers (started by the tests themselves on free loopback ports; install them
 # first with scripts/install-test-deps.sh).
 #
@@ -26,6 +27,7 @@ go mod tidy -diff
 
 step "go vet"
 go vet ./...
+(cd bench && go vet ./...)   # the peer-benchmark module (its own go.mod)
 
 step "staticcheck $STATICCHECK_VERSION"
 go run "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION" ./...
