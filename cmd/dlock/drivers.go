@@ -1,0 +1,10 @@
+package main
+
+// Every driver registers its DSN schemes when imported.
+import (
+	_ "github.com/dlock-go/dlock/etcd"
+	_ "github.com/dlock-go/dlock/postgres"
+	_ "github.com/dlock-go/dlock/redis"
+	_ "github.com/dlock-go/dlock/redlock"
+	_ "github.com/dlock-go/dlock/zookeeper"
+)

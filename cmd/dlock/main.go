@@ -1,0 +1,344 @@
+// Command dlock runs a command under a distributed lock, checks that a
+// deployment is fit for locking, and compares backends.
+//
+// Install it with
+//
+//	go install github.com/dlock-go/dlock/cmd/dlock@latest
+//
+// Every subcommand takes the backend as a DSN, with --dsn or in the
+// environment variable DLOCK_DSN. Every scheme of dlock's drivers works:
+// redis, rediss, redlock, redlocks, etcd, etcds, zk, postgres, postgresql,
+// and mem (in-process, for trying things out). Passwords in DSNs are never
+// printed. Messages go to standard error, prefixed "dlock: ", and so do the
+// drivers' warnings (such as the Redis driver's about a server configured to
+// evict keys); -v shows the drivers' notes too. `dlock help COMMAND` shows a
+// command's flags and exit statuses.
+//
+// # dlock run
+//
+//	dlock run [--dsn DSN] [--ttl 30s] [--wait 1m | --no-wait] [--grace 10s] [-v] KEY -- COMMAND [ARG...]
+//
+// Like flock(1) or `etcdctl lock`, but distributed and fenced: dlock waits for
+// the lock KEY, starts COMMAND with the lease's fencing token in $DLOCK_TOKEN
+// and the key in $DLOCK_KEY, renews the lease while COMMAND runs, and releases
+// it when COMMAND exits. COMMAND should pass $DLOCK_TOKEN with every write to
+// the resource the lock protects, and the resource should reject tokens lower
+// than the highest it has seen: that is what keeps out a holder that lost its
+// lock without knowing (a pause, a partition).
+//
+// COMMAND runs in a process group of its own. dlock forwards SIGINT, SIGTERM,
+// SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to that group. When dlock runs in the
+// foreground of a terminal, it hands the terminal to COMMAND's group, so
+// COMMAND can read from it and Ctrl-C reaches COMMAND directly; dlock takes the
+// terminal back when COMMAND exits. Job control (Ctrl-Z) is not supported.
+// dlock releases the lock when COMMAND exits, even if COMMAND left processes
+// running in the background.
+//
+// If the lease is lost while COMMAND runs — a renewal failed, or the backend
+// dropped the lock — dlock sends SIGTERM to COMMAND's process group, SIGKILL
+// to whatever is left of the group after the grace period (--grace), and
+// exits with status 76. On Linux, COMMAND also gets SIGKILL if dlock itself
+// dies, since nothing renews the lease then.
+//
+// Exit statuses of dlock run:
+//
+//	N      COMMAND's own exit status N
+//	128+N  COMMAND was killed by signal N; or dlock got signal N while waiting for the lock
+//	64     usage error: a bad flag, DSN, key or TTL (EX_USAGE)
+//	69     backend unavailable: dlock could not connect, or could not take the
+//	       lock for a reason other than its being held (EX_UNAVAILABLE)
+//	75     lock held by another owner: with --no-wait, or --wait ran out (EX_TEMPFAIL)
+//	76     the lease was lost while COMMAND ran: COMMAND was stopped, and may not
+//	       have run alone
+//	126    COMMAND could not be started
+//	127    COMMAND was not found
+//
+// # dlock check
+//
+//	dlock check [--dsn DSN] [--run REGEXP] [--timeout 10m] [-v]
+//
+// Runs dlock's conformance suite (package conformance) against a live
+// deployment, and prints the driver's capabilities, its notes on the
+// deployment, and a pass/fail table: is this Redis, etcd, ZooKeeper or
+// PostgreSQL setup fit for locking? The suite runs in a child process of
+// dlock, under package testing, as go test would run it.
+//
+// The suite takes locks on keys of its own ("conformance/..."), and on Redis
+// and Redlock it uses a key prefix of its own ("<prefix>check-<run id>:").
+// Afterwards dlock deletes what the backend keeps where it can (on Redis, the
+// fence counters under that prefix) and says what remains otherwise (fence
+// counters on Redlock's nodes and in PostgreSQL's fence table; nothing on
+// etcd or ZooKeeper). The tests that need the server to forget a holder
+// behind its back run on Redis, where dlock deletes the check's own lock key;
+// elsewhere that takes administrative access (revoking a lease, expiring a
+// session), so those tests are reported as skipped. Exit status: 0 if no test
+// failed, 1 if one did, 64 on a usage error, 69 if the backend cannot be
+// reached.
+//
+// # dlock bench
+//
+//	dlock bench --dsn A [--dsn B ...] [--clients 8] [--duration 10s] [--out report.html]
+//
+// Measures each backend in turn, for --duration: the latency of an
+// uncontended acquire (p50/p99); then the grants per second when --clients
+// clients contend for one key, and the hand-off latency from a release to the
+// next holder's grant (p50/p99). It shows progress on standard error and
+// prints a table; --out also writes a chart comparing the backends, as a
+// self-contained HTML page (.html) or an SVG image (.svg). Exit status: 0, 1
+// if a measurement failed, 64 on a usage error, 69 if a backend cannot be
+// reached.
+//
+// # Examples
+//
+//	export DLOCK_DSN=redis://127.0.0.1:6379/0
+//	dlock run nightly-report -- ./report.sh --full
+//	dlock run --no-wait --ttl 10s backup -- sh -c 'pg_dump app > /backup/app.sql'
+//	dlock check --dsn 'etcd://10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379/locks'
+//	dlock bench --dsn redis://127.0.0.1:6379/0 --dsn etcd://127.0.0.1:2379 --out report.html
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"runtime/debug"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
+)
+
+// Exit statuses. See the package documentation.
+const (
+	exitOK          = 0
+	exitFailure     = 1   // check: a test failed; bench: a measurement failed
+	exitUsage       = 64  // EX_USAGE
+	exitUnavailable = 69  // EX_UNAVAILABLE
+	exitBusy        = 75  // EX_TEMPFAIL: lock held (--no-wait) or --wait ran out
+	exitLost        = 76  // lease lost while the command ran
+	exitCannotRun   = 126 // the command could not be started
+	exitNotFound    = 127 // the command was not found
+	exitSignal      = 128 // + the signal's number
+)
+
+const usageText = `dlock runs commands under distributed locks with fencing tokens,
+checks that a deployment is fit for locking, and compares backends.
+
+Usage:
+  dlock run [flags] KEY -- COMMAND [ARG...]   run COMMAND while holding the lock KEY
+  dlock check [flags]                         run the conformance suite against a deployment
+  dlock bench [flags]                         compare backends: latency, throughput, hand-off
+  dlock help [COMMAND]                        show a command's flags and exit statuses
+  dlock version                               print dlock's version
+
+The backend is a DSN, given with --dsn or in $DLOCK_DSN:
+  redis://[user:password@]host:6379/0?ttl=15s    rediss:// for TLS
+  redlock://host1:6379,host2:6379,host3:6379      a quorum of independent Redis masters
+  etcd://host1:2379,host2:2379/locks              etcds:// for TLS
+  zk://host1:2181,host2:2181/dlock                ZooKeeper
+  postgres://user:password@host:5432/db           PostgreSQL advisory locks
+  mem://NAME                                      in-process, for trying things out
+Passwords in DSNs are never printed.
+
+Examples:
+  export DLOCK_DSN=redis://127.0.0.1:6379/0
+  dlock run nightly-report -- ./report.sh --full
+  dlock run --no-wait backup -- sh -c 'pg_dump app > /backup/app.sql'
+  dlock check --dsn 'etcd://10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379/locks'
+  dlock bench --dsn redis://127.0.0.1:6379/0 --dsn etcd://127.0.0.1:2379 --out report.html
+`
+
+func main() {
+	// go-redis logs connection errors on its own; dlock reports them itself.
+	goredis.SetLogger(quietLogger{})
+	slog.SetDefault(slog.New(newLineHandler(os.Stderr, &logLevel)))
+	os.Exit(dispatch(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// quietLogger discards go-redis's log.
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}
+
+// dispatch runs the subcommand named by args[0] and returns the exit status.
+func dispatch(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usageText)
+		return exitUsage
+	}
+	switch cmd, rest := args[0], args[1:]; cmd {
+	case "run":
+		return runMain(rest, stdout, stderr)
+	case "check":
+		return checkMain(rest, stdout, stderr)
+	case "bench":
+		return benchMain(rest, stdout, stderr)
+	case checkSuiteCommand:
+		return checkSuiteMain(rest)
+	case "help", "-h", "-help", "--help":
+		return helpMain(rest, stdout, stderr)
+	case "version", "--version":
+		fmt.Fprintln(stdout, "dlock", version())
+		return exitOK
+	default:
+		if strings.HasPrefix(cmd, "-") {
+			fmt.Fprintf(stderr, "dlock: flag %s before the command: flags go after it, as in dlock run --dsn DSN KEY -- COMMAND (see dlock help)\n", cmd)
+			return exitUsage
+		}
+		fmt.Fprintf(stderr, "dlock: unknown command %q: want run, check or bench (see dlock help)\n", cmd)
+		return exitUsage
+	}
+}
+
+func helpMain(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stdout, usageText)
+		return exitOK
+	}
+	switch args[0] {
+	case "run":
+		fmt.Fprint(stdout, runUsage)
+	case "check":
+		fmt.Fprint(stdout, checkUsage)
+	case "bench":
+		fmt.Fprint(stdout, benchUsage)
+	default:
+		fmt.Fprintf(stderr, "dlock: no help for %q: want run, check or bench\n", args[0])
+		return exitUsage
+	}
+	return exitOK
+}
+
+// version is the module version dlock was built from ("(devel)" in a
+// working tree).
+func version() string {
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" {
+		return bi.Main.Version
+	}
+	return "(devel)"
+}
+
+// newFlagSet returns a flag set for a subcommand that reports errors to the
+// caller instead of printing them.
+func newFlagSet(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	return fs
+}
+
+// parseFlags parses args into fs. On --help it prints usage to stdout; on an
+// error it says what is wrong and where to look. ok is false when the caller
+// should return code.
+func parseFlags(fs *flag.FlagSet, args []string, usage string, stdout, stderr io.Writer) (code int, ok bool) {
+	err := fs.Parse(args)
+	switch {
+	case err == nil:
+		return 0, true
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Fprint(stdout, usage)
+		return exitOK, false
+	default:
+		return usageError(stderr, fs.Name(), "%v", err), false
+	}
+}
+
+// usageError prints a usage error for subcommand cmd and returns exitUsage.
+func usageError(stderr io.Writer, cmd, format string, args ...any) int {
+	fmt.Fprintf(stderr, "dlock %s: %s\nRun 'dlock help %s' for usage.\n", cmd, fmt.Sprintf(format, args...), cmd)
+	return exitUsage
+}
+
+// stringsFlag is a flag that may be repeated.
+type stringsFlag []string
+
+func (s *stringsFlag) String() string     { return strings.Join(*s, ",") }
+func (s *stringsFlag) Set(v string) error { *s = append(*s, v); return nil }
+
+// resolveDSN returns the DSN given with --dsn, or else $DLOCK_DSN, parsed
+// and checked against the registered schemes. Its errors never contain the
+// DSN.
+func resolveDSN(flagValue string) (string, error) {
+	dsn := flagValue
+	if dsn == "" {
+		dsn = os.Getenv("DLOCK_DSN")
+	}
+	if dsn == "" {
+		return "", errors.New("no backend: pass --dsn DSN or set $DLOCK_DSN (e.g. redis://127.0.0.1:6379/0)")
+	}
+	if err := checkDSN(dsn); err != nil {
+		return "", err
+	}
+	return dsn, nil
+}
+
+// checkDSN parses dsn and checks that a driver is registered for its scheme.
+// Its errors never contain the DSN.
+func checkDSN(dsn string) error {
+	u, err := backend.ParseDSN(dsn)
+	if err != nil {
+		return err
+	}
+	if _, ok := backend.Lookup(u.Scheme); !ok {
+		return fmt.Errorf("unknown DSN scheme %q: want one of %s", u.Scheme, strings.Join(backend.Schemes(), ", "))
+	}
+	return nil
+}
+
+// redactDSN returns dsn with its password replaced by "xxxxx", for printing.
+func redactDSN(dsn string) string {
+	u, err := backend.ParseDSN(dsn)
+	if err != nil {
+		return "(malformed DSN)"
+	}
+	return backend.Redact(u)
+}
+
+// openTimeout bounds opening a backend (connecting, checking the server).
+const openTimeout = 30 * time.Second
+
+// openLocker opens dsn, bounded by ctx and by openTimeout.
+func openLocker(ctx context.Context, dsn string, opts ...dlock.Option) (dlock.Locker, error) {
+	ctx, cancel := context.WithTimeout(ctx, openTimeout)
+	defer cancel()
+	return dlock.Open(ctx, dsn, opts...)
+}
+
+// exitFor returns the exit status for an error from dlock.Open or from an
+// acquire that was not about the lock being held: a usage error if the input
+// was bad, else the backend is unavailable.
+func exitFor(err error) int {
+	if errors.Is(err, dlock.ErrInvalidOption) || errors.Is(err, dlock.ErrInvalidKey) || errors.Is(err, dlock.ErrUnknownScheme) {
+		return exitUsage
+	}
+	return exitUnavailable
+}
+
+// errText returns err's message without dlock's "dlock: " prefix, for
+// messages that have their own.
+func errText(err error) string {
+	return strings.TrimPrefix(err.Error(), "dlock: ")
+}
+
+// writeTable prints rows in columns two spaces apart, without trailing
+// blanks.
+func writeTable(w io.Writer, rows [][]string) {
+	var b bytes.Buffer
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	for _, r := range rows {
+		fmt.Fprintln(tw, strings.Join(r, "\t"))
+	}
+	_ = tw.Flush()
+	for line := range strings.Lines(b.String()) {
+		fmt.Fprintln(w, strings.TrimRight(line, " \n"))
+	}
+}

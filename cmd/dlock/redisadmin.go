@@ -1,0 +1,131 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"strings"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/redis"
+)
+
+// redisAdmin is a plain go-redis client on the server of a redis:// or
+// rediss:// DSN, for what the driver does not do: deleting the keys a check
+// or a benchmark leaves behind (fence counters have no TTL), and making the
+// server forget a holder in check.
+type redisAdmin struct {
+	client *goredis.Client
+	prefix string // the driver's key prefix
+}
+
+// isRedis reports whether u is a DSN of the single-Redis driver.
+func isRedis(u *url.URL) bool { return u.Scheme == "redis" || u.Scheme == "rediss" }
+
+// redisPrefix returns the key prefix a redis:// or redlock:// DSN sets.
+func redisPrefix(u *url.URL) string {
+	if p := u.Query().Get("prefix"); p != "" {
+		return p
+	}
+	return redis.DefaultPrefix
+}
+
+// newRedisAdmin connects to the server of a redis:// or rediss:// DSN. Its
+// errors never contain the password.
+func newRedisAdmin(dsn string) (*redisAdmin, error) {
+	u, err := backend.ParseDSN(dsn)
+	if err != nil {
+		return nil, err
+	}
+	prefix := redisPrefix(u)
+	q := u.Query()
+	// The parameters of dlock and of the driver are not go-redis's; nor are
+	// those a newer driver may add, which go-redis names in its error.
+	for _, p := range []string{"ttl", "autorenew", "prefix", "poll", "min_replicas", "wait_timeout", "checks"} {
+		q.Del(p)
+	}
+	for {
+		cu := *u
+		cu.RawQuery = q.Encode()
+		opt, err := goredis.ParseURL(cu.String())
+		if err == nil {
+			return &redisAdmin{client: goredis.NewClient(opt), prefix: prefix}, nil
+		}
+		names, ok := strings.CutPrefix(err.Error(), "redis: unexpected option: ")
+		if !ok || !q.Has(strings.Split(names, ", ")[0]) {
+			return nil, backend.RedactError(err, u)
+		}
+		for _, name := range strings.Split(names, ", ") {
+			q.Del(name)
+		}
+	}
+}
+
+func (a *redisAdmin) Close() error { return a.client.Close() }
+
+// forget deletes the lock on key, as the server does when it expires.
+func (a *redisAdmin) forget(ctx context.Context, key string) error {
+	k := redis.LockKey(a.prefix, key)
+	n, err := a.client.Del(ctx, k).Result()
+	if err != nil {
+		return fmt.Errorf("DEL %s: %w", k, err)
+	}
+	if n != 1 {
+		return fmt.Errorf("the lock key %s did not exist", k)
+	}
+	return nil
+}
+
+// deleteFences deletes the fence counters of keys.
+func (a *redisAdmin) deleteFences(ctx context.Context, keys ...string) error {
+	names := make([]string, len(keys))
+	for i, k := range keys {
+		names[i] = redis.FenceKey(a.prefix, k)
+	}
+	return a.client.Del(ctx, names...).Err()
+}
+
+// deletePrefix deletes every key that starts with the admin's prefix, and
+// returns how many it deleted.
+func (a *redisAdmin) deletePrefix(ctx context.Context) (int, error) {
+	pattern := globEscape(a.prefix) + "*"
+	n := 0
+	iter := a.client.Scan(ctx, 0, pattern, 1000).Iterator()
+	var batch []string
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		d, err := a.client.Del(ctx, batch...).Result()
+		n += int(d)
+		batch = batch[:0]
+		return err
+	}
+	for iter.Next(ctx) {
+		batch = append(batch, iter.Val())
+		if len(batch) == 500 {
+			if err := flush(); err != nil {
+				return n, err
+			}
+		}
+	}
+	if err := iter.Err(); err != nil {
+		return n, err
+	}
+	return n, flush()
+}
+
+// globEscape escapes the characters that SCAN's MATCH pattern gives a
+// meaning.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\^`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}

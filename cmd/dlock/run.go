@@ -1,0 +1,433 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/dlock-go/dlock"
+)
+
+const runUsage = `Usage: dlock run [flags] KEY -- COMMAND [ARG...]
+
+Runs COMMAND while holding the lock KEY: like flock(1) or 'etcdctl lock', but
+distributed and fenced. dlock waits for the lock, starts COMMAND with the
+lease's fencing token in $DLOCK_TOKEN and the key in $DLOCK_KEY, renews the
+lease while COMMAND runs, and releases it when COMMAND exits (even if COMMAND
+left processes running in the background).
+
+Pass $DLOCK_TOKEN with every write to the resource the lock protects, and have
+the resource reject tokens lower than the highest it has seen: a lock can be
+lost without its holder knowing (a pause, a partition), and the token is what
+keeps such a holder out.
+
+If the lease is lost while COMMAND runs, dlock sends SIGTERM to COMMAND's
+process group, SIGKILL to what is left of it after --grace, and exits 76.
+
+COMMAND runs in a process group of its own; dlock forwards SIGINT, SIGTERM,
+SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to that group. In the foreground of a
+terminal, COMMAND gets the terminal (Ctrl-C reaches it directly). On Linux,
+COMMAND gets SIGKILL if dlock itself dies.
+
+Flags:
+  --dsn DSN      the backend (default $DLOCK_DSN), e.g. redis://127.0.0.1:6379/0
+  --ttl D        how long the backend keeps the lock if dlock dies without
+                 releasing it (default: the DSN's ttl parameter, else 15s);
+                 dlock renews the lease every TTL/3 while COMMAND runs
+  --wait D       give up after waiting D for the lock (default: wait as long
+                 as it takes)
+  --no-wait      give up at once if the lock is held
+  --grace D      after the lease is lost, the time from SIGTERM to SIGKILL
+                 (default 10s; 0 sends SIGKILL at once)
+  -v, --verbose  report the token, acquire and release, and the driver's
+                 notes, on standard error
+
+Exit status:
+  COMMAND's own status, or 128+N if COMMAND was killed by signal N
+  64    usage error: a bad flag, DSN, key or TTL
+  69    backend unavailable: could not connect, or could not take the lock for
+        a reason other than its being held
+  75    lock held by another owner: with --no-wait, or --wait ran out
+  76    the lease was lost while COMMAND ran: COMMAND was stopped, and may not
+        have run alone
+  126   COMMAND could not be started
+  127   COMMAND was not found
+  128+N dlock got signal N while waiting for the lock
+
+Examples:
+  export DLOCK_DSN=redis://127.0.0.1:6379/0
+  dlock run nightly-report -- ./report.sh --full
+  dlock run --no-wait backup -- sh -c 'pg_dump app > /backup/app.sql'
+  dlock run --wait 5m --ttl 1m migrate -- ./migrate up
+  dlock run --dsn etcd://10.0.0.1:2379/locks deploy -- sh -c 'deploy --fence "$DLOCK_TOKEN"'
+`
+
+// defaultGrace is the default of --grace.
+const defaultGrace = 10 * time.Second
+
+// releaseTimeout bounds the release after COMMAND exits.
+const releaseTimeout = 10 * time.Second
+
+// runOptions are the parsed arguments of dlock run.
+type runOptions struct {
+	dsn     string
+	key     string
+	command []string
+	lockOpt []dlock.Option // --ttl
+	wait    time.Duration  // 0: as long as it takes
+	noWait  bool
+	grace   time.Duration
+	verbose bool
+}
+
+func runMain(args []string, stdout, stderr io.Writer) int {
+	o, code, ok := parseRunArgs(args, stdout, stderr)
+	if !ok {
+		return code
+	}
+	if o.verbose {
+		logLevel.Set(slog.LevelInfo)
+	}
+	return o.run(stderr)
+}
+
+// parseRunArgs parses dlock run's arguments. ok is false when the caller
+// should exit with code.
+func parseRunArgs(args []string, stdout, stderr io.Writer) (o runOptions, code int, ok bool) {
+	fs := newFlagSet("run")
+	dsn := fs.String("dsn", "", "")
+	ttl := fs.Duration("ttl", 0, "")
+	fs.DurationVar(&o.wait, "wait", 0, "")
+	fs.BoolVar(&o.noWait, "no-wait", false, "")
+	fs.DurationVar(&o.grace, "grace", defaultGrace, "")
+	fs.BoolVar(&o.verbose, "v", false, "")
+	fs.BoolVar(&o.verbose, "verbose", false, "")
+	if code, ok := parseFlags(fs, args, runUsage, stdout, stderr); !ok {
+		return o, code, false
+	}
+	rest := fs.Args()
+	if len(rest) == 0 {
+		return o, usageError(stderr, "run", "missing KEY and COMMAND: dlock run [flags] KEY -- COMMAND [ARG...]"), false
+	}
+	o.key, rest = rest[0], rest[1:]
+	// Flags may also come between KEY and "--".
+	if i := slices.Index(rest, "--"); i >= 0 {
+		if err := fs.Parse(rest[:i]); err != nil {
+			return o, usageError(stderr, "run", "%v", err), false
+		}
+		if extra := fs.Args(); len(extra) > 0 {
+			return o, usageError(stderr, "run", "unexpected argument %q between KEY and --: COMMAND goes after --", extra[0]), false
+		}
+		rest = rest[i+1:]
+	}
+	o.command = rest
+	if len(o.command) == 0 {
+		return o, usageError(stderr, "run", "missing COMMAND: dlock run [flags] KEY -- COMMAND [ARG...]"), false
+	}
+
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	switch {
+	case o.noWait && set["wait"]:
+		return o, usageError(stderr, "run", "--wait and --no-wait exclude each other"), false
+	case set["wait"] && o.wait <= 0:
+		return o, usageError(stderr, "run", "--wait must be a positive duration such as 30s (use --no-wait not to wait)"), false
+	case set["ttl"] && *ttl <= 0:
+		return o, usageError(stderr, "run", "--ttl must be a positive duration such as 30s"), false
+	case o.grace < 0:
+		return o, usageError(stderr, "run", "--grace must not be negative"), false
+	}
+	if set["ttl"] {
+		o.lockOpt = append(o.lockOpt, dlock.WithTTL(*ttl))
+	}
+	var err error
+	if o.dsn, err = resolveDSN(*dsn); err != nil {
+		return o, usageError(stderr, "run", "%v", err), false
+	}
+	return o, 0, true
+}
+
+// signalError is the cause of a context cancelled because dlock got a signal.
+type signalError struct{ sig os.Signal }
+
+func (e *signalError) Error() string { return "got signal " + signalName(e.sig) }
+
+// interrupted returns the signal that cancelled ctx, if one did.
+func interrupted(ctx context.Context) (os.Signal, bool) {
+	var se *signalError
+	if errors.As(context.Cause(ctx), &se) {
+		return se.sig, true
+	}
+	return nil, false
+}
+
+// run takes the lock, runs the command under it and returns the exit status.
+func (o *runOptions) run(stderr io.Writer) int {
+	logf := func(format string, args ...any) { fmt.Fprintf(stderr, "dlock: "+format+"\n", args...) }
+
+	// Find the command before touching the lock.
+	path, err := exec.LookPath(o.command[0])
+	if err != nil {
+		logf("cannot run %s", execErrText(o.command[0], err))
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
+			return exitNotFound
+		}
+		return exitCannotRun
+	}
+
+	sigs := make(chan os.Signal, 16)
+	signal.Notify(sigs, forwardSignals...)
+	defer signal.Stop(sigs)
+
+	// Until the command starts, a signal means: stop waiting, leave nothing behind.
+	ctx, cancel := context.WithCancelCause(context.Background())
+	defer cancel(nil)
+	stopWatch, watchDone := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		select {
+		case s := <-sigs:
+			cancel(&signalError{s})
+		case <-stopWatch:
+		}
+	}()
+	endWatch := func() {
+		close(stopWatch)
+		<-watchDone
+	}
+
+	locker, err := openLocker(ctx, o.dsn)
+	if err != nil {
+		endWatch()
+		if sig, ok := interrupted(ctx); ok {
+			logf("interrupted by %s while connecting to %s", signalName(sig), redactDSN(o.dsn))
+			return exitSignal + signalNumber(sig)
+		}
+		logf("cannot open %s: %s", redactDSN(o.dsn), errText(err))
+		return exitFor(err)
+	}
+	defer locker.Close()
+
+	lease, code := o.acquire(ctx, locker, logf)
+	endWatch()
+	if lease == nil {
+		return code
+	}
+	if sig, ok := interrupted(ctx); ok { // the signal raced the grant
+		_ = lease.Release(context.Background())
+		logf("interrupted by %s", signalName(sig))
+		return exitSignal + signalNumber(sig)
+	}
+	return o.supervise(lease, path, sigs, logf)
+}
+
+// acquire takes the lock as the flags say. On failure it reports why and
+// returns a nil lease and the exit status.
+func (o *runOptions) acquire(ctx context.Context, locker dlock.Locker, logf func(string, ...any)) (*dlock.Lease, int) {
+	actx := ctx
+	if o.wait > 0 {
+		var cancel context.CancelFunc
+		actx, cancel = context.WithTimeout(ctx, o.wait)
+		defer cancel()
+	}
+	start := time.Now()
+	var lease *dlock.Lease
+	var err error
+	if o.noWait {
+		lease, err = locker.TryAcquire(actx, o.key, o.lockOpt...)
+	} else {
+		lease, err = locker.Acquire(actx, o.key, o.lockOpt...)
+	}
+	if err == nil {
+		if o.verbose {
+			logf("acquired %q with token %d after %s", o.key, lease.Token(), formatDuration(time.Since(start)))
+		}
+		return lease, exitOK
+	}
+	if o.verbose {
+		logf("%s", errText(err))
+	}
+	if sig, ok := interrupted(ctx); ok {
+		logf("interrupted by %s while waiting for the lock %q", signalName(sig), o.key)
+		return nil, exitSignal + signalNumber(sig)
+	}
+	if errors.Is(err, dlock.ErrNotAcquired) {
+		switch {
+		case o.noWait:
+			logf("lock %q is held by another owner (--no-wait)", o.key)
+			return nil, exitBusy
+		case errors.Is(err, context.DeadlineExceeded):
+			logf("lock %q is still held by another owner after waiting %v (--wait)", o.key, o.wait)
+			return nil, exitBusy
+		}
+	}
+	logf("cannot take the lock %q %s", o.key, causeText(err))
+	return nil, exitFor(err)
+}
+
+// supervise runs the command while lease is held, and returns dlock's exit
+// status.
+func (o *runOptions) supervise(lease *dlock.Lease, path string, sigs <-chan os.Signal, logf func(string, ...any)) int {
+	cmd := exec.Command(path, o.command[1:]...)
+	cmd.Args[0] = o.command[0]
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.Env = childEnv(os.Environ(), o.key, lease.Token())
+	child, err := startChild(cmd)
+	if err != nil {
+		_ = lease.Release(context.Background())
+		logf("cannot run %s", execErrText(o.command[0], err))
+		return exitCannotRun
+	}
+
+	lost := false
+	leaseDone := lease.Done()
+	var kill <-chan time.Time // fires when the grace period after a loss ends
+loop:
+	for {
+		select {
+		case s := <-sigs:
+			child.forward(s)
+		case <-leaseDone:
+			leaseDone = nil
+			lost = true
+			logf("lost the lock %q %s", o.key, causeText(lease.Err()))
+			if o.grace > 0 {
+				logf("stopping the command: SIGTERM now, SIGKILL in %v", o.grace)
+				child.stop(false)
+				kill = time.After(o.grace)
+			} else {
+				logf("stopping the command: SIGKILL")
+				child.stop(true)
+			}
+		case <-kill:
+			kill = nil
+			logf("the command is still running %v after SIGTERM: SIGKILL", o.grace)
+			child.stop(true)
+		case <-child.done:
+			break loop
+		}
+	}
+	child.restoreTerminal()
+	status := exitStatus(child.cmd.ProcessState)
+
+	if lost {
+		if kill != nil {
+			// The command's leader exited; stop what it left in its group.
+			child.waitGroup(kill)
+		}
+		logf("the command was stopped because the lock %q was lost: it may not have run alone (its own exit status was %d)", o.key, status)
+		return exitLost
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	switch err := lease.Release(ctx); {
+	case err == nil:
+		if o.verbose {
+			logf("released %q", o.key)
+		}
+	case errors.Is(err, dlock.ErrLeaseLost):
+		logf("the lock %q was lost before the command finished %s", o.key, causeText(err))
+		logf("the command may not have run alone (its own exit status was %d)", status)
+		return exitLost
+	default:
+		logf("release of the lock %q not confirmed %s; it frees itself when its TTL runs out", o.key, causeText(err))
+	}
+	return status
+}
+
+// causeText formats an error from dlock about a known key as "(BACKEND):
+// CAUSE", for messages that name the key themselves.
+func causeText(err error) string {
+	var de *dlock.Error
+	if errors.As(err, &de) && de.Err != nil {
+		return fmt.Sprintf("(%s): %v", de.Backend, de.Err)
+	}
+	return ": " + errText(err)
+}
+
+// execErrText says why the command name could not be run, without the
+// wrapping of os/exec.
+func execErrText(name string, err error) string {
+	var ee *exec.Error
+	if errors.As(err, &ee) {
+		err = ee.Err
+	}
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		err = pe.Err
+	}
+	return fmt.Sprintf("%q: %v", name, err)
+}
+
+// childEnv returns env with DLOCK_KEY and DLOCK_TOKEN set for the command.
+func childEnv(env []string, key string, token dlock.Token) []string {
+	out := make([]string, 0, len(env)+2)
+	for _, kv := range env {
+		if strings.HasPrefix(kv, "DLOCK_KEY=") || strings.HasPrefix(kv, "DLOCK_TOKEN=") {
+			continue
+		}
+		out = append(out, kv)
+	}
+	return append(out, "DLOCK_KEY="+key, "DLOCK_TOKEN="+token.String())
+}
+
+// child is the running command.
+type child struct {
+	cmd  *exec.Cmd
+	done chan struct{} // closed once cmd.Wait has returned
+	fg   bool          // the command's process group was given the terminal
+}
+
+// startChild starts cmd in a process group of its own (see prepareChild)
+// and waits for it in the background.
+func startChild(cmd *exec.Cmd) (*child, error) {
+	c := &child{cmd: cmd, done: make(chan struct{})}
+	c.fg = prepareChild(cmd)
+	started := make(chan error, 1)
+	go func() {
+		// On Linux the parent-death signal (see prepareChild) is sent when the
+		// thread that started the child ends, not the process: keep this
+		// goroutine on that thread for the child's life.
+		runtime.LockOSThread()
+		defer runtime.UnlockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		_ = cmd.Wait() // the status is in cmd.ProcessState
+		close(c.done)
+	}()
+	if err := <-started; err != nil {
+		return nil, err
+	}
+	c.started()
+	return c, nil
+}
+
+// waitGroup waits until the command's process group is empty. If kill fires
+// first, it kills what is left.
+func (c *child) waitGroup(kill <-chan time.Time) {
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for c.groupAlive() {
+		select {
+		case <-tick.C:
+		case <-kill:
+			c.stop(true)
+			return
+		}
+	}
+}
