@@ -445,4 +445,3 @@ func tlsConfig(ca, cert, key string) (*tls.Config, error) {
 	}
 	return tc, nil
 }
-
