@@ -99,14 +99,17 @@ func (s *Store) Expire(key string) bool {
 // grantLocked makes owner the holder of key. s.mu must be held.
 func (s *Store) grantLocked(key, owner string, ttl time.Duration) *backend.Grant {
 	s.tokens[key]++
-	h := &holder{owner: owner, lost: make(chan struct{}), expires: time.Now().Add(ttl)}
+	// Start must not be later than the moment the expiry counts from, or the
+	// lease's deadline would fall after the store forgets the holder.
+	start := time.Now()
+	h := &holder{owner: owner, lost: make(chan struct{}), expires: start.Add(ttl)}
 	h.timer = time.AfterFunc(ttl, func() { s.expireOwner(key, owner) })
 	s.locks[key] = h
 	return &backend.Grant{
 		Key:      key,
 		Owner:    owner,
 		Token:    s.tokens[key],
-		Start:    time.Now(),
+		Start:    start,
 		Validity: ttl,
 		Lost:     h.lost,
 	}
