@@ -13,27 +13,36 @@ import (
 	"github.com/dlock-go/dlock/redis"
 )
 
-// harness runs the conformance suite on one redis-server. Each locker has its
-// own client and connections, as a separate process would.
+// harness runs the conformance suite on one redis-server, a Sentinel
+// deployment or a Cluster. Each locker has its own client and connections, as
+// a separate process would.
 type harness struct {
-	srv *testenv.Redis
-	raw *goredis.Client // for Expire, behind the lockers' backs
+	dial func() goredis.UniversalClient // a new client with ContextTimeoutEnabled
+	raw  goredis.UniversalClient        // for Expire, behind the lockers' backs
+	opts *redis.Options
 
 	mu      sync.Mutex
-	clients map[dlock.Locker]*goredis.Client
+	clients map[dlock.Locker]goredis.UniversalClient
 }
 
 func newHarness(t testing.TB) *harness {
 	srv := testenv.StartRedis(t)
-	raw := goredis.NewClient(&goredis.Options{Addr: srv.Addr()})
+	return newHarnessDial(t, func() goredis.UniversalClient {
+		return goredis.NewClient(&goredis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	})
+}
+
+// newHarnessDial returns a harness whose lockers each use a client from dial.
+func newHarnessDial(t testing.TB, dial func() goredis.UniversalClient) *harness {
+	raw := dial()
 	t.Cleanup(func() { _ = raw.Close() })
-	return &harness{srv: srv, raw: raw, clients: map[dlock.Locker]*goredis.Client{}}
+	return &harness{dial: dial, raw: raw, clients: map[dlock.Locker]goredis.UniversalClient{}}
 }
 
 func (h *harness) NewLocker(t testing.TB) dlock.Locker {
 	t.Helper()
-	client := goredis.NewClient(&goredis.Options{Addr: h.srv.Addr(), ContextTimeoutEnabled: true})
-	l, err := redis.New(client, nil)
+	client := h.dial()
+	l, err := redis.New(client, h.opts)
 	if err != nil {
 		t.Fatalf("redis.New: %v", err)
 	}

@@ -1,9 +1,20 @@
 package redis_test
 
 import (
+	"context"
 	"testing"
 
+	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// quiet drops go-redis's own log lines (Sentinel "new master" chatter), which
+// would bury the test output; failures are reported through errors anyway.
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
+
+func TestMain(m *testing.M) {
+	goredis.SetLogger(quiet{})
+	goleak.VerifyTestMain(m)
+}

@@ -1,13 +1,17 @@
-// Package redis is dlock's driver for a single Redis server, or a Redis Cluster
-// or Sentinel deployment through a go-redis UniversalClient. Importing it
-// registers the DSN schemes "redis" and "rediss" (TLS) with dlock.Open:
+// Package redis is dlock's driver for a single Redis server, a master with
+// replicas behind Redis Sentinel, or a Redis Cluster. Importing it registers
+// the DSN schemes "redis", "redis+sentinel" and "redis+cluster", and their TLS
+// forms "rediss", "rediss+sentinel" and "rediss+cluster", with dlock.Open:
 //
 //	import _ "github.com/dlock-go/dlock/redis"
 //
 //	locker, err := dlock.Open(ctx, "redis://user:secret@127.0.0.1:6379/0?ttl=10s&prefix=myapp:")
+//	locker, err := dlock.Open(ctx, "redis+sentinel://s1:26379,s2:26379,s3:26379/mymaster?min_replicas=1")
+//	locker, err := dlock.Open(ctx, "redis+cluster://n1:6379,n2:6379,n3:6379")
 //
-// To use a client built in code (Cluster, Sentinel, custom TLS), call [New] or
-// [NewDriver].
+// To use a client built in code (custom TLS, Sentinel credentials), call
+// [New] or [NewDriver] with any go-redis UniversalClient, or [OpenUniversal]
+// with go-redis UniversalOptions.
 //
 // # What is guaranteed
 //
@@ -35,10 +39,60 @@
 // Mutual exclusion holds as long as the one Redis server keeps its data. A
 // single Redis is not fault tolerant: a restart without persistence, or a
 // failover to a replica that had not yet received the SET (replication is
-// asynchronous; a later version will add WAIT), forgets the lock, and another
-// client can then take it while the first still believes it holds it. Tokens
-// still increase across that (the new grant's token is higher), so a resource
-// that checks tokens (package fencing) rejects the stale holder's writes.
+// asynchronous; see Replication below), forgets the lock, and another client
+// can then take it while the first still believes it holds it. Tokens still
+// increase across that (the new grant's token is higher), so a resource that
+// checks tokens (package fencing) rejects the stale holder's writes. Redis's
+// own lock documentation adds the restart rule: a server restarted without
+// persistence must stay down at least as long as the longest lock TTL, so
+// that every lock it forgot has expired anyway.
+//
+// # Topologies
+//
+// Single server (redis://): one source of truth; loses locks when it
+// restarts without persistence.
+//
+// Sentinel (redis+sentinel://): go-redis's failover client asks the sentinels
+// for the master and follows failovers. Replication is asynchronous, so a
+// failover can lose a lock the master granted but had not yet sent to the
+// replica; the tests reproduce this (TestFailoverWithoutWaitLosesLock). Set
+// min_replicas to narrow the window.
+//
+// Cluster (redis+cluster://): each key lives on the master owning its slot.
+// The lock, its fencing counter and its release channel share one hash tag,
+// so every script touches one slot. Release messages reach waiters through
+// Redis Cluster's PUBLISH, which every node forwards to its subscribers.
+// Each slot's master is a single point of truth, as above: Cluster is not
+// Redlock.
+//
+// # Replication
+//
+// With min_replicas=N ([Options.MinReplicas]) every acquire and refresh is
+// followed, on the same connection, by WAIT N wait_timeout; if fewer than N
+// replicas acknowledge the write in time the acquire fails with
+// [ErrTooFewReplicas] and the lock is released, and a refresh fails with the
+// same error. WAIT only proves that N replicas had received the write when it
+// returned. It is not consensus: Redis may still promote a replica that did
+// not (Sentinel and Cluster pick the replica with the highest replication
+// offset among those reachable, not necessarily one that acknowledged), a
+// replica restarted without persistence may forget it, and a partitioned old
+// master keeps accepting writes until it notices. In the tested scenario (one
+// replica, the master killed right after the acquire) the lock survives the
+// failover. Capabilities do not change: FaultTolerant stays false.
+//
+// # Server configuration checks
+//
+// Open and OpenUniversal read maxmemory, maxmemory-policy, appendonly and
+// appendfsync from every master with CONFIG GET ([Driver.CheckServer]).
+// With a memory limit, any maxmemory-policy but noeviction can evict the
+// lock (volatile-* policies evict keys with a TTL, as the lock key has) and
+// allkeys-* also the fencing counter: by default a warning is logged
+// ([Options.Logger]); checks=error makes Open fail with [ErrUnsafeConfig];
+// checks=off skips the check. A server that does not fsync every write is
+// noted at level Debug with the restart rule; it is never an error, since
+// the fencing counter is floored at the server's clock. Where CONFIG is
+// renamed or denied (many managed services), nothing is checked and a Debug
+// note says so.
 //
 // Waiting is push-based: a waiter subscribes to the key's release channel
 // ([ReleaseChannel]) on one pub/sub connection the driver shares among all its
@@ -69,14 +123,24 @@
 // # DSN
 //
 //	redis://[user:password@]host[:port][/db][?param=value&...]
-//	rediss://...   the same over TLS
+//	redis+sentinel://[user:password@]s1[:26379],s2,.../mastername[/db][?...]
+//	redis+cluster://[user:password@]n1[:6379],n2,...[?...]
+//	rediss://, rediss+sentinel://, rediss+cluster://   the same over TLS
 //
-// Parameters read by the driver: "prefix" (default "dlock:") and "poll", the
-// longest a waiter goes between attempts (default 1s). Parameters read by
-// dlock for every backend: "ttl" and "autorenew". Every other parameter goes
-// to go-redis's ParseURL (dial_timeout, read_timeout, pool_size, …), which
-// rejects those it does not know. Errors never contain the password. A client
-// opened from a DSN bounds every command by its ctx's deadline (go-redis's
+// In a Sentinel DSN the hosts are the sentinels and the user and password are
+// those of the master and replicas; the sentinels are contacted without
+// credentials (use OpenUniversal or New for sentinels with a password). In a
+// Cluster DSN the hosts are seed nodes.
+//
+// Parameters read by the driver: "prefix" (default "dlock:"); "poll", the
+// longest a waiter goes between attempts (default 1s); "min_replicas"
+// (default 0: no WAIT) and "wait_timeout" (default 100ms), see Replication;
+// "checks" ("warn", the default, "error" or "off"), see Server configuration
+// checks. Parameters read by dlock for every backend: "ttl" and "autorenew".
+// Every other parameter goes to go-redis's ParseURL, ParseFailoverURL or
+// ParseClusterURL (dial_timeout, read_timeout, pool_size, …), which reject
+// those they do not know. Errors never contain the password. A client opened
+// from a DSN bounds every command by its ctx's deadline (go-redis's
 // ContextTimeoutEnabled), as well as by read_timeout and write_timeout.
 package redis
 
@@ -84,6 +148,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"strings"
 	"sync/atomic"
@@ -106,6 +171,10 @@ const (
 	// attempts when no release message arrives: each wait is drawn from
 	// [PollInterval/2, PollInterval]. DSN parameter "poll".
 	DefaultPollInterval = time.Second
+
+	// DefaultWaitTimeout bounds the WAIT for replicas when
+	// Options.MinReplicas > 0. DSN parameter "wait_timeout".
+	DefaultWaitTimeout = 100 * time.Millisecond
 )
 
 // cleanupTimeout bounds the release the driver sends after an acquire attempt
@@ -116,8 +185,9 @@ const cleanupTimeout = 2 * time.Second
 var errClosed = errors.New("redis driver closed")
 
 func init() {
-	backend.Register("redis", open)
-	backend.Register("rediss", open)
+	for _, scheme := range []string{"redis", "rediss", "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster"} {
+		backend.Register(scheme, open)
+	}
 }
 
 // Options configure a Driver. The zero value, or a nil *Options, gives the
@@ -135,6 +205,34 @@ type Options struct {
 	// runs out. Zero means DefaultPollInterval (1s); negative is an error.
 	// DSN parameter "poll".
 	PollInterval time.Duration
+
+	// MinReplicas, when > 0, makes every acquire and refresh wait, with Redis's
+	// WAIT command, until at least this many replicas have acknowledged the
+	// write, for at most WaitTimeout. If fewer acknowledge in time, an acquire
+	// fails with an error matching ErrTooFewReplicas and the lock it wrote is
+	// released; a refresh fails with the same error (so the keepalive reports
+	// the lease lost). See the package doc's Replication for what this does
+	// and does not guarantee. Zero (the default) sends no WAIT; negative is an
+	// error. DSN parameter "min_replicas".
+	MinReplicas int
+
+	// WaitTimeout bounds each WAIT when MinReplicas > 0; it must be shorter
+	// than the client's read timeout (go-redis default 3s). Zero means
+	// DefaultWaitTimeout (100ms); below 1ms is an error. DSN parameter
+	// "wait_timeout".
+	WaitTimeout time.Duration
+
+	// Checks says what to do when the server's configuration can break locks
+	// or tokens (see [Driver.CheckServer]): CheckWarn (the default, "")
+	// logs a warning to Logger, CheckError makes Open fail, CheckOff skips
+	// the check. Only Open, OpenUniversal and explicit CheckServer calls
+	// check; NewDriver and New do not (they have no ctx to bound the I/O).
+	// DSN parameter "checks" ("warn", "error" or "off").
+	Checks CheckMode
+
+	// Logger receives the startup check's warnings and notes. nil means
+	// slog.Default(). Not settable from a DSN.
+	Logger *slog.Logger
 }
 
 func (o *Options) withDefaults() (Options, error) {
@@ -154,6 +252,26 @@ func (o *Options) withDefaults() (Options, error) {
 	case r.PollInterval < 0:
 		return r, fmt.Errorf("poll interval must be > 0, got %v", r.PollInterval)
 	}
+	if r.MinReplicas < 0 {
+		return r, fmt.Errorf("min_replicas must be >= 0, got %d", r.MinReplicas)
+	}
+	switch {
+	case r.WaitTimeout == 0:
+		r.WaitTimeout = DefaultWaitTimeout
+	case r.WaitTimeout < time.Millisecond:
+		// WAIT takes whole milliseconds, and 0 would block forever.
+		return r, fmt.Errorf("wait timeout must be >= 1ms, got %v", r.WaitTimeout)
+	}
+	switch r.Checks {
+	case "":
+		r.Checks = CheckWarn
+	case CheckWarn, CheckError, CheckOff:
+	default:
+		return r, fmt.Errorf("checks must be %q, %q or %q, got %q", CheckWarn, CheckError, CheckOff, r.Checks)
+	}
+	if r.Logger == nil {
+		r.Logger = slog.Default()
+	}
 	return r, nil
 }
 
@@ -165,6 +283,7 @@ type Driver struct {
 	owned  bool // Close closes client
 	prefix string
 	poll   time.Duration
+	opts   Options
 	mux    *rediscore.Mux
 	closed atomic.Bool
 }
@@ -197,6 +316,7 @@ func NewDriver(client goredis.UniversalClient, opts *Options) (*Driver, error) {
 		client: client,
 		prefix: o.Prefix,
 		poll:   o.PollInterval,
+		opts:   o,
 		mux:    rediscore.NewMux(client, errClosed),
 	}, nil
 }
@@ -217,12 +337,15 @@ func New(client goredis.UniversalClient, opts *Options, lockerOpts ...dlock.Opti
 	return l, nil
 }
 
-// open is the OpenFunc for the schemes "redis" and "rediss".
+// open is the OpenFunc for every scheme the package registers.
 func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 	p := backend.NewParams(u)
 	o := Options{
 		Prefix:       p.String("prefix", DefaultPrefix),
 		PollInterval: p.Duration("poll", DefaultPollInterval),
+		MinReplicas:  p.Int("min_replicas", 0, 0, 1000),
+		WaitTimeout:  p.Duration("wait_timeout", DefaultWaitTimeout),
+		Checks:       CheckMode(p.String("checks", string(CheckWarn))),
 	}
 	rest := p.Rest()
 	if err := p.Done(); err != nil {
@@ -234,31 +357,38 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 	if _, err := o.withDefaults(); err != nil {
 		return nil, fmt.Errorf("%w: %w", dlock.ErrInvalidOption, err)
 	}
-
-	cu := *u
-	cu.RawQuery = rest.Encode()
-	opt, err := goredis.ParseURL(cu.String())
+	client, where, err := newClient(u, rest)
 	if err != nil {
 		msg := strings.TrimPrefix(rediscore.Redact(err, u).Error(), "redis: ")
 		if strings.HasPrefix(msg, "unexpected option") {
-			msg += " (the driver reads prefix and poll; dlock reads ttl and autorenew; go-redis reads the rest)"
+			msg += " (the driver reads prefix, poll, min_replicas, wait_timeout and checks; dlock reads ttl and autorenew; go-redis reads the rest)"
 		}
 		return nil, fmt.Errorf("%w: DSN: %s", dlock.ErrInvalidOption, msg)
 	}
-	// Every call's ctx deadline bounds its network I/O (the keepalive's
-	// refresh must not outlive the lease's deadline).
-	opt.ContextTimeoutEnabled = true
-	client := goredis.NewClient(opt)
-	if err := rediscore.Ping(ctx, client); err != nil {
-		_ = client.Close()
-		return nil, fmt.Errorf("ping %s: %w", opt.Addr, rediscore.Redact(err, u))
+	d, err := startOwned(ctx, client, &o, where)
+	if err != nil {
+		return nil, rediscore.Redact(err, u)
 	}
-	d, err := NewDriver(client, &o)
+	return d, nil
+}
+
+// startOwned pings client (where names it in the error), builds a driver that
+// owns it and runs the startup check; it closes client on failure.
+func startOwned(ctx context.Context, client goredis.UniversalClient, o *Options, where string) (*Driver, error) {
+	if err := ping(ctx, client); err != nil {
+		_ = client.Close()
+		return nil, fmt.Errorf("ping %s: %w", where, err)
+	}
+	d, err := NewDriver(client, o)
 	if err != nil {
 		_ = client.Close()
 		return nil, err
 	}
 	d.owned = true
+	if err := d.startupCheck(ctx); err != nil {
+		_ = d.Close()
+		return nil, err
+	}
 	return d, nil
 }
 
@@ -412,7 +542,33 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, k *red
 		return nil, 0, err
 	}
 	start := time.Now()
-	res, err := rediscore.Acquire.Run(ctx, d.client, []string{k.Lock, k.Fence}, req.Owner, ms).Int64Slice()
+	keys := []string{k.Lock, k.Fence}
+	var (
+		res []int64
+		err error
+	)
+	if d.opts.MinReplicas > 0 {
+		cmd, acks, werr := d.runWait(ctx, rediscore.Acquire, keys, req.Owner, ms)
+		if cmd == nil {
+			err = werr
+		} else if err = cmd.Err(); err == nil {
+			res, err = cmd.Int64Slice()
+			if err == nil && len(res) == 2 && res[0] == 1 {
+				// A grant too few replicas acknowledged (or whose WAIT
+				// failed) may not survive a failover: give it back.
+				if werr != nil {
+					d.cleanup(ctx, req.Owner, k)
+					return nil, 0, fmt.Errorf("acquire: %w", werr)
+				}
+				if acks < int64(d.opts.MinReplicas) {
+					d.cleanup(ctx, req.Owner, k)
+					return nil, 0, d.tooFew(acks)
+				}
+			}
+		}
+	} else {
+		res, err = rediscore.Acquire.Run(ctx, d.client, keys, req.Owner, ms).Int64Slice()
+	}
 	if err != nil {
 		if rediscore.MayHaveRun(err) {
 			// The script may have run and the reply been lost: free the
@@ -468,12 +624,32 @@ func (d *Driver) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duratio
 	if err != nil {
 		return 0, err
 	}
-	n, err := rediscore.Extend.Run(ctx, d.client, []string{d.keys(g).Lock}, g.Owner, ms).Int64()
+	keys := []string{d.keys(g).Lock}
+	if d.opts.MinReplicas == 0 {
+		n, err := rediscore.Extend.Run(ctx, d.client, keys, g.Owner, ms).Int64()
+		if err != nil {
+			return 0, fmt.Errorf("extend script: %w", err)
+		}
+		if n == 0 {
+			return 0, backend.ErrNotHeld
+		}
+		return validity, nil
+	}
+	cmd, acks, err := d.runWait(ctx, rediscore.Extend, keys, g.Owner, ms)
+	if cmd != nil && cmd.Err() == nil {
+		n, err := cmd.Int64()
+		if err != nil {
+			return 0, fmt.Errorf("extend script: %w", err)
+		}
+		if n == 0 {
+			return 0, backend.ErrNotHeld
+		}
+	}
 	if err != nil {
 		return 0, fmt.Errorf("extend script: %w", err)
 	}
-	if n == 0 {
-		return 0, backend.ErrNotHeld
+	if acks < int64(d.opts.MinReplicas) {
+		return 0, d.tooFew(acks)
 	}
 	return validity, nil
 }

@@ -97,7 +97,7 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	if o.verbose {
-		logLevel.Set(slog.LevelInfo)
+		logLevel.Set(slog.LevelDebug)
 	}
 	return o.run(stderr)
 }

@@ -1,0 +1,168 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/dlock-go/dlock"
+)
+
+// Default ports for hosts given without one in a DSN.
+const (
+	defaultRedisPort    = "6379"
+	defaultSentinelPort = "26379"
+)
+
+// newClient builds the go-redis client a DSN names, with
+// ContextTimeoutEnabled set, and says what it connects to for messages (no
+// password). rest are the query parameters the driver did not read; go-redis
+// validates them.
+func newClient(u *url.URL, rest url.Values) (goredis.UniversalClient, string, error) {
+	base, topology, _ := strings.Cut(u.Scheme, "+")
+	switch topology {
+	case "":
+		cu := *u
+		cu.RawQuery = rest.Encode()
+		opt, err := goredis.ParseURL(cu.String())
+		if err != nil {
+			return nil, "", err
+		}
+		opt.ContextTimeoutEnabled = true
+		return goredis.NewClient(opt), opt.Addr, nil
+
+	case "sentinel":
+		hosts, err := splitHosts(u.Host, defaultSentinelPort)
+		if err != nil {
+			return nil, "", err
+		}
+		master, db, _ := strings.Cut(strings.TrimPrefix(u.Path, "/"), "/")
+		if master == "" {
+			return nil, "", errors.New("no master name (want redis+sentinel://host1:26379,host2:26379/mymaster[/db])")
+		}
+		q := cloneValues(rest)
+		q.Set("master_name", master)
+		for _, h := range hosts[1:] {
+			q.Add("addr", h)
+		}
+		if db != "" {
+			q.Set("db", db)
+		}
+		// ParseFailoverURL takes the URL's user info for the sentinels;
+		// dlock's DSN gives it to the master and replicas.
+		if u.User != nil {
+			q.Set("username", u.User.Username())
+			if pw, ok := u.User.Password(); ok {
+				q.Set("password", pw)
+			}
+		}
+		fu := url.URL{Scheme: base, Host: hosts[0], RawQuery: q.Encode()}
+		opt, err := goredis.ParseFailoverURL(fu.String())
+		if err != nil {
+			return nil, "", err
+		}
+		opt.ContextTimeoutEnabled = true
+		return goredis.NewFailoverClient(opt), fmt.Sprintf("master %q via sentinels %s", master, strings.Join(hosts, ",")), nil
+
+	case "cluster":
+		hosts, err := splitHosts(u.Host, defaultRedisPort)
+		if err != nil {
+			return nil, "", err
+		}
+		if u.Path != "" && u.Path != "/" {
+			return nil, "", fmt.Errorf("invalid URL path %q: Redis Cluster has no databases", u.Path)
+		}
+		q := cloneValues(rest)
+		for _, h := range hosts[1:] {
+			q.Add("addr", h)
+		}
+		cu := url.URL{Scheme: base, User: u.User, Host: hosts[0], RawQuery: q.Encode()}
+		opt, err := goredis.ParseClusterURL(cu.String())
+		if err != nil {
+			return nil, "", err
+		}
+		opt.ContextTimeoutEnabled = true
+		return goredis.NewClusterClient(opt), "cluster " + strings.Join(hosts, ","), nil
+	}
+	return nil, "", fmt.Errorf("unknown scheme %q", u.Scheme)
+}
+
+func cloneValues(v url.Values) url.Values {
+	c := url.Values{}
+	for k, vs := range v {
+		c[k] = append([]string(nil), vs...)
+	}
+	return c
+}
+
+// splitHosts splits a DSN's comma-separated host list, adding port where none
+// is given.
+func splitHosts(list, port string) ([]string, error) {
+	if list == "" {
+		return nil, errors.New("no hosts")
+	}
+	var hosts []string
+	for _, h := range strings.Split(list, ",") {
+		h = strings.TrimSpace(h)
+		if h == "" {
+			return nil, fmt.Errorf("empty host in the host list %q", list)
+		}
+		if _, _, err := net.SplitHostPort(h); err != nil {
+			if strings.Contains(h, ":") && !strings.HasPrefix(h, "[") {
+				return nil, fmt.Errorf("host %q: %w", h, err)
+			}
+			h = net.JoinHostPort(strings.Trim(h, "[]"), port)
+		}
+		hosts = append(hosts, h)
+	}
+	return hosts, nil
+}
+
+// ping checks that the deployment answers, within ctx: go-redis bounds a
+// command by ctx's deadline but does not notice a cancellation while it
+// waits for a reply, so on cancellation ping closes client to end the call.
+func ping(ctx context.Context, client goredis.UniversalClient) error {
+	done := make(chan error, 1)
+	go func() { done <- client.Ping(ctx).Err() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		_ = client.Close() // ends the ping
+		<-done
+		return ctx.Err()
+	}
+}
+
+// OpenUniversal builds a client with goredis.NewUniversalClient(uo) — a
+// single-node client, a Sentinel failover client when uo.MasterName is set, or
+// a Cluster client when uo lists several addresses or sets IsClusterMode —
+// and returns a Locker over it that owns the client (Close closes it). It
+// sets uo.ContextTimeoutEnabled, pings the deployment within ctx, and runs
+// the startup check configured by opts.Checks, as Open does. opts may be nil
+// for the defaults.
+func OpenUniversal(ctx context.Context, uo *goredis.UniversalOptions, opts *Options, lockerOpts ...dlock.Option) (dlock.Locker, error) {
+	if uo == nil {
+		return nil, &dlock.Error{Op: "open", Backend: "redis", Err: fmt.Errorf("%w: nil UniversalOptions", dlock.ErrInvalidOption)}
+	}
+	if _, err := opts.withDefaults(); err != nil {
+		return nil, &dlock.Error{Op: "open", Backend: "redis", Err: fmt.Errorf("%w: %w", dlock.ErrInvalidOption, err)}
+	}
+	c := *uo
+	c.ContextTimeoutEnabled = true
+	d, err := startOwned(ctx, goredis.NewUniversalClient(&c), opts, strings.Join(c.Addrs, ","))
+	if err != nil {
+		return nil, &dlock.Error{Op: "open", Backend: "redis", Err: err}
+	}
+	l, err := dlock.New(d, lockerOpts...)
+	if err != nil {
+		_ = d.Close()
+		return nil, err
+	}
+	return l, nil
+}
