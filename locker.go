@@ -110,15 +110,17 @@ func Open(ctx context.Context, dsn string, opts ...Option) (Locker, error) {
 }
 
 // New returns a Locker over a driver built in code, such as one returned by a
-// driver package's NewDriver. The Locker owns d: its Close closes d. An invalid
-// option is reported as an error.
+// driver package's NewDriver. New takes ownership of d: the Locker's Close
+// closes it, and if New fails (an invalid option) it closes d before returning
+// the error.
 func New(d backend.Driver, opts ...Option) (Locker, error) {
-	name := driverName(d)
 	if d == nil {
 		return nil, &Error{Op: "open", Err: fmt.Errorf("%w: nil driver", ErrInvalidOption)}
 	}
+	name := driverName(d)
 	s, err := defaultSettings().with(opts)
 	if err != nil {
+		_ = d.Close()
 		return nil, &Error{Op: "open", Backend: name, Err: err}
 	}
 	return newLocker(d, name, s), nil

@@ -293,13 +293,24 @@ func TestNewRejectsBadInput(t *testing.T) {
 	if _, err := dlock.New(nil); !errors.Is(err, dlock.ErrInvalidOption) {
 		t.Errorf("New(nil): %v", err)
 	}
-	if _, err := dlock.New(memlock.NewStore().NewDriver(), dlock.WithTTL(-1)); !errors.Is(err, dlock.ErrInvalidOption) {
+	d := &closeCounter{Driver: memlock.NewStore().NewDriver()}
+	if _, err := dlock.New(d, dlock.WithTTL(-1)); !errors.Is(err, dlock.ErrInvalidOption) {
 		t.Errorf("New with TTL -1: %v", err)
+	}
+	if d.closes != 1 {
+		t.Errorf("New failed but closed the driver it owns %d times, want 1", d.closes)
 	}
 	if _, err := dlock.New(memlock.NewStore().NewDriver(), dlock.WithReleaseTimeout(0)); !errors.Is(err, dlock.ErrInvalidOption) {
 		t.Errorf("New with release timeout 0: %v", err)
 	}
 }
+
+type closeCounter struct {
+	backend.Driver
+	closes int
+}
+
+func (c *closeCounter) Close() error { c.closes++; return c.Driver.Close() }
 
 func TestErrorMessage(t *testing.T) {
 	l := newLocker(t, memlock.NewStore().NewDriver())

@@ -245,12 +245,7 @@ func New(cli *clientv3.Client, opts *Options, lockerOpts ...dlock.Option) (dlock
 	if err != nil {
 		return nil, &dlock.Error{Op: "open", Backend: "etcd", Err: err}
 	}
-	l, err := dlock.New(d, lockerOpts...)
-	if err != nil {
-		_ = d.Close()
-		return nil, err
-	}
-	return l, nil
+	return dlock.New(d, lockerOpts...) // closes d if it fails
 }
 
 // Name returns "etcd".

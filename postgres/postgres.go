@@ -332,12 +332,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, opts *Options, lockerOpts ...d
 	if err != nil {
 		return nil, &dlock.Error{Op: "open", Backend: "postgres", Err: err}
 	}
-	l, err := dlock.New(d, lockerOpts...)
-	if err != nil {
-		_ = d.Close()
-		return nil, err
-	}
-	return l, nil
+	return dlock.New(d, lockerOpts...) // closes d if it fails
 }
 
 // open is the OpenFunc for the schemes "postgres" and "postgresql".

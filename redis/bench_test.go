@@ -2,9 +2,6 @@ package redis_test
 
 import (
 	"context"
-	"slices"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -25,11 +22,9 @@ var ownerDel = goredis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then 
 //     round trips: SET NX PX with a random owner, then an owner-checked DEL.
 //   - TryAcquireRelease: the same through dlock, uncontended, auto-renew on
 //     with a long TTL: one script round trip each way.
-//   - Handoff8: 8 lockers (separate clients) loop Acquire → tiny work →
-//     Release on one key. It reports changed-hands-% (grants that went to a
-//     different locker than the previous one), handoff-p50/p99-µs (release
-//     start → next grant) and wait-p99-ms (one Acquire call).
 //   - VsFloor: the floor, the driver alone and dlock, interleaved (see below).
+//
+// Contended hand-off is measured by BenchmarkConformance/Handoff8.
 func BenchmarkRedis(b *testing.B) {
 	srv := testenv.StartRedis(b)
 	ctx := context.Background()
@@ -70,8 +65,6 @@ func BenchmarkRedis(b *testing.B) {
 		}
 		b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "ops/s")
 	})
-
-	b.Run("Handoff8", func(b *testing.B) { benchHandoff(b, srv, 8) })
 
 	// VsFloor interleaves one raw-floor cycle, one driver cycle (the driver
 	// alone, without package dlock) and one dlock cycle per iteration, so
@@ -124,79 +117,4 @@ func BenchmarkRedis(b *testing.B) {
 		b.ReportMetric(float64(raw)/float64(lck), "dlock/floor-ops")
 		b.ReportMetric(float64(raw)/float64(drv), "driver/floor-ops")
 	})
-}
-
-func benchHandoff(b *testing.B, srv *testenv.Redis, n int) {
-	ctx := context.Background()
-	lockers := make([]dlock.Locker, n)
-	for i := range lockers {
-		lockers[i] = openLocker(b, srv, "", dlock.WithTTL(time.Minute))
-	}
-	const k = "bench/handoff"
-	var (
-		remaining   atomic.Int64
-		inside      atomic.Int32 // holders inside the critical section: must stay ≤ 1
-		mu          sync.Mutex
-		lastHolder  = -1
-		lastRelease time.Time
-		handoffs    []time.Duration
-		waits       []time.Duration
-		changed     int
-		grants      int
-	)
-	remaining.Store(int64(b.N))
-	b.ResetTimer()
-	var wg sync.WaitGroup
-	for i, l := range lockers {
-		wg.Go(func() {
-			for remaining.Add(-1) >= 0 {
-				start := time.Now()
-				lease, err := l.Acquire(ctx, k)
-				if err != nil {
-					b.Error(err)
-					return
-				}
-				got := time.Now()
-				if inside.Add(1) != 1 {
-					b.Error("two holders at once")
-				}
-				mu.Lock()
-				grants++
-				waits = append(waits, got.Sub(start))
-				if lastHolder >= 0 {
-					handoffs = append(handoffs, got.Sub(lastRelease))
-					if lastHolder != i {
-						changed++
-					}
-				}
-				lastHolder = i
-				mu.Unlock()
-				inside.Add(-1) // the tiny work
-
-				mu.Lock()
-				lastRelease = time.Now()
-				mu.Unlock()
-				if err := lease.Release(ctx); err != nil {
-					b.Error(err)
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
-	b.StopTimer()
-	if len(handoffs) > 0 {
-		b.ReportMetric(100*float64(changed)/float64(grants-1), "changed-hands-%")
-		b.ReportMetric(float64(percentile(handoffs, 50).Microseconds()), "handoff-p50-µs")
-		b.ReportMetric(float64(percentile(handoffs, 99).Microseconds()), "handoff-p99-µs")
-	}
-	if len(waits) > 0 {
-		b.ReportMetric(float64(percentile(waits, 99).Microseconds())/1000, "wait-p99-ms")
-	}
-}
-
-func percentile(d []time.Duration, p int) time.Duration {
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return s[(len(s)-1)*p/100]
 }

@@ -329,12 +329,7 @@ func New(client goredis.UniversalClient, opts *Options, lockerOpts ...dlock.Opti
 	if err != nil {
 		return nil, &dlock.Error{Op: "open", Backend: "redis", Err: err}
 	}
-	l, err := dlock.New(d, lockerOpts...)
-	if err != nil {
-		_ = d.Close()
-		return nil, err
-	}
-	return l, nil
+	return dlock.New(d, lockerOpts...) // closes d if it fails
 }
 
 // open is the OpenFunc for every scheme the package registers.

@@ -159,10 +159,5 @@ func OpenUniversal(ctx context.Context, uo *goredis.UniversalOptions, opts *Opti
 	if err != nil {
 		return nil, &dlock.Error{Op: "open", Backend: "redis", Err: err}
 	}
-	l, err := dlock.New(d, lockerOpts...)
-	if err != nil {
-		_ = d.Close()
-		return nil, err
-	}
-	return l, nil
+	return dlock.New(d, lockerOpts...) // closes d if it fails
 }

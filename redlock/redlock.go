@@ -386,12 +386,7 @@ func New(ctx context.Context, clients []*goredis.Client, opts *Options, lockerOp
 	if err != nil {
 		return nil, &dlock.Error{Op: "open", Backend: "redlock", Err: err}
 	}
-	l, err := dlock.New(d, lockerOpts...)
-	if err != nil {
-		_ = d.Close()
-		return nil, err
-	}
-	return l, nil
+	return dlock.New(d, lockerOpts...) // closes d if it fails
 }
 
 // checkAll checks every node in parallel and fails if a node is unusable, if

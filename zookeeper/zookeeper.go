@@ -360,12 +360,7 @@ func New(conn *zk.Conn, opts *Options, lockerOpts ...dlock.Option) (dlock.Locker
 	if err != nil {
 		return nil, &dlock.Error{Op: "open", Backend: "zk", Err: err}
 	}
-	l, err := dlock.New(d, lockerOpts...)
-	if err != nil {
-		_ = d.Close()
-		return nil, err
-	}
-	return l, nil
+	return dlock.New(d, lockerOpts...) // closes d if it fails
 }
 
 // open is the OpenFunc of the scheme "zk".
