@@ -3,7 +3,13 @@ package main
 import (
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
+
+// TestMain checks that the quickstart, embedded etcd server included, leaves
+// no goroutine running.
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // The quickstart's own invariants (a stale write rejected, no deposit lost)
 // are checked by run; this runs it as `go run ./examples/quickstart` would —
