@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -159,5 +160,21 @@ func TestRedactError(t *testing.T) {
 	clean := errors.New("no secret here")
 	if backend.RedactError(clean, u) != clean {
 		t.Fatal("RedactError changed an error without the password")
+	}
+}
+
+func TestSplitHosts(t *testing.T) {
+	got, err := backend.SplitHosts("a, b:6380,[::1]:7000,[::1],10.0.0.1", "6379")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"a:6379", "b:6380", "[::1]:7000", "[::1]:6379", "10.0.0.1:6379"}
+	if !slices.Equal(got, want) {
+		t.Errorf("SplitHosts = %q, want %q", got, want)
+	}
+	for _, bad := range []string{"", "a,,b", "a,", "a:1:2"} {
+		if _, err := backend.SplitHosts(bad, "6379"); err == nil {
+			t.Errorf("SplitHosts(%q) succeeded", bad)
+		}
 	}
 }

@@ -3,6 +3,7 @@ package backend
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"slices"
 	"strconv"
@@ -75,6 +76,30 @@ type redactedError struct {
 
 func (e *redactedError) Error() string { return e.msg }
 func (e *redactedError) Unwrap() error { return e.err }
+
+// SplitHosts splits a DSN's comma-separated host list ("h1:2379,h2,[::1]")
+// into host:port addresses, adding defaultPort to a host given without one.
+// An empty list, an empty entry and a malformed host:port are errors.
+func SplitHosts(list, defaultPort string) ([]string, error) {
+	if list == "" {
+		return nil, errors.New("no host")
+	}
+	var hosts []string
+	for _, h := range strings.Split(list, ",") {
+		h = strings.TrimSpace(h)
+		if h == "" {
+			return nil, fmt.Errorf("empty host in the host list %q", list)
+		}
+		if _, _, err := net.SplitHostPort(h); err != nil {
+			if strings.Contains(h, ":") && !strings.HasPrefix(h, "[") {
+				return nil, fmt.Errorf("host %q: %w", h, err)
+			}
+			h = net.JoinHostPort(strings.Trim(h, "[]"), defaultPort)
+		}
+		hosts = append(hosts, h)
+	}
+	return hosts, nil
+}
 
 // Params reads the query parameters of a DSN. Each getter removes the parameter
 // it reads; Done then reports every parameter nobody asked for, so a typo such

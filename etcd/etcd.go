@@ -112,7 +112,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"strings"
@@ -377,15 +376,11 @@ func parseDSN(u *url.URL) (clientv3.Config, Options, error) {
 	if u.Fragment != "" {
 		return cfg, o, errors.New("DSN has a fragment ('#…'); escape '#' in a prefix as %23")
 	}
-	for _, h := range strings.Split(u.Host, ",") {
-		if h == "" {
-			return cfg, o, errors.New("DSN names no host, or an empty one between commas")
-		}
-		if _, _, err := net.SplitHostPort(h); err != nil {
-			h = net.JoinHostPort(strings.Trim(h, "[]"), DefaultPort)
-		}
-		cfg.Endpoints = append(cfg.Endpoints, h)
+	hosts, err := backend.SplitHosts(u.Host, DefaultPort)
+	if err != nil {
+		return cfg, o, fmt.Errorf("DSN: %w", err)
 	}
+	cfg.Endpoints = hosts
 	if u.User != nil {
 		cfg.Username = u.User.Username()
 		cfg.Password, _ = u.User.Password()

@@ -566,7 +566,7 @@ func TestOpenErrors(t *testing.T) {
 		{"etcds://127.0.0.1:2379/x?cert=/c.pem", "cert and key go together"},
 		{"etcds://127.0.0.1:2379/x?ca=/no/such/ca.pem", "no/such/ca.pem"},
 		{"etcd:///x", "no host"},
-		{"etcd://a:1,,b:2/x", "no host"},
+		{"etcd://a:1,,b:2/x", "empty host"},
 		{"etcd://:pw@127.0.0.1:2379/x", "no user name"},
 		{"etcd://127.0.0.1:2379/x?ttl=0s", "ttl"},
 	} {

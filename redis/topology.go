@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"strings"
 
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
 )
 
 // Default ports for hosts given without one in a DSN.
@@ -37,7 +37,7 @@ func newClient(u *url.URL, rest url.Values) (goredis.UniversalClient, string, er
 		return goredis.NewClient(opt), opt.Addr, nil
 
 	case "sentinel":
-		hosts, err := splitHosts(u.Host, defaultSentinelPort)
+		hosts, err := backend.SplitHosts(u.Host, defaultSentinelPort)
 		if err != nil {
 			return nil, "", err
 		}
@@ -70,7 +70,7 @@ func newClient(u *url.URL, rest url.Values) (goredis.UniversalClient, string, er
 		return goredis.NewFailoverClient(opt), fmt.Sprintf("master %q via sentinels %s", master, strings.Join(hosts, ",")), nil
 
 	case "cluster":
-		hosts, err := splitHosts(u.Host, defaultRedisPort)
+		hosts, err := backend.SplitHosts(u.Host, defaultRedisPort)
 		if err != nil {
 			return nil, "", err
 		}
@@ -98,29 +98,6 @@ func cloneValues(v url.Values) url.Values {
 		c[k] = append([]string(nil), vs...)
 	}
 	return c
-}
-
-// splitHosts splits a DSN's comma-separated host list, adding port where none
-// is given.
-func splitHosts(list, port string) ([]string, error) {
-	if list == "" {
-		return nil, errors.New("no hosts")
-	}
-	var hosts []string
-	for _, h := range strings.Split(list, ",") {
-		h = strings.TrimSpace(h)
-		if h == "" {
-			return nil, fmt.Errorf("empty host in the host list %q", list)
-		}
-		if _, _, err := net.SplitHostPort(h); err != nil {
-			if strings.Contains(h, ":") && !strings.HasPrefix(h, "[") {
-				return nil, fmt.Errorf("host %q: %w", h, err)
-			}
-			h = net.JoinHostPort(strings.Trim(h, "[]"), port)
-		}
-		hosts = append(hosts, h)
-	}
-	return hosts, nil
 }
 
 // ping checks that the deployment answers, within ctx: go-redis bounds a

@@ -2,9 +2,7 @@ package redlock
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"strings"
 
@@ -35,7 +33,10 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 	if _, err := o.withDefaults(); err != nil {
 		return nil, fmt.Errorf("%w: %w", dlock.ErrInvalidOption, err)
 	}
-	hosts, err := splitHosts(u.Host)
+	if u.Host == "" {
+		return nil, fmt.Errorf("%w: DSN: no nodes (want redlock://host1:6379,host2:6379,host3:6379)", dlock.ErrInvalidOption)
+	}
+	hosts, err := backend.SplitHosts(u.Host, DefaultPort)
 	if err != nil {
 		return nil, fmt.Errorf("%w: DSN: %w", dlock.ErrInvalidOption, err)
 	}
@@ -78,27 +79,4 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 	d.owned = true
 	d.secret = u
 	return d, nil
-}
-
-// splitHosts splits the DSN's comma-separated host list, adding the default
-// port where none is given.
-func splitHosts(list string) ([]string, error) {
-	if list == "" {
-		return nil, errors.New("no nodes (want redlock://host1:6379,host2:6379,host3:6379)")
-	}
-	var hosts []string
-	for _, h := range strings.Split(list, ",") {
-		h = strings.TrimSpace(h)
-		if h == "" {
-			return nil, fmt.Errorf("empty host in the node list %q", list)
-		}
-		if _, _, err := net.SplitHostPort(h); err != nil {
-			if strings.Contains(h, ":") && !strings.HasPrefix(h, "[") {
-				return nil, fmt.Errorf("host %q: %w", h, err)
-			}
-			h = net.JoinHostPort(strings.Trim(h, "[]"), DefaultPort)
-		}
-		hosts = append(hosts, h)
-	}
-	return hosts, nil
 }

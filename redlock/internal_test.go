@@ -1,28 +1,11 @@
 package redlock
 
 import (
-	"slices"
 	"testing"
 	"time"
 
 	"github.com/dlock-go/dlock/backend"
 )
-
-func TestSplitHosts(t *testing.T) {
-	got, err := splitHosts("a, b:6380,[::1]:7000,[::1],10.0.0.1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := []string{"a:6379", "b:6380", "[::1]:7000", "[::1]:6379", "10.0.0.1:6379"}
-	if !slices.Equal(got, want) {
-		t.Errorf("splitHosts = %q, want %q", got, want)
-	}
-	for _, bad := range []string{"", "a,,b", "a,", "a:1:2"} {
-		if _, err := splitHosts(bad); err == nil {
-			t.Errorf("splitHosts(%q) succeeded", bad)
-		}
-	}
-}
 
 func TestDrift(t *testing.T) {
 	d := &Driver{driftFactor: DefaultDriftFactor}

@@ -111,8 +111,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -389,14 +389,9 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 		}
 		o.Digest = u.User.Username() + ":" + pw
 	}
-	servers := strings.Split(u.Host, ",")
-	for _, s := range servers {
-		if s == "" {
-			return nil, fmt.Errorf("%w: empty host in DSN host list %q", dlock.ErrInvalidOption, u.Host)
-		}
-		if _, _, err := net.SplitHostPort(s); err != nil && strings.Contains(s, ":") {
-			return nil, fmt.Errorf("%w: DSN host %q: %w", dlock.ErrInvalidOption, s, err)
-		}
+	servers, err := backend.SplitHosts(u.Host, strconv.Itoa(DefaultPort))
+	if err != nil {
+		return nil, fmt.Errorf("%w: DSN: %w", dlock.ErrInvalidOption, err)
 	}
 	return Dial(ctx, servers, &o)
 }
