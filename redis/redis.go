@@ -354,7 +354,7 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 	}
 	client, where, err := newClient(u, rest)
 	if err != nil {
-		msg := strings.TrimPrefix(rediscore.Redact(err, u).Error(), "redis: ")
+		msg := strings.TrimPrefix(backend.RedactError(err, u).Error(), "redis: ")
 		if strings.HasPrefix(msg, "unexpected option") {
 			msg += " (the driver reads prefix, poll, min_replicas, wait_timeout and checks; dlock reads ttl and autorenew; go-redis reads the rest)"
 		}
@@ -362,7 +362,7 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 	}
 	d, err := startOwned(ctx, client, &o, where)
 	if err != nil {
-		return nil, rediscore.Redact(err, u)
+		return nil, backend.RedactError(err, u)
 	}
 	return d, nil
 }
@@ -370,7 +370,7 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 // startOwned pings client (where names it in the error), builds a driver that
 // owns it and runs the startup check; it closes client on failure.
 func startOwned(ctx context.Context, client goredis.UniversalClient, o *Options, where string) (*Driver, error) {
-	if err := ping(ctx, client); err != nil {
+	if err := rediscore.Ping(ctx, client); err != nil {
 		_ = client.Close()
 		return nil, fmt.Errorf("ping %s: %w", where, err)
 	}

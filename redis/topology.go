@@ -100,22 +100,6 @@ func cloneValues(v url.Values) url.Values {
 	return c
 }
 
-// ping checks that the deployment answers, within ctx: go-redis bounds a
-// command by ctx's deadline but does not notice a cancellation while it
-// waits for a reply, so on cancellation ping closes client to end the call.
-func ping(ctx context.Context, client goredis.UniversalClient) error {
-	done := make(chan error, 1)
-	go func() { done <- client.Ping(ctx).Err() }()
-	select {
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-		_ = client.Close() // ends the ping
-		<-done
-		return ctx.Err()
-	}
-}
-
 // OpenUniversal builds a client with goredis.NewUniversalClient(uo) — a
 // single-node client, a Sentinel failover client when uo.MasterName is set, or
 // a Cluster client when uo lists several addresses or sets IsClusterMode —

@@ -10,7 +10,6 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
-	"github.com/dlock-go/dlock/internal/rediscore"
 )
 
 // open is the OpenFunc for the schemes "redlock" and "redlocks".
@@ -56,7 +55,7 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 		opt, err := goredis.ParseURL(nu.String())
 		if err != nil {
 			closeAll()
-			msg := strings.TrimPrefix(rediscore.Redact(err, u).Error(), "redis: ")
+			msg := strings.TrimPrefix(backend.RedactError(err, u).Error(), "redis: ")
 			if strings.HasPrefix(msg, "unexpected option") {
 				msg += " (the driver reads drift, node_timeout, retry_delay, poll and prefix; dlock reads ttl and autorenew; go-redis reads the rest)"
 			}
@@ -74,7 +73,7 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 	d, err := NewDriver(ctx, clients, &o)
 	if err != nil {
 		closeAll()
-		return nil, rediscore.Redact(err, u)
+		return nil, backend.RedactError(err, u)
 	}
 	d.owned = true
 	d.secret = u

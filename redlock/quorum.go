@@ -12,6 +12,7 @@ import (
 
 	"github.com/hashicorp/go-multierror"
 
+	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/internal/rediscore"
 )
 
@@ -175,7 +176,7 @@ func failure(err error) reply {
 }
 
 // redact keeps the DSN's password out of err.
-func (d *Driver) redact(err error) error { return rediscore.Redact(err, d.secret) }
+func (d *Driver) redact(err error) error { return backend.RedactError(err, d.secret) }
 
 // errNodeHeld describes a node where another owner holds the lock, in a list
 // of per-node causes. It deliberately does not match backend.ErrHeld: a

@@ -14,8 +14,6 @@ import (
 	_ "embed"
 	"errors"
 	"net"
-	"net/url"
-	"strings"
 
 	goredis "github.com/redis/go-redis/v9"
 )
@@ -61,7 +59,7 @@ func MayHaveRun(err error) bool {
 // Ping checks that the server answers, within ctx: go-redis bounds a command
 // by ctx's deadline but does not notice a cancellation while it waits for a
 // reply, so on cancellation Ping closes client to end the call.
-func Ping(ctx context.Context, client *goredis.Client) error {
+func Ping(ctx context.Context, client goredis.UniversalClient) error {
 	done := make(chan error, 1)
 	go func() { done <- client.Ping(ctx).Err() }()
 	select {
@@ -72,30 +70,4 @@ func Ping(ctx context.Context, client *goredis.Client) error {
 		<-done
 		return ctx.Err()
 	}
-}
-
-// Redact returns err with any occurrence of u's password, raw or escaped,
-// replaced by "xxxxx". An error whose text holds no password is returned as
-// it is, so errors.Is still sees through it.
-func Redact(err error, u *url.URL) error {
-	if err == nil || u == nil || u.User == nil {
-		return err
-	}
-	pw, ok := u.User.Password()
-	if !ok || pw == "" {
-		return err
-	}
-	msg := err.Error()
-	forms := []string{pw, url.QueryEscape(pw), url.PathEscape(pw), url.UserPassword("", pw).String()[1:]}
-	found := false
-	for _, f := range forms {
-		if f != "" && strings.Contains(msg, f) {
-			msg = strings.ReplaceAll(msg, f, "xxxxx")
-			found = true
-		}
-	}
-	if !found {
-		return err
-	}
-	return errors.New(msg)
 }
