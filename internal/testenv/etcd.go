@@ -89,19 +89,11 @@ func StartEtcdCluster(t testing.TB, n int, opts ...EtcdOption) *EtcdCluster {
 	}
 	bin := Binary(t, "etcd", "etcd-server")
 	dir := t.TempDir()
-	var lastErr error
-	for attempt := 0; attempt < startAttempts; attempt++ {
-		c, err := startEtcdCluster(t, bin, dir, attempt, n, cfg)
-		if err == nil {
-			return c
-		}
-		lastErr = err
-		if !errors.Is(err, ErrAddrInUse) {
-			break
-		}
-	}
-	t.Fatalf("testenv: StartEtcdCluster: %v", lastErr)
-	return nil
+	attempt := 0
+	return startRetrying(t, "StartEtcdCluster", func() (*EtcdCluster, error) {
+		attempt++
+		return startEtcdCluster(t, bin, dir, attempt-1, n, cfg)
+	})
 }
 
 func startEtcdCluster(t testing.TB, bin, dir string, attempt, n int, cfg etcdConfig) (*EtcdCluster, error) {

@@ -95,8 +95,7 @@ func StartPostgres(t testing.TB, opts ...PostgresOption) *Postgres {
 		t.Fatalf("testenv: initdb: %v\n%s", err, out)
 	}
 
-	var lastErr error
-	for attempt := 0; attempt < startAttempts; attempt++ {
+	return startRetrying(t, "StartPostgres", func() (*Postgres, error) {
 		port := FreePort(t)
 		argv := append(slices.Clone(runAs), filepath.Join(binDir, "postgres"), "-D", dataDir,
 			"-c", "listen_addresses=127.0.0.1", "-p", strconv.Itoa(port), "-k", dir,
@@ -119,16 +118,11 @@ func StartPostgres(t testing.TB, opts ...PostgresOption) *Postgres {
 		// Registered after NewProcess's Stop, so it runs first: a fast
 		// shutdown, which does not wait for clients to disconnect.
 		t.Cleanup(pg.Stop)
-		lastErr = p.Start()
-		if lastErr == nil {
-			return pg
+		if err := p.Start(); err != nil {
+			return nil, err
 		}
-		if !errors.Is(lastErr, ErrAddrInUse) {
-			break
-		}
-	}
-	t.Fatalf("testenv: StartPostgres: %v", lastErr)
-	return nil
+		return pg, nil
+	})
 }
 
 // postgresBinDir returns the directory of initdb and postgres.
@@ -572,8 +566,7 @@ func StartPgBouncer(t testing.TB, pg *Postgres, poolMode string) *PgBouncer {
 	if err := os.WriteFile(users, []byte(`"postgres" ""`+"\n"), 0o644); err != nil {
 		t.Fatalf("testenv: %v", err)
 	}
-	var lastErr error
-	for attempt := 0; attempt < startAttempts; attempt++ {
+	return startRetrying(t, "StartPgBouncer", func() (*PgBouncer, error) {
 		port := FreePort(t)
 		ini := filepath.Join(dir, "pgbouncer.ini")
 		conf := fmt.Sprintf(`[databases]
@@ -612,16 +605,11 @@ default_pool_size = 20
 				return err
 			},
 		})
-		lastErr = p.Start()
-		if lastErr == nil {
-			return &PgBouncer{Process: p, port: port}
+		if err := p.Start(); err != nil {
+			return nil, err
 		}
-		if !errors.Is(lastErr, ErrAddrInUse) {
-			break
-		}
-	}
-	t.Fatalf("testenv: StartPgBouncer: %v", lastErr)
-	return nil
+		return &PgBouncer{Process: p, port: port}, nil
+	})
 }
 
 // URL returns a URL for the database "postgres" through pgbouncer, as the

@@ -453,3 +453,24 @@ func (p *Process) Restart() {
 		p.t.Fatalf("testenv: restarting %s: %v", p.cfg.Name, err)
 	}
 }
+
+// startRetrying runs start up to startAttempts times while it fails because a
+// port was taken between FreePort and the server's bind (ErrAddrInUse); start
+// picks fresh ports on each call. Any other error, or the last one, fails the
+// test, named by what.
+func startRetrying[T any](t testing.TB, what string, start func() (T, error)) T {
+	t.Helper()
+	var err error
+	for range startAttempts {
+		var v T
+		if v, err = start(); err == nil {
+			return v
+		}
+		if !errors.Is(err, ErrAddrInUse) {
+			break
+		}
+	}
+	t.Fatalf("testenv: %s: %v", what, err)
+	var zero T
+	return zero
+}

@@ -69,8 +69,7 @@ func StartRedis(t testing.TB, opts ...RedisOption) *Redis {
 	}
 	bin := Binary(t, "redis-server", "redis-server")
 	dir := t.TempDir()
-	var lastErr error
-	for attempt := 0; attempt < startAttempts; attempt++ {
+	return startRetrying(t, "StartRedis", func() (*Redis, error) {
 		port := FreePort(t)
 		args := []string{"--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--dir", dir}
 		if cfg.persistence {
@@ -88,16 +87,11 @@ func StartRedis(t testing.TB, opts ...RedisOption) *Redis {
 			Ports: []int{port},
 			Ready: func(ctx context.Context, pid int) error { return redisReady(ctx, addr, pid) },
 		})
-		lastErr = p.Start()
-		if lastErr == nil {
-			return &Redis{Process: p, port: port}
+		if err := p.Start(); err != nil {
+			return nil, err
 		}
-		if !errors.Is(lastErr, ErrAddrInUse) {
-			break
-		}
-	}
-	t.Fatalf("testenv: StartRedis: %v", lastErr)
-	return nil
+		return &Redis{Process: p, port: port}, nil
+	})
 }
 
 // Port returns the server's TCP port on 127.0.0.1.

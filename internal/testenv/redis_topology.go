@@ -2,7 +2,6 @@ package testenv
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -110,8 +109,7 @@ func startSentinel(t testing.TB, masterPort int, cfg SentinelConfig) *Redis {
 	t.Helper()
 	bin := Binary(t, "redis-server", "redis-server")
 	dir := t.TempDir()
-	var lastErr error
-	for attempt := 0; attempt < startAttempts; attempt++ {
+	return startRetrying(t, "starting redis-server --sentinel", func() (*Redis, error) {
 		port := FreePort(t)
 		conf := fmt.Sprintf(`port %d
 bind 127.0.0.1
@@ -134,16 +132,11 @@ sentinel parallel-syncs %[3]s 1
 			Ports: []int{port},
 			Ready: func(ctx context.Context, pid int) error { return redisReady(ctx, addr, pid) },
 		})
-		lastErr = p.Start()
-		if lastErr == nil {
-			return &Redis{Process: p, port: port}
+		if err := p.Start(); err != nil {
+			return nil, err
 		}
-		if !errors.Is(lastErr, ErrAddrInUse) {
-			break
-		}
-	}
-	t.Fatalf("testenv: starting redis-server --sentinel: %v", lastErr)
-	return nil
+		return &Redis{Process: p, port: port}, nil
+	})
 }
 
 // SentinelAddrs returns the sentinels' addresses, "127.0.0.1:PORT".

@@ -92,22 +92,17 @@ func StartZooKeeper(t testing.TB, opts ...ZooKeeperOption) *ZooKeeper {
 	t.Helper()
 	java, cfg := zooKeeperPrereqs(t, opts)
 	dir := t.TempDir()
-	var lastErr error
-	for attempt := 0; attempt < startAttempts; attempt++ {
+	return startRetrying(t, "StartZooKeeper", func() (*ZooKeeper, error) {
 		port := FreePort(t)
 		z, err := newZooKeeper(t, java, dir, 0, port, []int{port}, nil, cfg)
 		if err != nil {
 			t.Fatalf("testenv: StartZooKeeper: %v", err)
 		}
-		if lastErr = z.Start(); lastErr == nil {
-			return z
+		if err := z.Start(); err != nil {
+			return nil, err
 		}
-		if !errors.Is(lastErr, ErrAddrInUse) {
-			break
-		}
-	}
-	t.Fatalf("testenv: StartZooKeeper: %v", lastErr)
-	return nil
+		return z, nil
+	})
 }
 
 // ZooKeeperEnsemble is a ZooKeeper ensemble the test owns.
@@ -129,8 +124,7 @@ func StartZooKeeperEnsemble(t testing.TB, n int, opts ...ZooKeeperOption) *ZooKe
 		t.Fatalf("testenv: StartZooKeeperEnsemble: %d members", n)
 	}
 	java, cfg := zooKeeperPrereqs(t, opts)
-	var lastErr error
-	for attempt := 0; attempt < startAttempts; attempt++ {
+	return startRetrying(t, "StartZooKeeperEnsemble", func() (*ZooKeeperEnsemble, error) {
 		ports := make([][3]int, n) // client, quorum, election
 		servers := make([]string, n)
 		for i := range ports {
@@ -155,19 +149,14 @@ func StartZooKeeperEnsemble(t testing.TB, n int, opts ...ZooKeeperOption) *ZooKe
 			wg.Go(func() { errs[i] = z.Start() })
 		}
 		wg.Wait()
-		lastErr = errors.Join(errs...)
-		if lastErr == nil {
-			return e
+		if err := errors.Join(errs...); err != nil {
+			for _, z := range e.Members {
+				z.Stop()
+			}
+			return nil, err
 		}
-		for _, z := range e.Members {
-			z.Stop()
-		}
-		if !errors.Is(lastErr, ErrAddrInUse) {
-			break
-		}
-	}
-	t.Fatalf("testenv: StartZooKeeperEnsemble: %v", lastErr)
-	return nil
+		return e, nil
+	})
 }
 
 // zooKeeperPrereqs finds java and the jars, skipping (or, under CI=true,
