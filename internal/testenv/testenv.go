@@ -7,7 +7,9 @@
 // t.Cleanup, and every goroutine it starts has ended by the time that
 // cleanup returns, so tests may use go.uber.org/goleak.
 //
-// The package depends only on the standard library and package testing.
+// StartProxy puts a breakable TCP proxy (Toxiproxy, used as a library) between
+// clients and a server, for fault-injection tests. Apart from Toxiproxy, the
+// package depends only on the standard library and package testing.
 package testenv
 
 import (
