@@ -1,0 +1,206 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/bsm/redislock"
+	"github.com/go-redsync/redsync/v4"
+	redsyncredis "github.com/go-redsync/redsync/v4/redis"
+	redsyncgoredis "github.com/go-redsync/redsync/v4/redis/goredis/v9"
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/testenv"
+	_ "github.com/dlock-go/dlock/redis"   // redis://
+	_ "github.com/dlock-go/dlock/redlock" // redlock://
+)
+
+// redisEnv is one single redis-server and five more for Redlock, started for
+// one top-level benchmark or test.
+type redisEnv struct {
+	single *testenv.Redis
+	nodes  []*testenv.Redis
+	impls  []impl
+}
+
+func startRedisEnv(tb testing.TB) *redisEnv {
+	e := &redisEnv{single: testenv.StartRedis(tb)}
+	for range 5 {
+		e.nodes = append(e.nodes, testenv.StartRedis(tb))
+	}
+	one := redisCalls(tb, e.single.Addr())
+	var addrs []string
+	var fives []func() (float64, error)
+	for _, n := range e.nodes {
+		addrs = append(addrs, n.Addr())
+		fives = append(fives, redisCalls(tb, n.Addr()))
+	}
+	five := sumReqs(fives...)
+	e.impls = []impl{
+		dlockImpl("dlock", e.single.URL(), one),
+		{name: "redsync", newLocker: func(tb testing.TB) locker { return newRedsync(tb, e.single.Addr()) }, canWait: true, reqs: one},
+		{name: "redislock", newLocker: func(tb testing.TB) locker { return newRedislock(tb, e.single.Addr()) }, canWait: true, reqs: one},
+		{name: "floor", newLocker: func(tb testing.TB) locker { return newRedisFloor(tb, e.single.Addr()) }, reqs: one},
+		dlockImpl("dlock-redlock5", "redlock://"+strings.Join(addrs, ","), five),
+		{name: "redsync5", newLocker: func(tb testing.TB) locker { return newRedsync(tb, addrs...) }, canWait: true, reqs: five},
+	}
+	return e
+}
+
+// redisCalls returns a reader of the server's total command count (INFO
+// commandstats, without the INFO calls themselves).
+func redisCalls(tb testing.TB, addr string) func() (float64, error) {
+	c := goredis.NewClient(&goredis.Options{Addr: addr})
+	tb.Cleanup(func() { _ = c.Close() })
+	return func() (float64, error) {
+		s, err := c.Info(context.Background(), "commandstats").Result()
+		if err != nil {
+			return 0, fmt.Errorf("INFO commandstats on %s: %w", addr, err)
+		}
+		var sum float64
+		for line := range strings.Lines(s) {
+			name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
+			if !ok || name == "cmdstat_info" {
+				continue
+			}
+			calls, _, _ := strings.Cut(rest, ",")
+			n, err := strconv.ParseFloat(calls, 64)
+			if err != nil {
+				return 0, fmt.Errorf("INFO commandstats on %s: bad line %q", addr, line)
+			}
+			sum += n
+		}
+		return sum, nil
+	}
+}
+
+func newRedisClient(tb testing.TB, addr string) *goredis.Client {
+	c := goredis.NewClient(&goredis.Options{Addr: addr})
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// redsyncLocker is go-redsync/redsync v4 over one pool per address.
+type redsyncLocker struct{ rs *redsync.Redsync }
+
+func newRedsync(tb testing.TB, addrs ...string) redsyncLocker {
+	var pools []redsyncredis.Pool
+	for _, a := range addrs {
+		pools = append(pools, redsyncgoredis.NewPool(newRedisClient(tb, a)))
+	}
+	return redsyncLocker{redsync.New(pools...)}
+}
+
+func (r redsyncLocker) lock(ctx context.Context, key string, wait bool) (func() error, error) {
+	// Enough tries that a contended Lock does not give up; the retry delay is
+	// redsync's default (random 50–250ms).
+	m := r.rs.NewMutex(key, redsync.WithExpiry(benchTTL), redsync.WithTries(1_000_000))
+	var err error
+	if wait {
+		err = m.LockContext(ctx)
+	} else {
+		err = m.TryLockContext(ctx)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return func() error {
+		ok, err := m.UnlockContext(context.Background())
+		if err == nil && !ok {
+			err = fmt.Errorf("redsync: unlock of %q failed", key)
+		}
+		return err
+	}, nil
+}
+
+// redislockRetry is redislock's retry strategy when waiting: the library has
+// no default (NoRetry); a 10ms linear backoff is its README's example.
+const redislockRetry = 10 * time.Millisecond
+
+type redislockLocker struct{ c *redislock.Client }
+
+func newRedislock(tb testing.TB, addr string) redislockLocker {
+	return redislockLocker{redislock.New(newRedisClient(tb, addr))}
+}
+
+func (r redislockLocker) lock(ctx context.Context, key string, wait bool) (func() error, error) {
+	opt := &redislock.Options{RetryStrategy: redislock.NoRetry()}
+	if wait {
+		opt.RetryStrategy = redislock.LinearBackoff(redislockRetry)
+	}
+	l, err := r.c.Obtain(ctx, key, benchTTL, opt)
+	if err != nil {
+		return nil, err
+	}
+	return func() error { return l.Release(context.Background()) }, nil
+}
+
+// redisFloor is the least any correct Redis lock does: SET NX PX with a random
+// owner, then an owner-checked DEL (a script). It cannot wait.
+type redisFloor struct{ c *goredis.Client }
+
+var ownerDel = goredis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0`)
+
+func newRedisFloor(tb testing.TB, addr string) redisFloor {
+	c := newRedisClient(tb, addr)
+	if err := ownerDel.Load(context.Background(), c).Err(); err != nil {
+		tb.Fatalf("floor: SCRIPT LOAD: %v", err)
+	}
+	return redisFloor{c}
+}
+
+func (f redisFloor) lock(ctx context.Context, key string, wait bool) (func() error, error) {
+	if wait {
+		return nil, fmt.Errorf("floor: cannot wait")
+	}
+	owner := backend.NewOwnerID()
+	ok, err := f.c.SetNX(ctx, key, owner, benchTTL).Result()
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, fmt.Errorf("floor: %q is held", key)
+	}
+	return func() error {
+		n, err := ownerDel.EvalSha(context.Background(), f.c, []string{key}, owner).Int()
+		if err == nil && n != 1 {
+			err = fmt.Errorf("floor: %q was not ours at release", key)
+		}
+		return err
+	}, nil
+}
+
+// BenchmarkRedis compares, against the same servers in one run, dlock's Redis
+// driver, redsync (1 pool), redislock and the raw floor on one redis-server,
+// and dlock's Redlock and redsync over five more (5 pools).
+//
+//   - Uncontended: one try-acquire + release of every implementation per
+//     round, rotated (see runUncontended); IMPL.ops/s, IMPL.p50-ns, IMPL.p99-ns.
+//   - Contended8/IMPL, Contended32/IMPL: 8 or 32 clients loop lock → unlock
+//     on one key (see runContended).
+func BenchmarkRedis(b *testing.B) {
+	e := startRedisEnv(b)
+	benchBackend(b, e.impls)
+}
+
+// benchBackend runs the latency and contention scenarios of one backend.
+func benchBackend(b *testing.B, impls []impl) {
+	b.Run("Uncontended", func(b *testing.B) {
+		reportUncontended(b, runUncontended(b, impls, b.N))
+	})
+	for _, n := range []int{8, 32} {
+		for _, im := range impls {
+			if !im.canWait {
+				continue
+			}
+			b.Run("Contended"+strconv.Itoa(n)+"/"+im.name, func(b *testing.B) {
+				reportContended(b, runContended(b, im, n, b.N))
+			})
+		}
+	}
+}
