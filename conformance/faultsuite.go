@@ -1,34 +1,585 @@
 package conformance
 
 import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/dlock-go/dlock"
 )
 
-// RunFaults runs one trial per cell of m (more with -faults.trials) against h:
-// see issue #7. STUB: being written.
+// FailoverTimer is an optional interface on a FaultHarness whose deployment
+// needs time to serve again after a fault is healed (a leader election, a
+// session re-established): the liveness check after heal waits TTL +
+// FailoverTime + 5s. Without it, FailoverTime counts as 0.
+type FailoverTimer interface {
+	FailoverTime() time.Duration
+}
+
+// livenessSlack is added to the liveness bound after heal, for a loaded
+// machine.
+const livenessSlack = 5 * time.Second
+
+var trialsFlag = flag.Int("faults.trials", 0, "conformance: trials per fault-matrix cell (default 1, or $DLOCK_FAULT_TRIALS)")
+
+// trials is the number of trials per cell: -faults.trials, else
+// $DLOCK_FAULT_TRIALS, else 1.
+func trials() int {
+	if *trialsFlag > 0 {
+		return *trialsFlag
+	}
+	if n, err := strconv.Atoi(os.Getenv("DLOCK_FAULT_TRIALS")); err == nil && n > 0 {
+		return n
+	}
+	return 1
+}
+
+// faultOrder is the order in which RunFaults runs the known faults; others
+// follow in name order.
+var faultOrder = []Fault{Partition, Disconnect, PauseHolder, Restart, RestartEmpty, Stall, KillLeader, ClockJump}
+
+func orderedFaults(m Matrix) []Fault {
+	var out, rest []Fault
+	for _, f := range faultOrder {
+		if _, ok := m[f]; ok {
+			out = append(out, f)
+		}
+	}
+	for f := range m {
+		if !slices.Contains(faultOrder, f) {
+			rest = append(rest, f)
+		}
+	}
+	sort.Slice(rest, func(i, j int) bool { return rest[i] < rest[j] })
+	return append(out, rest...)
+}
+
+// isLinkFault reports whether f breaks the holder's Link.
+func isLinkFault(f Fault) bool { return f == Partition || f == Disconnect }
+
+// lasting reports whether f lasts 2×TTL before it is healed. The others
+// (Restart, RestartEmpty, ClockJump) are healed as soon as they are in effect:
+// a restart as fast as the server comes back, which is when a lock lost with
+// the server's state can be granted again while its holder still believes in
+// it.
+func lasting(f Fault) bool {
+	switch f {
+	case Restart, RestartEmpty, ClockJump:
+		return false
+	}
+	return true
+}
+
+// RunFaults runs the fault matrix m against h: for each cell, in a stable
+// order (the order of the Fault constants, then by name), a subtest named
+// after the fault runs one trial (more with the test flag -faults.trials=N or
+// $DLOCK_FAULT_TRIALS). A cell with Expect.Skip is skipped with its reason,
+// and so is a fault the harness cannot inject (a server fault missing from
+// ServerFaults, a link fault with a nil Link, PauseHolder without Main in
+// TestMain).
+//
+// A trial: a holder — in-process through dlock.Open(LinkedDSN), or for
+// PauseHolder a child process — acquires a fresh key with the short TTL
+// (ShortTTLer, else DefaultShortTTL) and auto-renew, and keeps incrementing a
+// counter in a fenced register (a fencing.Guard in the test process; a child
+// reaches it over a pipe): a fenced read, think time, a fenced write. A
+// contender from h.NewLocker waits for the key. The fault is injected at a
+// random phase of the refresh tick (TTL/3 + U[0, TTL/3) after the grant); link
+// faults, PauseHolder, Stall and KillLeader last 2×TTL, the others are healed
+// as soon as they are in effect. Then the trial checks liveness (someone holds
+// the key within TTL + FailoverTime + 5s of the heal), lets the holder notice
+// its loss (up to 2×TTL + 5s), stops both, checks Residue when h is an
+// Inspector, and classifies the trial (see Outcome). Times are compared on
+// the wall clock, so a child's times compare with the parent's:
+//
+//   - the holder's loss time is when its Done closed, or for the child holder
+//     the earlier of that and its last reported Deadline (a paused process
+//     cannot close Done, but is not entitled to write after its Deadline);
+//   - the contender's grant time is when its Acquire returned;
+//   - Held: the holder never lost its lease and the contender was granted
+//     only after the holder released; LossDetected: loss time ≤ grant time;
+//     Fenced: grant time < loss time, and the checks below pass; Unsafe: a
+//     stale write was accepted (a request of the older lease accepted after
+//     one of the newer lease reached the register), or porcupine finds the
+//     register's history not linearizable (a lost update).
+//
+// The detection latency of a trial is the holder's loss time minus the time
+// the fault was injected (none when Held). An observed outcome outside
+// Expect.Outcome fails the trial with the evidence. Each cell appends a
+// Record to $DLOCK_SAFETY_OUT when set (see WriteRecord).
 func RunFaults(t *testing.T, h FaultHarness, m Matrix) {
 	t.Helper()
-	t.Skip("RunFaults: not written yet")
+	fs := &faultSuite{h: h, ttl: DefaultShortTTL}
+	if st, ok := h.(ShortTTLer); ok {
+		fs.ttl = st.ShortTTL()
+	}
+	if ft, ok := h.(FailoverTimer); ok {
+		fs.failover = ft.FailoverTime()
+	}
+	for _, f := range orderedFaults(m) {
+		exp := m[f]
+		t.Run(string(f), func(t *testing.T) { fs.runCell(t, f, exp) })
+	}
 }
 
-// SoakOptions configures Soak.
-type SoakOptions struct {
-	Processes  int           // child processes; default 3
-	Goroutines int           // lock handles per process; default 4
-	Keys       int           // keys contended; default 4
-	Duration   time.Duration // default 1m, or -soak=D
-	FaultEvery time.Duration // default 10s
+type faultSuite struct {
+	h        FaultHarness
+	ttl      time.Duration
+	failover time.Duration
 }
 
-// Soak runs many lockers in several child processes on a few keys under a fault
-// every FaultEvery. STUB: being written.
-func Soak(t *testing.T, h FaultHarness, o SoakOptions) {
-	t.Helper()
-	t.Skip("Soak: not written yet")
+// missing returns why h cannot take f, or "".
+func (fs *faultSuite) missing(f Fault) string {
+	switch {
+	case isLinkFault(f):
+		return ""
+	case f == PauseHolder:
+		if !mainCalled {
+			return "the package's TestMain does not call conformance.Main, so the holder cannot run as a child process"
+		}
+		return ""
+	case !slices.Contains(fs.h.ServerFaults(), f):
+		return fmt.Sprintf("the %s harness cannot inject %s (not in ServerFaults)", fs.h.Deployment(), f)
+	}
+	return ""
 }
 
-// Main must be called first in the TestMain of a package that runs RunFaults or
-// Soak: in a child process started by the suite it runs the child's part and
-// exits; otherwise it returns at once. STUB: being written.
-func Main(m *testing.M) {}
+func (fs *faultSuite) runCell(t *testing.T, f Fault, exp Expect) {
+	rec := Record{Kind: "fault", Deployment: fs.h.Deployment(), Fault: string(f),
+		Expected: exp.Outcome.String(), Why: exp.Why}
+	if exp.Skip != "" {
+		rec.Skip = exp.Skip
+		WriteRecord(t, rec)
+		t.Skip(exp.Skip)
+	}
+	if reason := fs.missing(f); reason != "" {
+		rec.Skip = reason
+		WriteRecord(t, rec)
+		t.Skip(reason)
+	}
+	var observed Outcome
+	var lat []time.Duration
+	n := trials()
+	for i := range n {
+		r := fs.trial(t, f)
+		if r.skip != "" {
+			rec.Skip = r.skip
+			WriteRecord(t, rec)
+			t.Skip(r.skip)
+		}
+		rec.Trials++
+		observed |= r.outcome
+		rec.Stale += r.stale
+		rec.Overlaps += r.overlaps
+		if r.latency >= 0 {
+			lat = append(lat, r.latency)
+		}
+		t.Logf("trial %d/%d: %s (detection latency %s)\n%s", i+1, n, r.outcome, latencyString(r.latency), r.evidence)
+		if r.outcome&exp.Outcome == 0 {
+			rec.Failed = true
+			t.Errorf("%s on %s, trial %d: observed %s, expected %s (%s)\nevidence:\n%s",
+				f, fs.h.Deployment(), i+1, r.outcome, exp.Outcome, exp.Why, r.evidence)
+		}
+		for _, e := range r.failures {
+			rec.Failed = true
+			t.Errorf("%s on %s, trial %d: %s", f, fs.h.Deployment(), i+1, e)
+		}
+		if t.Failed() {
+			break
+		}
+	}
+	rec.Observed = observed.String()
+	rec.LatencyP50Ms, rec.LatencyMaxMs = latencyStats(lat)
+	WriteRecord(t, rec)
+}
+
+func latencyString(d time.Duration) string {
+	if d < 0 {
+		return "none: not lost"
+	}
+	return d.Round(time.Millisecond).String()
+}
+
+// latencyStats returns the median and maximum of ds in milliseconds, or -1
+// for none.
+func latencyStats(ds []time.Duration) (p50, max float64) {
+	if len(ds) == 0 {
+		return -1, -1
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	return ms(s[(len(s)-1)/2]), ms(s[len(s)-1])
+}
+
+// trialResult is what one trial observed.
+type trialResult struct {
+	skip     string
+	outcome  Outcome
+	latency  time.Duration // loss time minus fault time; -1 if not lost
+	stale    int
+	overlaps int
+	evidence string
+	failures []string // liveness, residue, porcupine and process failures
+}
+
+// holderView is what the test knows of the holder's lease, from the holder
+// goroutine or from the child's events. Times are wall-clock ns; 0 = never.
+type holderView struct {
+	granted chan struct{} // closed once the lease is granted
+	ended   chan struct{} // closed once the lease has ended
+
+	mu       sync.Mutex
+	token    dlock.Token
+	grantAt  int64
+	deadline int64 // the latest known Deadline (child holders only)
+	endAt    int64
+	lost     bool
+	endErr   string
+}
+
+func newHolderView() *holderView {
+	return &holderView{granted: make(chan struct{}), ended: make(chan struct{})}
+}
+
+func (v *holderView) grant(tok dlock.Token, at, deadline int64) {
+	v.mu.Lock()
+	v.token, v.grantAt, v.deadline = tok, at, deadline
+	v.mu.Unlock()
+	close(v.granted)
+}
+
+func (v *holderView) end(at int64, lost bool, err string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.endAt != 0 {
+		return
+	}
+	v.endAt, v.lost, v.endErr = at, lost, err
+	close(v.ended)
+}
+
+// localHolder runs the holder in-process, through dlock.Open(dsn). stop
+// releases its lease, closes its locker and waits for it.
+func (fs *faultSuite) localHolder(t *testing.T, dsn, k string, reg *register) (*holderView, func() error) {
+	v := newHolderView()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { // owned by the trial: stop cancels ctx and waits for done
+		done <- func() error {
+			octx, ocancel := context.WithTimeout(ctx, 30*time.Second)
+			defer ocancel()
+			l, err := dlock.Open(octx, dsn)
+			if err != nil {
+				return fmt.Errorf("holder: open %s: %w", dsn, err)
+			}
+			defer l.Close()
+			lease, err := l.Acquire(octx, k, dlock.WithTTL(fs.ttl))
+			if err != nil {
+				return fmt.Errorf("holder: acquire: %w", err)
+			}
+			ref := leaseRef{Label: "holder", Token: lease.Token(), Granted: time.Now().UnixNano()}
+			v.grant(ref.Token, ref.Granted, 0)
+			watched := make(chan struct{})
+			go func() { // owned by the holder: ends with the lease
+				defer close(watched)
+				<-lease.Done()
+				v.end(time.Now().UnixNano(), errors.Is(lease.Err(), dlock.ErrLeaseLost), fmt.Sprint(lease.Err()))
+			}()
+			for lease.Err() == nil && ctx.Err() == nil {
+				localIncrement(reg, k, ref, fs.ttl/10)
+				select {
+				case <-ctx.Done():
+				case <-time.After(fs.ttl / 20): // pacing between increments
+				}
+			}
+			err = lease.Release(context.Background())
+			<-watched
+			if err != nil && !errors.Is(err, dlock.ErrLeaseLost) && !errors.Is(err, dlock.ErrReleased) {
+				return fmt.Errorf("holder: release: %w", err)
+			}
+			return nil
+		}()
+	}()
+	var once sync.Once
+	var stopErr error
+	stop := func() error {
+		once.Do(func() {
+			cancel()
+			stopErr = <-done
+		})
+		return stopErr
+	}
+	t.Cleanup(func() { _ = stop() })
+	return v, stop
+}
+
+// localIncrement is increment for an in-process lease: a fenced read, think
+// time, a fenced write. It does not look at the lease between the two, as a
+// real client would not.
+func localIncrement(reg *register, k string, ref leaseRef, think time.Duration) bool {
+	v, ok := reg.op(k, ref, false, 0)
+	if !ok {
+		return false
+	}
+	time.Sleep(think) // think time: the fault may hit between read and write
+	_, ok = reg.op(k, ref, true, v+1)
+	return ok
+}
+
+// childHolder runs the holder as a child process (for PauseHolder).
+func (fs *faultSuite) childHolder(t *testing.T, dsn, k string, reg *register) (*holderView, *child, func() error) {
+	ch := startChild(t, "holder", childSpec{Name: "holder", DSN: dsn, Keys: []string{k}, TTL: fs.ttl,
+		Think: fs.ttl / 10, Interval: fs.ttl / 20}, reg)
+	v := newHolderView()
+	viewed := make(chan struct{})
+	go func() { // owned by the child handle: ends when the child's stdout closes
+		defer close(viewed)
+		granted := false
+		for m := range ch.events {
+			switch m.T {
+			case "grant":
+				if !granted {
+					granted = true
+					v.grant(m.Token, m.At, m.Deadline)
+				}
+			case "deadline":
+				v.mu.Lock()
+				v.deadline = m.Deadline
+				v.mu.Unlock()
+			case "end":
+				v.end(m.At, m.Lost, m.Err)
+			}
+		}
+	}()
+	return v, ch, func() error {
+		err := ch.stop(t, 15*time.Second)
+		<-viewed
+		return err
+	}
+}
+
+// contender waits for the key from h.NewLocker, then keeps incrementing the
+// register until stopped.
+type contender struct {
+	granted chan struct{}
+	mu      sync.Mutex
+	token   dlock.Token
+	grantAt int64
+	stop    func() error
+}
+
+func (fs *faultSuite) startContender(t *testing.T, k string, reg *register, bound time.Duration) *contender {
+	c := &contender{granted: make(chan struct{})}
+	l := fs.h.NewLocker(t)
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	done := make(chan error, 1)
+	go func() { // owned by the trial: stop cancels ctx and waits for done
+		done <- func() error {
+			lease, err := l.Acquire(ctx, k, dlock.WithTTL(fs.ttl))
+			if err != nil {
+				if ctx.Err() != nil {
+					return nil // never granted; the liveness check reports it
+				}
+				return fmt.Errorf("contender: acquire: %w", err)
+			}
+			ref := leaseRef{Label: "contender", Token: lease.Token(), Granted: time.Now().UnixNano()}
+			c.mu.Lock()
+			c.token, c.grantAt = ref.Token, ref.Granted
+			c.mu.Unlock()
+			close(c.granted)
+			for lease.Err() == nil && ctx.Err() == nil {
+				localIncrement(reg, k, ref, fs.ttl/10)
+				select {
+				case <-ctx.Done():
+				case <-time.After(fs.ttl / 20):
+				}
+			}
+			// The contender's lease may be lost too: granted by a server that
+			// was stalled since the request, it ends at once (its deadline
+			// counts from the request).
+			if err := lease.Release(context.Background()); err != nil && !errors.Is(err, dlock.ErrLeaseLost) {
+				return fmt.Errorf("contender: release: %w", err)
+			}
+			return nil
+		}()
+	}()
+	var once sync.Once
+	var stopErr error
+	c.stop = func() error {
+		once.Do(func() {
+			cancel()
+			stopErr = <-done
+			if err := l.Close(); err != nil && !errors.Is(err, dlock.ErrClosed) && stopErr == nil {
+				stopErr = fmt.Errorf("contender: close: %w", err)
+			}
+		})
+		return stopErr
+	}
+	t.Cleanup(func() { _ = c.stop() })
+	return c
+}
+
+// sleepUntil sleeps until the wall time at: the trial's schedule, not a
+// synchronisation.
+func sleepUntil(at time.Time) { time.Sleep(time.Until(at)) }
+
+func (fs *faultSuite) trial(t *testing.T, f Fault) trialResult {
+	ttl := fs.ttl
+	k := key(t)
+	reg := newRegister()
+	dsn, link := fs.h.LinkedDSN(t)
+	if isLinkFault(f) && link == nil {
+		return trialResult{skip: fmt.Sprintf("the %s harness has no Link (LinkedDSN returned nil), so it cannot take %s", fs.h.Deployment(), f)}
+	}
+	var (
+		hv         *holderView
+		ch         *child
+		stopHolder func() error
+	)
+	if f == PauseHolder {
+		hv, ch, stopHolder = fs.childHolder(t, dsn, k, reg)
+	} else {
+		hv, stopHolder = fs.localHolder(t, dsn, k, reg)
+	}
+	select {
+	case <-hv.granted:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s: the holder was not granted %q within 30s (stop: %v)", f, k, stopHolder())
+	}
+	hv.mu.Lock()
+	grantAt := time.Unix(0, hv.grantAt)
+	hv.mu.Unlock()
+
+	bound := ttl + fs.failover + livenessSlack
+	faultLen := 2 * ttl
+	c := fs.startContender(t, k, reg, 10*bound+4*faultLen+time.Minute)
+
+	// Inject at a random phase of the refresh tick (every TTL/3 after the grant).
+	sleepUntil(grantAt.Add(ttl/3 + rand.N(ttl/3)))
+	faultAt := time.Now()
+	switch {
+	case isLinkFault(f):
+		if f == Partition {
+			link.Blackhole(t)
+		} else {
+			link.Cut(t)
+		}
+		sleepUntil(faultAt.Add(faultLen))
+		link.Heal(t)
+	case f == PauseHolder:
+		ch.pause(t)
+		sleepUntil(faultAt.Add(faultLen))
+		ch.resume(t)
+	default:
+		heal := fs.h.Inject(t, f, k)
+		if lasting(f) {
+			sleepUntil(faultAt.Add(faultLen))
+		}
+		heal()
+	}
+	healedAt := time.Now()
+
+	var res trialResult
+	// Liveness: someone holds the key within the bound after heal. A holder
+	// whose lease is still on 2×TTL + FailoverTime after heal kept the lock
+	// through the fault (a lost key would have been granted by then): let it
+	// go, and the contender must get the key.
+	heldAt := healedAt.Add(2*ttl + fs.failover)
+	select {
+	case <-c.granted:
+	case <-time.After(time.Until(heldAt)):
+		select {
+		case <-c.granted:
+		case <-hv.ended:
+			select {
+			case <-c.granted:
+			case <-time.After(time.Until(healedAt.Add(bound))):
+				res.failures = append(res.failures, fmt.Sprintf("liveness: nobody holds %q %v after heal (holder's lease ended: %s)", k, bound, hv.endErr))
+			}
+		default:
+			if err := stopHolder(); err != nil {
+				res.failures = append(res.failures, err.Error())
+			}
+			select {
+			case <-c.granted:
+			case <-time.After(bound):
+				res.failures = append(res.failures, fmt.Sprintf("liveness: the contender did not get %q within %v of the holder's release", k, bound))
+			}
+		}
+	}
+	// Let the holder notice its loss, then stop both.
+	select {
+	case <-hv.ended:
+	case <-time.After(2*ttl + livenessSlack):
+	}
+	if err := stopHolder(); err != nil {
+		res.failures = append(res.failures, err.Error())
+	}
+	if err := c.stop(); err != nil {
+		res.failures = append(res.failures, err.Error())
+	}
+	if in, ok := fs.h.(Inspector); ok {
+		if left := in.Residue(t, k); len(left) > 0 {
+			res.failures = append(res.failures, fmt.Sprintf("residue after Close: %q", left))
+		}
+	}
+
+	// Classify.
+	hv.mu.Lock()
+	tokH, endAt, lost, endErr, deadline := hv.token, hv.endAt, hv.lost, hv.endErr, hv.deadline
+	hv.mu.Unlock()
+	c.mu.Lock()
+	tokC, g := c.token, c.grantAt
+	c.mu.Unlock()
+	lossAt := endAt
+	if lost && deadline != 0 && deadline < lossAt {
+		lossAt = deadline
+	}
+	accepted, rejected, stale, staleEv := reg.counts()
+	res.stale = stale
+	res.latency = -1
+	if lost {
+		res.latency = time.Duration(lossAt - faultAt.UnixNano())
+	}
+	linErr := reg.checkLinearizable(t)
+	switch {
+	case stale > 0 || linErr != nil:
+		res.outcome = Unsafe
+	case !lost && (g == 0 || g >= endAt):
+		res.outcome = Held
+	case lost && (g == 0 || lossAt <= g):
+		res.outcome = LossDetected
+	default:
+		res.outcome = Fenced
+	}
+	if g != 0 && (endAt == 0 || g < lossAt) && res.outcome != Held {
+		res.overlaps = 1
+	}
+	var ev strings.Builder
+	fmt.Fprintf(&ev, "  fault %s injected %s, healed %s\n", f, wallString(faultAt.UnixNano()), wallString(healedAt.UnixNano()))
+	fmt.Fprintf(&ev, "  holder: token %d granted %s; lease ended %s (%s)", tokH, wallString(grantAt.UnixNano()), wallString(endAt), endErr)
+	if deadline != 0 {
+		fmt.Fprintf(&ev, "; last reported deadline %s", wallString(deadline))
+	}
+	fmt.Fprintf(&ev, "\n  contender: token %d granted %s\n", tokC, wallString(g))
+	fmt.Fprintf(&ev, "  register: %d requests accepted, %d rejected as stale, %d stale accepted", accepted, rejected, stale)
+	for _, e := range staleEv {
+		fmt.Fprintf(&ev, "\n    stale: %s", e)
+	}
+	if linErr != nil {
+		fmt.Fprintf(&ev, "\n  porcupine: %v", linErr)
+	}
+	res.evidence = ev.String()
+	return res
+}

@@ -1,0 +1,70 @@
+package conformance
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+)
+
+// Record is one line of the safety results that RunFaults (one per matrix
+// cell) and Soak (one per run) append to a file in the directory named by
+// $DLOCK_SAFETY_OUT, when set; conformance/cmd/safety-report turns them into
+// docs/SAFETY.md.
+type Record struct {
+	Kind         string  `json:"kind"`               // "fault" or "soak"
+	Deployment   string  `json:"deployment"`         // FaultHarness.Deployment
+	Fault        string  `json:"fault,omitempty"`    // the Fault; for a soak, the faults injected
+	Expected     string  `json:"expected,omitempty"` // Expect.Outcome, as Outcome.String
+	Observed     string  `json:"observed,omitempty"` // the union of the trials' outcomes; "" if skipped
+	Why          string  `json:"why,omitempty"`      // Expect.Why
+	Skip         string  `json:"skip,omitempty"`     // why the cell was skipped
+	Trials       int     `json:"trials"`             // trials run (soak: faults injected)
+	LatencyP50Ms float64 `json:"latency_p50_ms"`     // detection latency, median; -1 if none
+	LatencyMaxMs float64 `json:"latency_max_ms"`     // detection latency, maximum; -1 if none
+	Stale        int     `json:"stale_accepted"`     // stale writes accepted
+	Overlaps     int     `json:"overlaps"`           // trials (soak: lease pairs) where two holders overlapped
+	Ops          int     `json:"ops,omitempty"`      // soak: register requests accepted
+	Duration     string  `json:"duration,omitempty"` // soak: how long it ran
+	Failed       bool    `json:"failed,omitempty"`   // the cell or soak failed
+	Test         string  `json:"test"`               // the test's name
+	Time         string  `json:"time"`               // when the record was written (RFC 3339, UTC)
+}
+
+var recordMu sync.Mutex
+
+// WriteRecord appends rec, as one JSON line, to $DLOCK_SAFETY_OUT/<pid>.jsonl
+// (one file per test process, so that packages tested in parallel do not
+// interleave). It does nothing when $DLOCK_SAFETY_OUT is unset. It fills in
+// Test and Time.
+func WriteRecord(t testing.TB, rec Record) {
+	dir := os.Getenv("DLOCK_SAFETY_OUT")
+	if dir == "" {
+		return
+	}
+	rec.Test = t.Name()
+	rec.Time = time.Now().UTC().Format(time.RFC3339)
+	b, err := json.Marshal(rec)
+	if err != nil {
+		t.Errorf("safety record: %v", err)
+		return
+	}
+	recordMu.Lock()
+	defer recordMu.Unlock()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Errorf("safety record: %v", err)
+		return
+	}
+	f, err := os.OpenFile(filepath.Join(dir, fmt.Sprintf("%d.jsonl", os.Getpid())), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+	if err != nil {
+		t.Errorf("safety record: %v", err)
+		return
+	}
+	defer f.Close()
+	if _, err := f.Write(append(b, '\n')); err != nil {
+		t.Errorf("safety record: %v", err)
+	}
+}

@@ -1,0 +1,116 @@
+package redis_test
+
+import (
+	"context"
+	"testing"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/dlock-go/dlock/conformance"
+	"github.com/dlock-go/dlock/internal/testenv"
+	"github.com/dlock-go/dlock/redis"
+)
+
+// faultHarness breaks one redis-server: its lockers' links through a proxy,
+// the server itself (kill and restart, SIGSTOP), and the lock key behind the
+// holder's back (the effect of a clock jump on the server).
+type faultHarness struct {
+	*harness
+	srv  *testenv.Redis
+	name string
+	aof  bool // the server has appendonly yes, appendfsync always
+}
+
+func newFaultHarness(t testing.TB, aof bool) *faultHarness {
+	var opts []testenv.RedisOption
+	name := "redis"
+	if aof {
+		opts, name = append(opts, testenv.WithPersistence()), "redis-aof"
+	}
+	srv := testenv.StartRedis(t, opts...)
+	h := newHarnessDial(t, func() goredis.UniversalClient {
+		return goredis.NewClient(&goredis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	})
+	return &faultHarness{harness: h, srv: srv, name: name, aof: aof}
+}
+
+func (h *faultHarness) Deployment() string { return h.name }
+
+// LinkedDSN reaches the server through a new proxy. The driver's startup
+// checks are off: the server deliberately runs without persistence.
+func (h *faultHarness) LinkedDSN(t testing.TB) (string, conformance.Link) {
+	p := testenv.StartProxy(t, h.srv.Addr())
+	return "redis://" + p.Addr() + "/0?checks=off&dial_timeout=1s", p
+}
+
+func (h *faultHarness) ServerFaults() []conformance.Fault {
+	if h.aof {
+		return []conformance.Fault{conformance.Restart, conformance.Stall, conformance.ClockJump}
+	}
+	return []conformance.Fault{conformance.RestartEmpty, conformance.Stall, conformance.ClockJump}
+}
+
+func (h *faultHarness) Inject(t testing.TB, f conformance.Fault, key string) (heal func()) {
+	t.Helper()
+	switch f {
+	case conformance.Restart, conformance.RestartEmpty:
+		h.srv.Kill()
+		return h.srv.Restart
+	case conformance.Stall:
+		h.srv.Pause()
+		return h.srv.Resume
+	case conformance.ClockJump:
+		// A forward jump of the server's clock past the key's expiry: the key
+		// expires now. The fence counter is untouched (its floor, the
+		// server's clock, would jump forward too).
+		if err := h.raw.PExpire(context.Background(), redis.LockKey(redis.DefaultPrefix, key), 1).Err(); err != nil {
+			t.Fatalf("ClockJump: PEXPIRE: %v", err)
+		}
+		return func() {}
+	}
+	t.Fatalf("Inject: %s not supported", f)
+	return nil
+}
+
+// Residue reports the lock key if it is still there; the fence counter stays
+// by design (it keeps tokens increasing).
+func (h *faultHarness) Residue(t testing.TB, key string) []string {
+	t.Helper()
+	lk := redis.LockKey(redis.DefaultPrefix, key)
+	n, err := h.raw.Exists(context.Background(), lk).Result()
+	if err != nil {
+		t.Fatalf("Residue: EXISTS: %v", err)
+	}
+	if n > 0 {
+		return []string{lk}
+	}
+	return nil
+}
+
+// redisMatrix is the single redis-server's row of the fault matrix.
+var redisMatrix = conformance.Matrix{
+	conformance.Partition: {Outcome: conformance.LossDetected,
+		Why: "renewals time out at the lease's deadline, which comes before the key's expiry on the server (validity less drift)"},
+	conformance.Disconnect: {Outcome: conformance.LossDetected,
+		Why: "the first renewal after the cut fails at once; the key outlives the holder's deadline on the server"},
+	conformance.PauseHolder: {Outcome: conformance.LossDetected,
+		Why: "the paused holder's deadline passes before the key expires on the server; its write after SIGCONT is rejected by the Guard"},
+	conformance.RestartEmpty: {Outcome: conformance.LossDetected | conformance.Fenced,
+		Why: "the lock key dies with the server's memory and a waiter may be granted before the holder's next renewal fails; the fence counter dies too, but new tokens are floored at the server's µs clock, so they are higher and the Guard rejects the old holder"},
+	conformance.Stall: {Outcome: conformance.LossDetected,
+		Why: "renewals time out at the deadline; the key has expired by the server's clock when it resumes"},
+	conformance.ClockJump: {Outcome: conformance.LossDetected | conformance.Fenced,
+		Why: "the key expires early and a waiter may be granted before the holder's next renewal fails; the fence counter survives, so the Guard rejects the old holder"},
+}
+
+// redisAOFMatrix is the row of a redis-server with appendonly yes, appendfsync
+// always.
+var redisAOFMatrix = conformance.Matrix{
+	conformance.Restart: {Outcome: conformance.Held | conformance.LossDetected,
+		Why: "the key and the counter survive in the AOF; the holder keeps the lock unless a renewal falls while the server is down, and then it is told first"},
+}
+
+func TestFaults(t *testing.T) {
+	t.Run("redis", func(t *testing.T) { conformance.RunFaults(t, newFaultHarness(t, false), redisMatrix) })
+	t.Run("redis-aof", func(t *testing.T) { conformance.RunFaults(t, newFaultHarness(t, true), redisAOFMatrix) })
+}
