@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -171,4 +173,27 @@ func redisReady(ctx context.Context, addr string, pid int) error {
 		}
 	}
 	return errors.New("INFO server has no process_id")
+}
+
+// RestartEmpty kills the server with SIGKILL, removes its persistence files
+// (the append-only directory and file, and RDB snapshots) from its data
+// directory, and starts it again on the same port, waiting for readiness: a
+// crash followed by a restart that lost every key, whatever the persistence
+// settings. Like Restart, it fails the test with t.Fatalf if the server does
+// not come back, so it must be called from the goroutine running the test.
+func (r *Redis) RestartEmpty() {
+	r.t.Helper()
+	r.Kill()
+	for _, pattern := range []string{"appendonlydir", "*.aof", "*.rdb"} {
+		matches, err := filepath.Glob(filepath.Join(r.Dir(), pattern))
+		if err != nil {
+			r.t.Fatalf("testenv: RestartEmpty: %v", err)
+		}
+		for _, m := range matches {
+			if err := os.RemoveAll(m); err != nil {
+				r.t.Fatalf("testenv: RestartEmpty: %v", err)
+			}
+		}
+	}
+	r.Restart()
 }

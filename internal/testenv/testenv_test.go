@@ -172,6 +172,35 @@ func TestRedisPersistence(t *testing.T) {
 	}
 }
 
+// RestartEmpty loses the data even of a server with persistence, and keeps
+// the port.
+func TestRedisRestartEmpty(t *testing.T) {
+	r := StartRedis(t, WithPersistence())
+	if got, err := do(r.Addr(), answerDeadline, "SET", "k", "v"); err != nil || got != "OK" {
+		t.Fatalf("SET k v = %q, %v", got, err)
+	}
+	if got, err := do(r.Addr(), answerDeadline, "SAVE"); err != nil || got != "OK" { // an RDB file too
+		t.Fatalf("SAVE = %q, %v", got, err)
+	}
+	pid := r.PID()
+	r.RestartEmpty()
+	if r.PID() == pid {
+		t.Fatal("RestartEmpty did not start a new process")
+	}
+	if got, err := do(r.Addr(), answerDeadline, "GET", "k"); !errors.Is(err, errNil) {
+		t.Fatalf("GET k after RestartEmpty = %q, %v; want (nil)", got, err)
+	}
+	// Persistence is still on: what is written now survives a Restart.
+	if got, err := do(r.Addr(), answerDeadline, "SET", "k", "w"); err != nil || got != "OK" {
+		t.Fatalf("SET k w = %q, %v", got, err)
+	}
+	r.Kill()
+	r.Restart()
+	if got, err := do(r.Addr(), answerDeadline, "GET", "k"); err != nil || got != "w" {
+		t.Fatalf("GET k after Kill+Restart = %q, %v; want w", got, err)
+	}
+}
+
 func TestCleanupStopsPausedProcess(t *testing.T) {
 	var pid int
 	var logPath string

@@ -511,3 +511,29 @@ func readZooKeeperReplyHeader(rd io.Reader) (xid, errCode int32, err error) {
 	}
 	return int32(binary.BigEndian.Uint32(body[0:4])), int32(binary.BigEndian.Uint32(body[12:16])), nil
 }
+
+// Sessions asks the server "cons" and returns the ids of the sessions of
+// its client connections (a connection that has not established a session
+// yet is left out). It fails if the server does not answer within a second.
+func (z *ZooKeeper) Sessions() ([]int64, error) {
+	out, err := fourLetterWord(context.Background(), z.Addr(), "cons")
+	if err != nil {
+		return nil, err
+	}
+	// One line per connection: " /127.0.0.1:PORT[1](queued=0,...,sid=0x...,...)".
+	var ids []int64
+	for _, line := range strings.Split(out, "\n") {
+		_, rest, ok := strings.Cut(line, "sid=0x")
+		if !ok {
+			continue
+		}
+		hex, _, _ := strings.Cut(rest, ",")
+		hex = strings.TrimRight(hex, ")\r ")
+		id, err := strconv.ParseUint(hex, 16, 64)
+		if err != nil {
+			return nil, fmt.Errorf("%s: cons: bad session id in %q", z.Addr(), strings.TrimSpace(line))
+		}
+		ids = append(ids, int64(id))
+	}
+	return ids, nil
+}

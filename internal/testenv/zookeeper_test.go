@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"net"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -75,6 +76,9 @@ func TestZooKeeperStandalone(t *testing.T) {
 
 	// A session, expired from a second connection with its id and password.
 	id, pw, _ := openZooKeeperSession(t, z.Addr(), 4*time.Second)
+	if ids, err := z.Sessions(); err != nil || !slices.Contains(ids, id) {
+		t.Fatalf("Sessions() = %x, %v; want one of them 0x%x", ids, err, id)
+	}
 	if !reattach(t, z.Addr(), id, pw) {
 		t.Fatal("a live session could not be re-attached")
 	}
