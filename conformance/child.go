@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -287,11 +288,22 @@ func soakLocker(c *childConn, spec childSpec, g int) error {
 			label := spec.Name + ".g" + strconv.Itoa(g) + "#" + strconv.Itoa(seq)
 			granted := time.Now().UnixNano()
 			c.send(msg{T: "grant", Lease: label, Key: key, Token: lease.Token(), At: granted, Deadline: wallDeadline(lease)})
+			var doneAt atomic.Int64
+			watched := make(chan struct{})
+			go func() { // owned by this iteration: ends with the lease
+				defer close(watched)
+				<-lease.Done()
+				doneAt.Store(time.Now().UnixNano())
+			}()
 			for n := 1 + rand.IntN(3); n > 0 && lease.Err() == nil && ctx.Err() == nil; n-- {
 				increment(c, lease, label, granted, spec.Think)
 			}
+			// The lease is this holder's until Release is called, or until its
+			// loss was noticed, whichever came first.
+			relAt := time.Now().UnixNano()
 			_ = lease.Release(context.Background())
-			end := msg{T: "end", Lease: label, At: time.Now().UnixNano(), Err: fmt.Sprint(lease.Err())}
+			<-watched
+			end := msg{T: "end", Lease: label, At: min(relAt, doneAt.Load()), Err: fmt.Sprint(lease.Err())}
 			end.Lost = errors.Is(lease.Err(), dlock.ErrLeaseLost)
 			c.send(end)
 		}

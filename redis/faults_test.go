@@ -114,3 +114,7 @@ func TestFaults(t *testing.T) {
 	t.Run("redis", func(t *testing.T) { conformance.RunFaults(t, newFaultHarness(t, false), redisMatrix) })
 	t.Run("redis-aof", func(t *testing.T) { conformance.RunFaults(t, newFaultHarness(t, true), redisAOFMatrix) })
 }
+
+func TestSoak(t *testing.T) {
+	conformance.Soak(t, newFaultHarness(t, false), conformance.SoakOptions{})
+}
