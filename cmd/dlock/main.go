@@ -137,6 +137,7 @@ Usage:
   dlock run [flags] KEY -- COMMAND [ARG...]   run COMMAND while holding the lock KEY
   dlock check [flags]                         run the conformance suite against a deployment
   dlock bench [flags]                         compare backends: latency, throughput, hand-off
+  dlock migrate dsn|switch-tokens|status      move a fleet from Redis to etcd (docs/MIGRATING.md)
   dlock help [COMMAND]                        show a command's flags and exit statuses
   dlock version                               print dlock's version
 
@@ -182,6 +183,8 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 		return checkMain(rest, stdout, stderr)
 	case "bench":
 		return benchMain(rest, stdout, stderr)
+	case "migrate":
+		return migrateMain(rest, stdout, stderr)
 	case checkSuiteCommand:
 		return checkSuiteMain(rest)
 	case "help", "-h", "-help", "--help":
@@ -211,6 +214,8 @@ func helpMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, checkUsage)
 	case "bench":
 		fmt.Fprint(stdout, benchUsage)
+	case "migrate":
+		fmt.Fprint(stdout, migrateUsage)
 	default:
 		fmt.Fprintf(stderr, "dlock: no help for %q: want run, check or bench\n", args[0])
 		return exitUsage
