@@ -157,6 +157,7 @@ func (h memFaultHarness) Inject(t testing.TB, f Fault, key string) func() {
 }
 
 func TestRunFaultsMem(t *testing.T) {
+	t.Setenv("DLOCK_SAFETY_OUT", "") // the reference driver is no deployment for docs/SAFETY.md
 	RunFaults(t, memFaultHarness{name: "faults-" + t.Name()}, Matrix{
 		ClockJump:  {Outcome: LossDetected | Fenced, Why: "the store tells the holder when it expires the lock"},
 		Partition:  {Outcome: Held, Why: "never runs: no Link"},

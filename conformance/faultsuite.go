@@ -48,6 +48,10 @@ func trials() int {
 // follow in name order.
 var faultOrder = []Fault{Partition, Disconnect, PauseHolder, Restart, RestartEmpty, Stall, KillLeader, ClockJump}
 
+// AllFaults returns the faults the suite knows, in the order RunFaults runs
+// them and docs/SAFETY.md lists them.
+func AllFaults() []Fault { return slices.Clone(faultOrder) }
+
 func orderedFaults(m Matrix) []Fault {
 	var out, rest []Fault
 	for _, f := range faultOrder {
@@ -156,25 +160,31 @@ func (fs *faultSuite) missing(f Fault) string {
 
 func (fs *faultSuite) runCell(t *testing.T, f Fault, exp Expect) {
 	rec := Record{Kind: "fault", Deployment: fs.h.Deployment(), Fault: string(f),
-		Expected: exp.Outcome.String(), Why: exp.Why}
+		Expected: exp.Outcome.String(), Why: exp.Why, LatencyP50Ms: -1, LatencyMaxMs: -1}
+	var observed Outcome
+	var lat []time.Duration
+	defer func() { // also when a trial fails with t.Fatal or skips
+		rec.Observed = observed.String()
+		if observed == 0 {
+			rec.Observed = ""
+		}
+		rec.LatencyP50Ms, rec.LatencyMaxMs = latencyStats(lat)
+		rec.Failed = rec.Failed || t.Failed()
+		WriteRecord(t, rec)
+	}()
 	if exp.Skip != "" {
 		rec.Skip = exp.Skip
-		WriteRecord(t, rec)
 		t.Skip(exp.Skip)
 	}
 	if reason := fs.missing(f); reason != "" {
 		rec.Skip = reason
-		WriteRecord(t, rec)
 		t.Skip(reason)
 	}
-	var observed Outcome
-	var lat []time.Duration
 	n := trials()
 	for i := range n {
 		r := fs.trial(t, f)
 		if r.skip != "" {
 			rec.Skip = r.skip
-			WriteRecord(t, rec)
 			t.Skip(r.skip)
 		}
 		rec.Trials++
@@ -198,9 +208,6 @@ func (fs *faultSuite) runCell(t *testing.T, f Fault, exp Expect) {
 			break
 		}
 	}
-	rec.Observed = observed.String()
-	rec.LatencyP50Ms, rec.LatencyMaxMs = latencyStats(lat)
-	WriteRecord(t, rec)
 }
 
 func latencyString(d time.Duration) string {

@@ -1,0 +1,430 @@
+// Command safety-report runs the fault matrix and the soaks of every driver
+// and writes docs/SAFETY.md from their results, or checks that a committed
+// docs/SAFETY.md still states what the tests observe.
+//
+// From the repository root:
+//
+//	go run ./conformance/cmd/safety-report              # run the tests, write docs/SAFETY.md
+//	go run ./conformance/cmd/safety-report -from DIR    # use results already in DIR
+//	go run ./conformance/cmd/safety-report -from DIR -check
+//
+// Without -from it runs
+//
+//	go test -run 'Faults|Soak' -count=1 ./...
+//
+// with DLOCK_SAFETY_OUT set to a new temporary directory, where RunFaults and
+// Soak append their results (see conformance.Record), and keeps going when
+// a test fails: the report shows the failed cells. -from reads the results of
+// an earlier run, such as CI's `go test ./...` with DLOCK_SAFETY_OUT set.
+//
+// -check compares the claims of the report it would write — each row's
+// deployment, fault, expected outcome and status (pass, skipped with its
+// reason, FAILED) — with those of the committed file, and exits 1 on a
+// difference; the observed outcome (which may vary within the expected set
+// from run to run), the latencies and the counts are not compared. With
+// -check nothing is written.
+//
+// Flags: -from DIR (default: run the tests), -o FILE (default
+// docs/SAFETY.md under the module root), -check, -race (run the tests with
+// the race detector; default off, so latencies are not inflated), -run
+// REGEXP (default "Faults|Soak"), -pkgs (default "./...").
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/dlock-go/dlock/conformance"
+)
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "safety-report:", err)
+		var d *diffError
+		if errors.As(err, &d) {
+			os.Exit(1)
+		}
+		os.Exit(2)
+	}
+}
+
+// diffError is the -check failure: the report's claims differ.
+type diffError struct{ diffs []string }
+
+func (e *diffError) Error() string {
+	return "docs/SAFETY.md does not match the results:\n  " + strings.Join(e.diffs, "\n  ")
+}
+
+const command = "go run ./conformance/cmd/safety-report"
+
+func run(args []string, stdout, stderr io.Writer) error {
+	fl := flag.NewFlagSet("safety-report", flag.ContinueOnError)
+	fl.SetOutput(stderr)
+	from := fl.String("from", "", "read results from this directory instead of running the tests")
+	out := fl.String("o", "", "the report to write or check (default docs/SAFETY.md under the module root)")
+	check := fl.Bool("check", false, "compare the report's claims with the file and exit 1 on a difference; write nothing")
+	race := fl.Bool("race", false, "run the tests with -race")
+	runRE := fl.String("run", "Faults|Soak", "the tests to run")
+	pkgs := fl.String("pkgs", "./...", "the packages to test")
+	if err := fl.Parse(args); err != nil {
+		return err
+	}
+	if *out == "" {
+		root, err := moduleRoot()
+		if err != nil {
+			return err
+		}
+		*out = filepath.Join(root, "docs", "SAFETY.md")
+	}
+	dir := *from
+	testErr := error(nil)
+	if dir == "" {
+		var err error
+		if dir, err = os.MkdirTemp("", "dlock-safety-"); err != nil {
+			return err
+		}
+		fmt.Fprintf(stderr, "safety-report: results in %s\n", dir)
+		goArgs := []string{"test", "-run", *runRE, "-count=1"}
+		if *race {
+			goArgs = append(goArgs, "-race")
+		}
+		goArgs = append(goArgs, strings.Fields(*pkgs)...)
+		cmd := exec.Command("go", goArgs...)
+		cmd.Env = append(os.Environ(), "DLOCK_SAFETY_OUT="+dir)
+		cmd.Stdout, cmd.Stderr = stderr, stderr
+		fmt.Fprintf(stderr, "safety-report: go %s\n", strings.Join(goArgs, " "))
+		start := time.Now()
+		testErr = cmd.Run()
+		fmt.Fprintf(stderr, "safety-report: tests took %v\n", time.Since(start).Round(time.Second))
+	}
+	recs, err := readRecords(dir)
+	if err != nil {
+		return err
+	}
+	if len(recs) == 0 {
+		return fmt.Errorf("no results in %s (were the tests run with DLOCK_SAFETY_OUT set?)", dir)
+	}
+	report := render(recs, machine(), time.Now().UTC())
+	if *check {
+		old, err := os.ReadFile(*out)
+		if err != nil {
+			return err
+		}
+		if diffs := compareClaims(claims(string(old)), claims(report)); len(diffs) > 0 {
+			return &diffError{diffs: diffs}
+		}
+		fmt.Fprintf(stdout, "safety-report: %s matches the results in %s\n", *out, dir)
+		return testErr
+	}
+	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
+		return err
+	}
+	if err := os.WriteFile(*out, []byte(report), 0o644); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "safety-report: wrote %s\n", *out)
+	if testErr != nil {
+		return fmt.Errorf("the tests failed (the report shows the failed rows): %w", testErr)
+	}
+	return nil
+}
+
+func moduleRoot() (string, error) {
+	b, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("go env GOMOD: %w", err)
+	}
+	mod := strings.TrimSpace(string(b))
+	if mod == "" || mod == os.DevNull {
+		return "", errors.New("not inside a Go module; run from the repository root or pass -o")
+	}
+	return filepath.Dir(mod), nil
+}
+
+// readRecords reads every *.jsonl file in dir.
+func readRecords(dir string) ([]conformance.Record, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "*.jsonl"))
+	if err != nil {
+		return nil, err
+	}
+	sort.Strings(files)
+	var recs []conformance.Record
+	for _, name := range files {
+		f, err := os.Open(name)
+		if err != nil {
+			return nil, err
+		}
+		sc := bufio.NewScanner(f)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for n := 1; sc.Scan(); n++ {
+			var r conformance.Record
+			if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+				f.Close()
+				return nil, fmt.Errorf("%s:%d: %w", name, n, err)
+			}
+			recs = append(recs, r)
+		}
+		err = sc.Err()
+		f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", name, err)
+		}
+	}
+	return recs, nil
+}
+
+// merge combines the records of one row from several runs.
+func merge(rs []conformance.Record) conformance.Record {
+	m := rs[0]
+	var observed []string
+	var p50s []float64
+	for i, r := range rs {
+		if i > 0 {
+			m.Trials += r.Trials
+			m.Stale += r.Stale
+			m.Overlaps += r.Overlaps
+			m.Ops += r.Ops
+			m.Failed = m.Failed || r.Failed
+			m.LatencyMaxMs = max(m.LatencyMaxMs, r.LatencyMaxMs)
+			if r.Skip == "" {
+				m.Skip = ""
+			}
+		}
+		for _, o := range strings.Split(r.Observed, "|") {
+			if o != "" && !slices.Contains(observed, o) {
+				observed = append(observed, o)
+			}
+		}
+		if r.LatencyP50Ms >= 0 {
+			p50s = append(p50s, r.LatencyP50Ms)
+		}
+	}
+	order := map[string]int{"held": 0, "loss-detected": 1, "safe-with-fencing": 2, "UNSAFE": 3}
+	sort.Slice(observed, func(i, j int) bool { return order[observed[i]] < order[observed[j]] })
+	if m.Kind == "fault" {
+		m.Observed = strings.Join(observed, "|")
+	}
+	m.LatencyP50Ms = -1
+	if len(p50s) > 0 {
+		sort.Float64s(p50s)
+		m.LatencyP50Ms = p50s[(len(p50s)-1)/2]
+	}
+	return m
+}
+
+func status(r conformance.Record) string {
+	switch {
+	case r.Failed:
+		return "FAILED"
+	case r.Skip != "":
+		return "skipped: " + r.Skip
+	}
+	return "pass"
+}
+
+func ms(v float64) string {
+	if v < 0 {
+		return "–"
+	}
+	return strconv.FormatFloat(v, 'f', 0, 64) + " ms"
+}
+
+func cell(s string) string { return strings.ReplaceAll(s, "|", "\\|") }
+
+func machine() string {
+	host, _ := os.Hostname()
+	cpu := ""
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "model name"); ok {
+				cpu = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), ":"))
+				break
+			}
+		}
+	}
+	s := fmt.Sprintf("%s/%s, %d CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU())
+	if cpu != "" {
+		s += " (" + cpu + ")"
+	}
+	if host != "" {
+		s += ", host " + host
+	}
+	return s + ", " + runtime.Version()
+}
+
+// render writes the report. Rows are sorted by deployment, then by fault in
+// the suite's order.
+func render(recs []conformance.Record, mach string, now time.Time) string {
+	type rowKey struct{ kind, dep, fault string }
+	groups := map[rowKey][]conformance.Record{}
+	var keys []rowKey
+	for _, r := range recs {
+		k := rowKey{r.Kind, r.Deployment, r.Fault}
+		if r.Kind == "soak" {
+			k.fault = ""
+		}
+		if _, ok := groups[k]; !ok {
+			keys = append(keys, k)
+		}
+		groups[k] = append(groups[k], r)
+	}
+	rank := func(f string) int {
+		if i := slices.Index(conformance.AllFaults(), conformance.Fault(f)); i >= 0 {
+			return i
+		}
+		return len(conformance.AllFaults())
+	}
+	sort.Slice(keys, func(i, j int) bool {
+		a, b := keys[i], keys[j]
+		if a.dep != b.dep {
+			return a.dep < b.dep
+		}
+		if rank(a.fault) != rank(b.fault) {
+			return rank(a.fault) < rank(b.fault)
+		}
+		return a.fault < b.fault
+	})
+
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "# Safety report\n\n")
+	fmt.Fprintf(&b, "<!-- Generated by `%s`; do not edit. -->\n\n", command)
+	fmt.Fprintf(&b, "Generated by `%s` on %s, on %s. Do not edit this file: regenerate it. "+
+		"CI checks it with `%s -from DIR -check` against the results of its own run.\n\n",
+		command, now.Format("2006-01-02 15:04 MST"), mach, command)
+	b.WriteString(`Each row is one deployment under one fault (see conformance.Fault). A holder takes a
+lock with a short TTL and auto-renew and keeps incrementing a counter behind a fencing Guard
+(fenced read, think time, fenced write); a contender waits for the lock; the fault hits at a
+random phase of the refresh tick and is healed. Outcomes, best first:
+
+- **held** — the holder kept the lock through the fault; nobody else got it.
+- **loss-detected** — the holder's lease ended (Done closed; for a paused process its Deadline
+  passed) no later than the contender's grant. Safe without fencing.
+- **safe-with-fencing** — the two leases overlapped, and the Guard rejected every stale write.
+- **UNSAFE** — a stale write was accepted, or an update was lost (porcupine found the counter's
+  history not linearizable). Documented where expected; a change of outcome fails CI.
+
+*Expected* is the claim made in the driver's test file; *status* says whether every trial's
+outcome was within it. *Observed* is the union over the trials of this run (it may vary within
+the expected set from run to run). Detection latency: the holder's loss time minus the fault's
+start. Stale writes accepted counts requests of an older lease accepted after a newer lease's
+request reached the resource.
+
+## Fault matrix
+
+| deployment | fault | expected | status | observed | trials | detection p50 / max | stale writes accepted | why |
+|---|---|---|---|---|---|---|---|---|
+`)
+	for _, k := range keys {
+		if k.kind != "fault" {
+			continue
+		}
+		r := merge(groups[k])
+		observed, expected := r.Observed, r.Expected
+		if observed == "" {
+			observed = "–"
+		}
+		if expected == "" || expected == "none" {
+			expected = "–"
+		}
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %d | %s / %s | %d | %s |\n",
+			r.Deployment, r.Fault, cell(expected), cell(status(r)), cell(observed), r.Trials,
+			ms(r.LatencyP50Ms), ms(r.LatencyMaxMs), r.Stale, cell(r.Why))
+	}
+	b.WriteString(`
+## Soak
+
+Several processes × lockers on a few keys at a capped rate, a random fault every ~10 s
+(conformance.Soak). Lease overlaps are counted, not failed; the fenced counter must stay
+linearizable with no stale write accepted.
+
+| deployment | status | duration | lockers | faults injected | leases overlapping | requests accepted | stale writes accepted |
+|---|---|---|---|---|---|---|---|
+`)
+	for _, k := range keys {
+		if k.kind != "soak" {
+			continue
+		}
+		r := merge(groups[k])
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %d (%s) | %d | %d | %d |\n",
+			r.Deployment, cell(status(r)), r.Duration, r.Observed, r.Trials, cell(r.Fault), r.Overlaps, r.Ops, r.Stale)
+	}
+	return b.String()
+}
+
+// claims extracts, from a report, the columns -check compares: per fault row
+// deployment, fault, expected, status; per soak row deployment and status.
+func claims(report string) map[string]string {
+	out := map[string]string{}
+	section := ""
+	for _, l := range strings.Split(report, "\n") {
+		if strings.HasPrefix(l, "## ") {
+			section = strings.TrimPrefix(l, "## ")
+			continue
+		}
+		if !strings.HasPrefix(l, "| ") || strings.HasPrefix(l, "| deployment") {
+			continue
+		}
+		cols := splitRow(l)
+		switch {
+		case section == "Fault matrix" && len(cols) >= 4:
+			out["fault "+cols[0]+" "+cols[1]] = "expected " + cols[2] + ", " + cols[3]
+		case section == "Soak" && len(cols) >= 2:
+			out["soak "+cols[0]] = cols[1]
+		}
+	}
+	return out
+}
+
+// splitRow splits a markdown table row on unescaped "|".
+func splitRow(l string) []string {
+	var cols []string
+	var cur strings.Builder
+	l = strings.TrimSpace(l)
+	l = strings.TrimPrefix(strings.TrimSuffix(l, "|"), "|")
+	for i := 0; i < len(l); i++ {
+		switch {
+		case l[i] == '\\' && i+1 < len(l) && l[i+1] == '|':
+			cur.WriteByte('|')
+			i++
+		case l[i] == '|':
+			cols = append(cols, strings.TrimSpace(cur.String()))
+			cur.Reset()
+		default:
+			cur.WriteByte(l[i])
+		}
+	}
+	return append(cols, strings.TrimSpace(cur.String()))
+}
+
+func compareClaims(committed, now map[string]string) []string {
+	var diffs []string
+	for k, v := range now {
+		switch old, ok := committed[k]; {
+		case !ok:
+			diffs = append(diffs, fmt.Sprintf("%s: %s, not in the committed report", k, v))
+		case old != v:
+			diffs = append(diffs, fmt.Sprintf("%s: committed %q, observed %q", k, old, v))
+		}
+	}
+	for k, v := range committed {
+		if _, ok := now[k]; !ok {
+			diffs = append(diffs, fmt.Sprintf("%s: committed %q, not in the results", k, v))
+		}
+	}
+	sort.Strings(diffs)
+	return diffs
+}

@@ -1,0 +1,55 @@
+package main
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock/conformance"
+)
+
+func testRecords() []conformance.Record {
+	return []conformance.Record{
+		{Kind: "fault", Deployment: "redis", Fault: "stall", Expected: "loss-detected", Observed: "loss-detected", Trials: 1, LatencyP50Ms: 700, LatencyMaxMs: 700, Why: "deadline"},
+		{Kind: "fault", Deployment: "redis", Fault: "partition", Expected: "loss-detected|safe-with-fencing", Observed: "safe-with-fencing", Trials: 1, LatencyP50Ms: 800, LatencyMaxMs: 800},
+		{Kind: "fault", Deployment: "redis", Fault: "partition", Expected: "loss-detected|safe-with-fencing", Observed: "loss-detected", Trials: 2, LatencyP50Ms: 600, LatencyMaxMs: 900},
+		{Kind: "fault", Deployment: "etcd-3", Fault: "kill-leader", Skip: "no leader", LatencyP50Ms: -1, LatencyMaxMs: -1},
+		{Kind: "soak", Deployment: "redis", Fault: "stall", Trials: 4, Ops: 100, Duration: "45s", Observed: "3 processes × 4 lockers, 4 keys", LatencyP50Ms: -1, LatencyMaxMs: -1},
+	}
+}
+
+func TestRenderMergesAndOrders(t *testing.T) {
+	r := render(testRecords(), "test machine", time.Date(2026, 11, 22, 5, 0, 0, 0, time.UTC))
+	want := []string{
+		"| etcd-3 | kill-leader | – | skipped: no leader |",
+		"| redis | partition | loss-detected\\|safe-with-fencing | pass | loss-detected\\|safe-with-fencing | 3 | 600 ms / 900 ms | 0 |",
+		"| redis | stall | loss-detected | pass | loss-detected | 1 | 700 ms / 700 ms | 0 | deadline |",
+		"| redis | pass | 45s | 3 processes × 4 lockers, 4 keys | 4 (stall) | 0 | 100 | 0 |",
+		"on 2026-11-22 05:00 UTC, on test machine",
+	}
+	for _, w := range want {
+		if !strings.Contains(r, w) {
+			t.Errorf("report lacks %q:\n%s", w, r)
+		}
+	}
+	if strings.Index(r, "| redis | partition") > strings.Index(r, "| redis | stall") {
+		t.Error("faults not in the suite's order")
+	}
+}
+
+func TestCheckComparesClaimsOnly(t *testing.T) {
+	recs := testRecords()
+	committed := render(recs, "one machine", time.Now())
+	// Another run: other observed outcome within the set, other latencies, another machine.
+	recs[1].Observed, recs[1].LatencyP50Ms = "loss-detected", 1
+	if d := compareClaims(claims(committed), claims(render(recs, "other", time.Now()))); len(d) != 0 {
+		t.Fatalf("differences in what -check must ignore: %v", d)
+	}
+	recs[0].Failed = true
+	recs[3].Skip = ""
+	recs[3].Expected = "loss-detected"
+	d := compareClaims(claims(committed), claims(render(recs, "other", time.Now())))
+	if len(d) != 2 || !strings.Contains(d[0], "etcd-3 kill-leader") || !strings.Contains(d[1], "FAILED") {
+		t.Fatalf("compareClaims = %q, want the changed etcd-3 row and the failed redis row", d)
+	}
+}
