@@ -31,7 +31,7 @@ func startEtcdEnv(tb testing.TB) *etcdEnv {
 	ep := e.srv.Endpoint()
 	e.impls = []impl{
 		dlockImpl("dlock", e.srv.URL()+"/dlock", e.reqs),
-		{name: "etcd-mutex", newLocker: func(tb testing.TB) locker { return newEtcdMutex(tb, ep) }, canWait: true, reqs: e.reqs},
+		{name: "etcd-mutex", newLocker: func(tb testing.TB) locker { return newEtcdMutex(tb, ep) }, canWait: true, reqs: e.reqs, oneSessionPerWaiter: true},
 		{name: "floor", newLocker: func(tb testing.TB) locker { return newEtcdFloor(tb, ep) }, reqs: e.reqs},
 	}
 	return e

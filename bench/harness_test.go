@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"runtime"
@@ -45,6 +44,8 @@ type impl struct {
 	// reqs returns the servers' request counter (summed over the servers the
 	// implementation uses), or nil: not measured.
 	reqs func() (float64, error)
+	// oneSessionPerWaiter: waiters on one key need a client each.
+	oneSessionPerWaiter bool
 }
 
 // dlockLocker adapts a dlock.Locker.
@@ -396,13 +397,17 @@ type keepaliveResult struct {
 	leases   int
 	ttl      time.Duration
 	measured float64 // server requests per second while the leases are held
+	trips    float64 // round trips per second (roundTrips), or -1
 	expected float64 // leases / (TTL/3)
 	perLease float64 // bytes of live heap per lease
 }
 
 // runKeepalive holds n leases of dlock with the given TTL (auto-renew on) and
 // measures the server request rate over window.
-func runKeepalive(tb testing.TB, name, dsn string, reqs func() (float64, error), n int, ttl, window time.Duration) keepaliveResult {
+// roundTrips, if not nil, counts round trips where reqs counts server
+// operations (Redis: script calls, where reqs counts the commands they run
+// too).
+func runKeepalive(tb testing.TB, name, dsn string, reqs, roundTrips func() (float64, error), n int, ttl, window time.Duration) keepaliveResult {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	l, err := dlock.Open(ctx, dsn, dlock.WithTTL(ttl))
@@ -449,16 +454,28 @@ func runKeepalive(tb testing.TB, name, dsn string, reqs func() (float64, error),
 	heapAfter := liveHeap()
 	// Let the renewals spread out: they are due TTL/3 after each grant, and
 	// the grants took a while.
+	trips := func() float64 {
+		if roundTrips == nil {
+			return -1
+		}
+		v, err := roundTrips()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		return v
+	}
 	v0, err := reqs()
 	if err != nil {
 		tb.Fatal(err)
 	}
 	t0 := time.Now()
+	rt0 := trips()
 	time.Sleep(window)
 	v1, err := reqs()
 	if err != nil {
 		tb.Fatal(err)
 	}
+	rt1 := trips()
 	elapsed := time.Since(t0)
 	lost := 0
 	for _, lease := range leases {
@@ -483,13 +500,18 @@ func runKeepalive(tb testing.TB, name, dsn string, reqs func() (float64, error),
 		})
 	}
 	wg.Wait()
-	return keepaliveResult{
+	r := keepaliveResult{
 		leases:   n,
 		ttl:      ttl,
 		measured: (v1 - v0) / elapsed.Seconds(),
+		trips:    -1,
 		expected: float64(n) / (ttl / 3).Seconds(),
 		perLease: float64(heapAfter-heapBefore) / float64(n),
 	}
+	if roundTrips != nil {
+		r.trips = (rt1 - rt0) / elapsed.Seconds()
+	}
+	return r
 }
 
 // ---- Many waiters on one key -----------------------------------------------
@@ -562,15 +584,20 @@ func runWaiters(tb testing.TB, im impl, n, clients, handoffs int) waitersResult 
 	if err := unlock(); err != nil {
 		tb.Fatalf("%s: holder release: %v", im.name, err)
 	}
-	deadline := time.After(time.Minute)
-	for range handoffs {
+	deadline := time.After(2 * time.Minute)
+	var r2 float64
+	for i := range n {
 		select {
 		case <-granted:
 		case <-deadline:
-			tb.Fatalf("%s: handoffs stalled", im.name)
+			tb.Fatalf("%s: handoffs stalled after %d of %d", im.name, i, n)
+		}
+		if i+1 == handoffs {
+			r2 = readReqs(tb, im)
 		}
 	}
-	r2 := readReqs(tb, im)
+	// Every waiter got the lock and ended: none is left blocked (zk.Lock
+	// takes no context).
 	if p := failed.Load(); p != nil {
 		tb.Fatal(*p)
 	}
@@ -596,5 +623,3 @@ func settle(tb testing.TB, im impl, n int) {
 		prev = d
 	}
 }
-
-var errNotSupported = errors.New("not supported")

@@ -24,7 +24,7 @@ func startPostgresEnv(tb testing.TB) *pgEnv {
 	e.reqs = pgStatements(tb, url)
 	e.impls = []impl{
 		dlockImpl("dlock", url, e.reqs),
-		{name: "pg-advisory", newLocker: func(tb testing.TB) locker { return pgAdvisory{newPgConn(tb, url), false} }, canWait: true, reqs: e.reqs},
+		{name: "pg-advisory", newLocker: func(tb testing.TB) locker { return pgAdvisory{newPgConn(tb, url), false} }, canWait: true, reqs: e.reqs, oneSessionPerWaiter: true},
 		{name: "floor", newLocker: func(tb testing.TB) locker { return pgAdvisory{newPgConn(tb, url), true} }, reqs: e.reqs},
 	}
 	return e

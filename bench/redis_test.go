@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -26,6 +27,8 @@ type redisEnv struct {
 	single *testenv.Redis
 	nodes  []*testenv.Redis
 	impls  []impl
+	// scripts counts the single server's script calls (redisScriptCalls).
+	scripts func() (float64, error)
 }
 
 func startRedisEnv(tb testing.TB) *redisEnv {
@@ -34,6 +37,7 @@ func startRedisEnv(tb testing.TB) *redisEnv {
 		e.nodes = append(e.nodes, testenv.StartRedis(tb))
 	}
 	one := redisCalls(tb, e.single.Addr())
+	e.scripts = redisScriptCalls(tb, e.single.Addr())
 	var addrs []string
 	var fives []func() (float64, error)
 	for _, n := range e.nodes {
@@ -52,11 +56,44 @@ func startRedisEnv(tb testing.TB) *redisEnv {
 	return e
 }
 
-// redisCalls returns a reader of the server's total command count (INFO
-// commandstats, without the INFO calls themselves).
+// redisCalls returns a reader of the commands the server has executed (INFO
+// stats total_commands_processed), without the reader's own INFO calls. Like
+// INFO commandstats, it counts a script call and every command the script
+// runs: an EVALSHA that runs GET and PEXPIRE is one round trip, three
+// commands. redisScriptCalls counts the script calls alone.
 func redisCalls(tb testing.TB, addr string) func() (float64, error) {
 	c := goredis.NewClient(&goredis.Options{Addr: addr})
 	tb.Cleanup(func() { _ = c.Close() })
+	var mu sync.Mutex
+	reads := 0 // INFO calls so far: each is counted by the next
+	return func() (float64, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		s, err := c.Info(context.Background(), "stats").Result()
+		if err != nil {
+			return 0, fmt.Errorf("INFO stats on %s: %w", addr, err)
+		}
+		for line := range strings.Lines(s) {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "total_commands_processed:"); ok {
+				n, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					return 0, fmt.Errorf("INFO stats on %s: bad line %q", addr, line)
+				}
+				n -= float64(reads)
+				reads++
+				return n, nil
+			}
+		}
+		return 0, fmt.Errorf("INFO stats on %s: no total_commands_processed", addr)
+	}
+}
+
+// redisScriptCalls returns a reader of the script calls the server has
+// executed (EVAL, EVALSHA and their _RO forms, FCALL, from INFO
+// commandstats): the round trips of a workload made of scripts only, such as
+// dlock's renewals.
+func redisScriptCalls(tb testing.TB, addr string) func() (float64, error) {
+	c := newRedisClient(tb, addr)
 	return func() (float64, error) {
 		s, err := c.Info(context.Background(), "commandstats").Result()
 		if err != nil {
@@ -65,7 +102,12 @@ func redisCalls(tb testing.TB, addr string) func() (float64, error) {
 		var sum float64
 		for line := range strings.Lines(s) {
 			name, rest, ok := strings.Cut(strings.TrimSpace(line), ":calls=")
-			if !ok || name == "cmdstat_info" {
+			if !ok {
+				continue
+			}
+			switch name {
+			case "cmdstat_eval", "cmdstat_evalsha", "cmdstat_eval_ro", "cmdstat_evalsha_ro", "cmdstat_fcall", "cmdstat_fcall_ro":
+			default:
 				continue
 			}
 			calls, _, _ := strings.Cut(rest, ",")

@@ -1,0 +1,72 @@
+package bench
+
+import (
+	"testing"
+	"time"
+)
+
+// TestSmoke runs every scenario of every implementation once at tiny sizes
+// (the backends in parallel) and checks that no two holders ever overlapped
+// and that the metrics are sane. It measures nothing worth reporting: the
+// numbers are the benchmarks' (scripts/bench.sh).
+func TestSmoke(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts every server: not in -short")
+	}
+	backends := []struct {
+		name  string
+		start func(testing.TB) scaleBackend
+	}{
+		{"redis", func(tb testing.TB) scaleBackend {
+			e := startRedisEnv(tb)
+			return scaleBackend{name: "redis", impls: e.impls, keepaliveDSN: e.single.URL(), reqs: e.impls[0].reqs, roundTrips: e.scripts}
+		}},
+		{"etcd", func(tb testing.TB) scaleBackend {
+			e := startEtcdEnv(tb)
+			return scaleBackend{name: "etcd", impls: e.impls, keepaliveDSN: e.srv.URL() + "/dlock", reqs: e.reqs}
+		}},
+		{"zookeeper", func(tb testing.TB) scaleBackend {
+			e := startZooKeeperEnv(tb)
+			return scaleBackend{name: "zookeeper", impls: e.impls, keepaliveDSN: e.srv.URL("/dlock") + "?session=10s", reqs: e.reqs}
+		}},
+		{"postgres", func(tb testing.TB) scaleBackend {
+			e := startPostgresEnv(tb)
+			return scaleBackend{name: "postgres", impls: e.impls, reqs: e.reqs}
+		}},
+	}
+	for _, be := range backends {
+		t.Run(be.name, func(t *testing.T) {
+			t.Parallel()
+			s := be.start(t)
+			for _, r := range runUncontended(t, s.impls, 20) {
+				p50, p99 := pct(r.samples, 50), pct(r.samples, 99)
+				if len(r.samples) != 20 || p50 <= 0 || p50 > p99 || r.total <= 0 {
+					t.Errorf("%s: uncontended: %d samples, p50 %v, p99 %v", r.name, len(r.samples), p50, p99)
+				}
+			}
+			for _, im := range s.impls {
+				if !im.canWait {
+					continue
+				}
+				r := runContended(t, im, 4, 12)
+				if r.grants != 12 || r.overlaps != 0 || len(r.waits) != 12 || (im.reqs != nil && r.reqs <= 0) {
+					t.Errorf("%s: contended: %d grants, %d overlaps, %d waits, %v requests", im.name, r.grants, r.overlaps, len(r.waits), r.reqs)
+				}
+				h := runHold(t, im, 10)
+				if h.perAcquire <= 0 {
+					t.Errorf("%s: hold: %v per acquire", im.name, h.perAcquire)
+				}
+				w := runWaitersFor(t, im, 6, 3)
+				if w.perGrant <= 0 {
+					t.Errorf("%s: waiters: %v requests per handoff", im.name, w.perGrant)
+				}
+			}
+			if s.keepaliveDSN != "" {
+				r := runKeepalive(t, s.name, s.keepaliveDSN, s.reqs, s.roundTrips, 20, 1500*time.Millisecond, 1500*time.Millisecond)
+				if r.measured <= 0 || r.expected <= 0 || (s.roundTrips != nil && r.trips <= 0) {
+					t.Errorf("keepalive: %v requests/s, %v round trips/s, %v expected", r.measured, r.trips, r.expected)
+				}
+			}
+		})
+	}
+}
