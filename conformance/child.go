@@ -194,12 +194,15 @@ func runHolderChild(c *childConn, spec childSpec) error {
 	wg.Add(1)
 	go func() { // reports deadline changes until the lease ends or the child stops
 		defer wg.Done()
-		tick := time.NewTicker(spec.TTL / 20)
+		tick := time.NewTicker(spec.TTL / 100)
 		defer tick.Stop()
 		last := lease.Deadline()
 		for {
 			select {
 			case <-lease.Done():
+				if d := lease.Deadline(); !d.Equal(last) { // a renewal not reported before a pause
+					c.send(msg{T: "deadline", Lease: label, Deadline: wallDeadline(lease)})
+				}
 				end := msg{T: "end", Lease: label, At: time.Now().UnixNano(), Err: fmt.Sprint(lease.Err())}
 				end.Lost = errors.Is(lease.Err(), dlock.ErrLeaseLost)
 				c.send(end)

@@ -106,9 +106,11 @@ func lasting(f Fault) bool {
 // Inspector, and classifies the trial (see Outcome). Times are compared on
 // the wall clock, so a child's times compare with the parent's:
 //
-//   - the holder's loss time is when its Done closed, or for the child holder
-//     the earlier of that and its last reported Deadline (a paused process
-//     cannot close Done, but is not entitled to write after its Deadline);
+//   - the holder's loss time is the earlier of when its Done closed and its
+//     lease's Deadline (for the child holder, the last Deadline it reported,
+//     every TTL/100): Done is scheduled at the Deadline but fires late on a
+//     loaded machine, and a paused process cannot close it at all, while no
+//     holder is entitled to write after its Deadline;
 //   - the contender's grant time is when its Acquire returned;
 //   - Held: the holder never lost its lease and the contender was granted
 //     only after the holder released; LossDetected: loss time ≤ grant time;
@@ -249,7 +251,7 @@ type holderView struct {
 	mu       sync.Mutex
 	token    dlock.Token
 	grantAt  int64
-	deadline int64 // the latest known Deadline (child holders only)
+	deadline int64 // the latest known Deadline
 	endAt    int64
 	lost     bool
 	endErr   string
@@ -301,7 +303,11 @@ func (fs *faultSuite) localHolder(t *testing.T, dsn, k string, reg *register) (*
 			go func() { // owned by the holder: ends with the lease
 				defer close(watched)
 				<-lease.Done()
-				v.end(time.Now().UnixNano(), errors.Is(lease.Err(), dlock.ErrLeaseLost), fmt.Sprint(lease.Err()))
+				at := time.Now()
+				v.mu.Lock()
+				v.deadline = at.Add(lease.Deadline().Sub(at)).UnixNano() // on the wall clock
+				v.mu.Unlock()
+				v.end(at.UnixNano(), errors.Is(lease.Err(), dlock.ErrLeaseLost), fmt.Sprint(lease.Err()))
 			}()
 			for lease.Err() == nil && ctx.Err() == nil {
 				localIncrement(reg, k, ref, fs.ttl/10)
@@ -575,9 +581,9 @@ func (fs *faultSuite) trial(t *testing.T, f Fault) trialResult {
 	}
 	var ev strings.Builder
 	fmt.Fprintf(&ev, "  fault %s injected %s, healed %s\n", f, wallString(faultAt.UnixNano()), wallString(healedAt.UnixNano()))
-	fmt.Fprintf(&ev, "  holder: token %d granted %s; lease ended %s (%s)", tokH, wallString(grantAt.UnixNano()), wallString(endAt), endErr)
+	fmt.Fprintf(&ev, "  holder: token %d granted %s; Done closed %s (%s)", tokH, wallString(grantAt.UnixNano()), wallString(endAt), endErr)
 	if deadline != 0 {
-		fmt.Fprintf(&ev, "; last reported deadline %s", wallString(deadline))
+		fmt.Fprintf(&ev, "; Deadline %s", wallString(deadline))
 	}
 	fmt.Fprintf(&ev, "\n  contender: token %d granted %s\n", tokC, wallString(g))
 	fmt.Fprintf(&ev, "  register: %d requests accepted, %d rejected as stale, %d stale accepted", accepted, rejected, stale)

@@ -162,7 +162,18 @@ func Soak(t *testing.T, h FaultHarness, o SoakOptions) {
 
 	start := time.Now()
 	end := start.Add(o.Duration)
-	var injected []string
+	var (
+		injected                 []string
+		accepted, stale, overlap int
+	)
+	defer func() { // also when the soak fails with t.Fatal
+		fs := slices.Clone(injected)
+		sort.Strings(fs)
+		WriteRecord(t, Record{Kind: "soak", Deployment: h.Deployment(), Fault: strings.Join(slices.Compact(fs), ","),
+			Trials: len(injected), LatencyP50Ms: -1, LatencyMaxMs: -1, Stale: stale, Overlaps: overlap,
+			Ops: accepted, Duration: o.Duration.String(), Failed: t.Failed(),
+			Observed: fmt.Sprintf("%d processes × %d lockers, %d keys", o.Processes, o.Goroutines, o.Keys)})
+	}()
 	for next := start.Add(o.FaultEvery); next.Add(2 * ttl).Before(end); next = next.Add(o.FaultEvery) {
 		sleepUntil(next)
 		f := faults[rand.IntN(len(faults))]
@@ -211,8 +222,11 @@ func Soak(t *testing.T, h FaultHarness, o SoakOptions) {
 	}
 	watchers.Wait()
 
-	accepted, rejected, stale, staleEv := reg.counts()
-	overlaps := countOverlaps(leases)
+	var rejected int
+	var staleEv []string
+	accepted, rejected, stale, staleEv = reg.counts()
+	overlap = countOverlaps(leases)
+	overlaps := overlap
 	linErr := reg.checkLinearizable(t)
 	t.Logf("soak on %s: %d leases, %d requests accepted, %d rejected as stale, %d stale accepted, %d lease overlaps, faults %v",
 		h.Deployment(), len(leases), accepted, rejected, stale, overlaps, injected)
@@ -228,12 +242,6 @@ func Soak(t *testing.T, h FaultHarness, o SoakOptions) {
 	if accepted < 2*o.Keys {
 		t.Errorf("no progress: only %d register requests accepted in %v", accepted, o.Duration)
 	}
-	fs := slices.Clone(injected)
-	sort.Strings(fs)
-	WriteRecord(t, Record{Kind: "soak", Deployment: h.Deployment(), Fault: strings.Join(slices.Compact(fs), ","),
-		Trials: len(injected), LatencyP50Ms: -1, LatencyMaxMs: -1, Stale: stale, Overlaps: overlaps,
-		Ops: accepted, Duration: o.Duration.String(), Failed: t.Failed(),
-		Observed: fmt.Sprintf("%d processes × %d lockers, %d keys", o.Processes, o.Goroutines, o.Keys)})
 }
 
 // countOverlaps counts pairs of leases of one key where the later was granted
