@@ -32,6 +32,9 @@ func TestRegisterLostUpdateNotLinearizable(t *testing.T) {
 	if err == nil {
 		t.Fatal("a lost update passed the linearizability check")
 	}
+	if !strings.Contains(err.Error(), `"k" is 1 after 2 increments accepted`) {
+		t.Errorf("error does not count the lost update: %v", err)
+	}
 	files, _ := filepath.Glob(filepath.Join(dir, "porcupine-*.html"))
 	if len(files) != 1 || !strings.Contains(err.Error(), files[0]) {
 		t.Fatalf("want one visualisation named in the error; files %v, error %v", files, err)

@@ -28,6 +28,7 @@ type register struct {
 
 	mu      sync.Mutex
 	vals    map[string]int
+	writes  map[string]int   // per key: writes accepted
 	newest  map[string]int64 // per key: the latest grant time (wall ns) of any lease that reached the resource
 	hist    []porcupine.Operation
 	clients map[string]int // lease label -> porcupine client id
@@ -37,7 +38,7 @@ type register struct {
 }
 
 func newRegister() *register {
-	return &register{start: time.Now(), vals: map[string]int{}, newest: map[string]int64{}, clients: map[string]int{}}
+	return &register{start: time.Now(), vals: map[string]int{}, writes: map[string]int{}, newest: map[string]int64{}, clients: map[string]int{}}
 }
 
 // regInput and regOutput are porcupine's input and output of one request.
@@ -78,6 +79,7 @@ func (r *register) op(key string, lease leaseRef, write bool, v int) (int, bool)
 		defer r.mu.Unlock()
 		if write {
 			r.vals[key] = v
+			r.writes[key]++
 		} else {
 			read = r.vals[key]
 		}
@@ -193,14 +195,22 @@ const porcupineTimeout = 60 * time.Second
 func (r *register) checkLinearizable(t testing.TB) error {
 	r.mu.Lock()
 	hist := append([]porcupine.Operation(nil), r.hist...)
+	var lost []string
+	for k, n := range r.writes {
+		if r.vals[k] != n {
+			lost = append(lost, fmt.Sprintf("%q is %d after %d increments accepted", k, r.vals[k], n))
+		}
+	}
 	r.mu.Unlock()
 	res, info := porcupine.CheckOperationsVerbose(registerModel, hist, porcupineTimeout)
-	switch res {
-	case porcupine.Ok:
+	switch {
+	case res == porcupine.Ok && lost == nil:
 		return nil
-	case porcupine.Unknown:
+	case res == porcupine.Unknown && lost == nil:
 		t.Logf("porcupine: no verdict on %d operations within %v (not counted as a failure)", len(hist), porcupineTimeout)
 		return nil
+	case res != porcupine.Illegal:
+		return fmt.Errorf("lost updates: %s (porcupine: %s)", strings.Join(lost, "; "), res)
 	}
 	dir, err := artifactDir()
 	if err != nil {
@@ -210,7 +220,11 @@ func (r *register) checkLinearizable(t testing.TB) error {
 	if err := porcupine.VisualizePath(registerModel, info, path); err != nil {
 		return fmt.Errorf("register history of %d operations is not linearizable (visualisation failed: %w)", len(hist), err)
 	}
-	return fmt.Errorf("register history of %d operations is not linearizable: a lost update; visualisation: %s", len(hist), path)
+	msg := fmt.Sprintf("register history of %d operations is not linearizable", len(hist))
+	if lost != nil {
+		msg += "; lost updates: " + strings.Join(lost, "; ")
+	}
+	return fmt.Errorf("%s; visualisation: %s", msg, path)
 }
 
 // artifactDir returns the directory for test artifacts: $DLOCK_ARTIFACTS if
