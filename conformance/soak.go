@@ -176,6 +176,9 @@ func Soak(t *testing.T, h FaultHarness, o SoakOptions) {
 	}()
 	for next := start.Add(o.FaultEvery); next.Add(2 * ttl).Before(end); next = next.Add(o.FaultEvery) {
 		sleepUntil(next)
+		if time.Now().Add(2 * ttl).After(end) {
+			break // the faults ran long (a slow heal or failover): no time left for another
+		}
 		f := faults[rand.IntN(len(faults))]
 		i := rand.IntN(len(children))
 		faultAt := time.Now()
