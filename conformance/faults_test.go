@@ -84,6 +84,29 @@ func TestRegisterCountsStaleWrites(t *testing.T) {
 	}
 }
 
+func TestClassify(t *testing.T) {
+	for _, tc := range []struct {
+		name                   string
+		lost                   bool
+		lossAt, endAt, grantAt int64
+		unsafe                 bool
+		want                   Outcome
+	}{
+		{"released, then granted", false, 0, 10, 11, false, Held},
+		{"released, never granted", false, 0, 10, 0, false, Held},
+		{"granted while the holder still believed", false, 0, 10, 5, false, Fenced},
+		{"lost before the grant", true, 8, 9, 9, false, LossDetected},
+		{"lost at the grant", true, 9, 12, 9, false, LossDetected},
+		{"lost after the grant", true, 10, 10, 9, false, Fenced},
+		{"lost, never granted", true, 10, 10, 0, false, LossDetected},
+		{"stale write accepted", true, 8, 8, 9, true, Unsafe},
+	} {
+		if got := classify(tc.lost, tc.lossAt, tc.endAt, tc.grantAt, tc.unsafe); got != tc.want {
+			t.Errorf("%s: classify = %s, want %s", tc.name, got, tc.want)
+		}
+	}
+}
+
 func TestCountOverlaps(t *testing.T) {
 	leases := map[string]*soakLease{
 		"a": {key: "k", grant: 10, end: 20},

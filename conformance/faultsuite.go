@@ -566,17 +566,8 @@ func (fs *faultSuite) trial(t *testing.T, f Fault) trialResult {
 		res.latency = time.Duration(lossAt - faultAt.UnixNano())
 	}
 	linErr := reg.checkLinearizable(t)
-	switch {
-	case stale > 0 || linErr != nil:
-		res.outcome = Unsafe
-	case !lost && (g == 0 || g >= endAt):
-		res.outcome = Held
-	case lost && (g == 0 || lossAt <= g):
-		res.outcome = LossDetected
-	default:
-		res.outcome = Fenced
-	}
-	if g != 0 && (endAt == 0 || g < lossAt) && res.outcome != Held {
+	res.outcome = classify(lost, lossAt, endAt, g, stale > 0 || linErr != nil)
+	if res.outcome == Fenced || (res.outcome == Unsafe && g != 0 && (endAt == 0 || g < lossAt)) {
 		res.overlaps = 1
 	}
 	var ev strings.Builder
@@ -595,4 +586,20 @@ func (fs *faultSuite) trial(t *testing.T, f Fault) trialResult {
 	}
 	res.evidence = ev.String()
 	return res
+}
+
+// classify names a trial's outcome from the holder's lease (lost or not, its
+// loss time, when it ended), the contender's grant time (0: never) and
+// whether the register saw a stale write accepted or a lost update. Times
+// are wall-clock ns.
+func classify(lost bool, lossAt, endAt, grantAt int64, unsafe bool) Outcome {
+	switch {
+	case unsafe:
+		return Unsafe
+	case !lost && (grantAt == 0 || grantAt >= endAt):
+		return Held
+	case lost && (grantAt == 0 || lossAt <= grantAt):
+		return LossDetected
+	}
+	return Fenced
 }
