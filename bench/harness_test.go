@@ -146,12 +146,6 @@ func stopTimer(tb testing.TB) {
 	}
 }
 
-func startTimer(tb testing.TB) {
-	if b, ok := tb.(*testing.B); ok {
-		b.StartTimer()
-	}
-}
-
 // report is b.ReportMetric for a benchmark and a log line for a test.
 func report(tb testing.TB, v float64, unit string) {
 	if b, ok := tb.(*testing.B); ok {

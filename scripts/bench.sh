@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Runs the peer benchmarks of the separate bench/ module — dlock's drivers
+# against redsync (1 and 5 pools), redislock, etcd's concurrency.Mutex,
+# go-zookeeper's zk.NewLock, raw pg_advisory_lock and each backend's raw
+# protocol floor — and writes docs/BENCHMARKS.md from that one run.
+#
+# The benchmarks start their own servers (redis-server, etcd, ZooKeeper,
+# PostgreSQL) on free loopback ports and stop them afterwards; install them
+# first with scripts/install-test-deps.sh. A full run takes about 10–15
+# minutes on 2 cores; --quick (smaller sizes, one run) about 3.
+#
+# Usage: scripts/bench.sh [--quick] [--out FILE]   (default docs/BENCHMARKS.md)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+quick=false
+out=docs/BENCHMARKS.md
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) quick=true ;;
+    --out) out=$2; shift ;;
+    --out=*) out=${1#--out=} ;;
+    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "bench.sh: unknown argument $1 (try --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+if $quick; then
+  count=1; benchtime=300ms
+  scale=(-dlock.keys 200 -dlock.leases 1000 -dlock.keepalive-ttl 3s -dlock.waiters 100)
+  cmdline="scripts/bench.sh --quick"
+else
+  count=3; benchtime=1s
+  scale=(-dlock.keys 1000 -dlock.leases 10000 -dlock.keepalive-ttl 9s -dlock.waiters 1000)
+  cmdline="scripts/bench.sh"
+fi
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+raw=$work/raw.txt
+meta=$work/meta.txt
+
+step() { printf '\n== %s (%s)\n' "$*" "$(date -u +%H:%M:%S)"; }
+
+version() { # first line of a command's version output, or "not installed"
+  local out
+  if out=$("$@" 2>&1 | head -n 1) && [ -n "$out" ]; then echo "$out"; else echo "not installed"; fi
+}
+find_bin() { # a binary from $PATH or Debian's sbin directories
+  command -v "$1" 2>/dev/null || { for d in /usr/local/sbin /usr/sbin /sbin; do [ -x "$d/$1" ] && { echo "$d/$1"; return; }; done; echo "$1"; }
+}
+pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+zk_version=$(dpkg-query -W -f='${Version}' zookeeper 2>/dev/null || echo "not installed")
+
+started=$(date -u '+%Y-%m-%d %H:%M UTC')
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
+{
+  printf 'Date\t%s\n' "$started"
+  printf 'Command\t`%s` (go test -bench in bench/: -count %s, -benchtime %s for the latency and contention scenarios; -benchtime 1x, one run, for the scale scenarios: %s)\n' "$cmdline" "$count" "$benchtime" "${scale[*]}"
+  printf 'CPU\t%s × %s\n' "$(nproc)" "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+  printf 'Memory\t%s\n' "$(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)"
+  printf 'OS\t%s, kernel %s\n' "$(. /etc/os-release && echo "$PRETTY_NAME")" "$(uname -r)"
+  printf 'Go\t%s\n' "$(go version)"
+  printf 'Redis\t%s\n' "$(version "$(find_bin redis-server)" --version)"
+  printf 'etcd\t%s\n' "$(version "$(find_bin etcd)" --version)"
+  printf 'ZooKeeper\tDebian package %s\n' "$zk_version"
+  printf 'PostgreSQL\t%s\n' "$(version "${pg_bin:-/nonexistent}/postgres" --version)"
+} >"$meta"
+
+cd "$root/bench"
+step "build (go test -c)"
+go test -c -o "$work/bench.test" .
+
+step "latency and contention: Redis, etcd, ZooKeeper, PostgreSQL (-count $count, -benchtime $benchtime)"
+"$work/bench.test" -test.run '^$' -test.bench '^Benchmark(Redis|Etcd|ZooKeeper|Postgres)$' \
+  -test.benchtime "$benchtime" -test.count "$count" -test.timeout 40m 2>&1 | tee -a "$raw"
+load_mid=$(cut -d' ' -f1-3 /proc/loadavg)
+
+step "scale: many keys, keepalive of many leases, many waiters (${scale[*]})"
+"$work/bench.test" -test.run '^$' -test.bench '^BenchmarkScale$' -test.benchtime 1x -test.count 1 \
+  -test.timeout 40m "${scale[@]}" 2>&1 | tee -a "$raw"
+
+if grep -Eq '^(--- FAIL|FAIL)' "$raw"; then
+  echo "bench.sh: a benchmark failed (see above); $out not written" >&2
+  exit 1
+fi
+
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
+finished=$(date -u '+%H:%M UTC')
+printf 'Load average (1, 5, 15 min)\t%s before, %s between the two parts, %s after (finished %s)\n' \
+  "$load_before" "$load_mid" "$load_after" "$finished" >>"$meta"
+
+step "write $out"
+go run ./cmd/benchreport -in "$raw" -meta "$meta" -cmd "$cmdline" -out "$root/$out"
+echo "wrote $out"
