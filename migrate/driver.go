@@ -26,7 +26,7 @@ type driver struct {
 	from  string       // BackendID of the old backend; "" for new-only without from
 	old   dlock.Locker // nil in ModeNew
 	new   dlock.Locker
-	store *store
+	store store
 	caps  backend.Capabilities
 
 	wg sync.WaitGroup // loss watchers, one per held grant

@@ -12,7 +12,8 @@
 // [DSN] builds such a DSN, escaping the inner ones. The parameters "ttl" and
 // "autorenew" go on the migrate:// DSN itself and apply to both locks; the
 // inner DSNs must not carry them. The new backend must be etcd (etcd:// or
-// etcds://): the switch record and the per-key bases live there.
+// etcds://) or ZooKeeper (zk://): the switch record and the per-key bases
+// live there.
 //
 // # The rollout
 //
@@ -39,10 +40,11 @@
 // Before the switch a migrating grant's token is the old lock's. Each
 // migrating grant reads the switch record while it holds both locks, so the
 // switch takes effect at one point in each key's grant order, and every later
-// grant, in every process, sees it (etcd reads are linearizable).
+// grant, in every process, sees it (etcd reads are linearizable; ZooKeeper
+// reads follow a sync).
 //
 // After the switch a grant's token is base(key) + the new lock's token (the
-// etcd create revision). base(key) starts at the switch record's base: the old
+// etcd create revision, the ZooKeeper czxid). base(key) starts at the switch record's base: the old
 // backend's token on a probe key (for Redis, at least the server's clock in
 // µs, since the Redis driver floors its tokens at TIME) plus a margin (default
 // 24h in µs). Every token Redis gave before the switch is below it, as long as

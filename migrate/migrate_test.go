@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-zookeeper/zk"
 	goredis "github.com/redis/go-redis/v9"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/goleak"
@@ -24,6 +26,7 @@ import (
 	"github.com/dlock-go/dlock/internal/testenv"
 	"github.com/dlock-go/dlock/migrate"
 	"github.com/dlock-go/dlock/redis"
+	"github.com/dlock-go/dlock/zookeeper"
 )
 
 func TestMain(m *testing.M) {
@@ -63,6 +66,7 @@ func startServers(t *testing.T) *servers {
 type env struct {
 	*servers
 	redisPrefix, etcdPrefix string
+	newBase                 string // the new backend's DSN without its prefix; etcd's if ""
 }
 
 var envSeq atomic.Int64
@@ -73,7 +77,12 @@ func newEnv(s *servers) *env {
 }
 
 func (e *env) from() string { return e.redisURL + "?prefix=" + e.redisPrefix }
-func (e *env) to() string   { return "etcd://" + e.etcdEP + e.etcdPrefix }
+func (e *env) to() string {
+	if e.newBase != "" {
+		return e.newBase + e.etcdPrefix
+	}
+	return "etcd://" + e.etcdEP + e.etcdPrefix
+}
 func (e *env) dsn(mode string) string {
 	return migrate.DSN(e.from(), e.to(), mode)
 }
@@ -107,6 +116,22 @@ func (e *env) switchTokens(t testing.TB) *migrate.Record {
 type harness struct {
 	*env
 	mode string
+	zk   *zk.Conn // the new backend is ZooKeeper (e.newBase), reached through this
+}
+
+// expireZK deletes the node of key's holder: its next renewal finds it gone.
+func (h *harness) expireZK(t testing.TB, key string) {
+	t.Helper()
+	dir := zookeeper.LockPath(h.etcdPrefix, key)
+	kids, _, err := h.zk.Children(dir)
+	if err != nil || len(kids) == 0 {
+		t.Fatalf("Expire(%q): lock nodes under %s: %v %v", key, dir, kids, err)
+	}
+	seq := func(n string) string { return n[len(n)-10:] }
+	slices.SortFunc(kids, func(a, b string) int { return strings.Compare(seq(a), seq(b)) })
+	if err := h.zk.Delete(dir+"/"+kids[0], -1); err != nil {
+		t.Fatalf("Expire(%q): delete the holder's node: %v", key, err)
+	}
 }
 
 func (h *harness) NewLocker(t testing.TB) dlock.Locker { return open(t, h.dsn(h.mode)) }
@@ -120,6 +145,10 @@ func (h *harness) Expire(t testing.TB, key string) {
 		if n, err := h.rdb.Del(ctx, redis.LockKey(h.redisPrefix, key)).Result(); err != nil || n != 1 {
 			t.Fatalf("Expire(%q): DEL the Redis lock: n=%d, %v", key, n, err)
 		}
+	}
+	if h.zk != nil {
+		h.expireZK(t, key)
+		return
 	}
 	resp, err := h.cli.Get(ctx, etcd.LockName(h.etcdPrefix, key)+"/", clientv3.WithFirstCreate()...)
 	if err != nil || len(resp.Kvs) == 0 {
@@ -151,6 +180,19 @@ func TestConformance(t *testing.T) {
 		e.switchTokens(t)
 		conformance.Run(t, &harness{env: e, mode: migrate.ModeNew})
 	})
+	t.Run("zookeeper-after-switch", func(t *testing.T) {
+		t.Parallel()
+		e := newEnv(s)
+		srv := testenv.StartZooKeeper(t)
+		e.newBase = "zk://" + srv.Addr()
+		conn, _, err := zk.Connect([]string{srv.Addr()}, 10*time.Second, zk.WithLogInfo(false))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(conn.Close)
+		e.switchTokens(t)
+		conformance.Run(t, &harness{env: e, mode: migrate.ModeMigrate, zk: conn})
+	})
 }
 
 // TestMixedFleet runs Redis-only, migrating and new-only lockers in the
@@ -160,7 +202,15 @@ func TestConformance(t *testing.T) {
 // token above the previous one (Guard.Advance), no two holders may overlap,
 // and a stale token from before the switch must be rejected after it.
 func TestMixedFleet(t *testing.T) {
-	e := newEnv(startServers(t))
+	t.Run("etcd", func(t *testing.T) { mixedFleet(t, newEnv(startServers(t))) })
+	t.Run("zookeeper", func(t *testing.T) {
+		e := newEnv(startServers(t))
+		e.newBase = "zk://" + testenv.StartZooKeeper(t).Addr()
+		mixedFleet(t, e)
+	})
+}
+
+func mixedFleet(t *testing.T, e *env) {
 	ctx := ctxT(t)
 	keys := []string{"fleet/a", "fleet/b"}
 	const perPhase = 40 // grants per key per phase

@@ -21,8 +21,9 @@ import (
 const RecordVersion = 1
 
 // Record is the switch record, kept as JSON in the new backend under
-// "<prefix>.migrate/switch" (for the etcd prefix "/dlock":
-// "/dlock.migrate/switch"). Once written it is never changed.
+// "<prefix>.migrate/switch", next to the locks but outside their key range
+// (for the etcd prefix or ZooKeeper root "/dlock": "/dlock.migrate/switch").
+// Once written it is never changed.
 type Record struct {
 	// Version is the record's format (RecordVersion).
 	Version int `json:"version"`
@@ -53,10 +54,24 @@ func (r *Record) check(from string) error {
 	return nil
 }
 
-// store keeps the switch record and the per-key bases in etcd, next to the
-// new backend's locks but outside their key range: under "<prefix>.migrate/",
-// not "<prefix>/".
-type store struct {
+// store keeps the switch record and the per-key bases in the new backend.
+type store interface {
+	// read returns the switch record and key's base, in one linearizable read.
+	read(ctx context.Context, key string) (state, error)
+	// readSwitch returns the switch record, or an error matching ErrNotSwitched.
+	readSwitch(ctx context.Context) (*Record, error)
+	// setBase records base for key if key's base is still at version rev (as
+	// read; 0: none), else fails with ErrTokenBackwards.
+	setBase(ctx context.Context, key string, base uint64, rev int64) error
+	// createSwitch writes rec unless a record exists; it returns the record
+	// in the store afterwards and whether it was rec.
+	createSwitch(ctx context.Context, rec *Record) (*Record, bool, error)
+	close() error
+}
+
+// etcdStore keeps the records in etcd, next to the new backend's locks but
+// outside their key range: under "<prefix>.migrate/", not "<prefix>/".
+type etcdStore struct {
 	cli  *clientv3.Client
 	root string
 }
@@ -65,26 +80,28 @@ type store struct {
 type state struct {
 	rec     *Record // nil before the switch
 	base    uint64  // key's recorded base; 0 if none
-	baseRev int64   // mod revision of key's base; 0 if none
+	baseRev int64   // version of key's base, for setBase; 0 if none
 }
 
-// openStore connects to the etcd cluster of the DSN to (the new backend).
-func openStore(ctx context.Context, to *url.URL) (*store, error) {
-	if to.Scheme != "etcd" && to.Scheme != "etcds" {
-		return nil, fmt.Errorf("%w: the new backend must be etcd (etcd:// or etcds://), not %s://", dlock.ErrInvalidOption, to.Scheme)
+// openStore connects to the new backend of the DSN to.
+func openStore(ctx context.Context, to *url.URL) (store, error) {
+	switch to.Scheme {
+	case "etcd", "etcds":
+		cli, prefix, err := etcd.Dial(ctx, to.String())
+		if err != nil {
+			return nil, fmt.Errorf("new backend: %w", backend.RedactError(err, to))
+		}
+		return &etcdStore{cli: cli, root: prefix + ".migrate"}, nil
+	case "zk":
+		return openZKStore(ctx, to)
 	}
-	cli, prefix, err := etcd.Dial(ctx, to.String())
-	if err != nil {
-		return nil, fmt.Errorf("new backend: %w", backend.RedactError(err, to))
-	}
-	return &store{cli: cli, root: prefix + ".migrate"}, nil
+	return nil, fmt.Errorf("%w: the new backend must be etcd (etcd://, etcds://) or ZooKeeper (zk://), not %s://", dlock.ErrInvalidOption, to.Scheme)
 }
 
-func (s *store) switchKey() string         { return s.root + "/switch" }
-func (s *store) baseKey(key string) string { return etcd.LockName(s.root+"/base", key) }
+func (s *etcdStore) switchKey() string         { return s.root + "/switch" }
+func (s *etcdStore) baseKey(key string) string { return etcd.LockName(s.root+"/base", key) }
 
-// read returns the switch record and key's base.
-func (s *store) read(ctx context.Context, key string) (state, error) {
+func (s *etcdStore) read(ctx context.Context, key string) (state, error) {
 	resp, err := s.cli.Txn(ctx).Then(clientv3.OpGet(s.switchKey()), clientv3.OpGet(s.baseKey(key))).Commit()
 	if err != nil {
 		return state{}, fmt.Errorf("read the switch record: %w", err)
@@ -105,8 +122,7 @@ func (s *store) read(ctx context.Context, key string) (state, error) {
 	return st, nil
 }
 
-// readSwitch returns the switch record, or an error matching ErrNotSwitched.
-func (s *store) readSwitch(ctx context.Context) (*Record, error) {
+func (s *etcdStore) readSwitch(ctx context.Context) (*Record, error) {
 	resp, err := s.cli.Get(ctx, s.switchKey())
 	if err != nil {
 		return nil, fmt.Errorf("read the switch record: %w", err)
@@ -117,9 +133,7 @@ func (s *store) readSwitch(ctx context.Context) (*Record, error) {
 	return decodeRecord(resp.Kvs[0].Value)
 }
 
-// setBase records base for key if key's base still has mod revision rev (0:
-// none yet).
-func (s *store) setBase(ctx context.Context, key string, base uint64, rev int64) error {
+func (s *etcdStore) setBase(ctx context.Context, key string, base uint64, rev int64) error {
 	k := s.baseKey(key)
 	resp, err := s.cli.Txn(ctx).
 		If(clientv3.Compare(clientv3.ModRevision(k), "=", rev)).
@@ -134,9 +148,7 @@ func (s *store) setBase(ctx context.Context, key string, base uint64, rev int64)
 	return nil
 }
 
-// createSwitch writes rec unless a record exists; it returns the record that
-// is in the store afterwards and whether it was rec.
-func (s *store) createSwitch(ctx context.Context, rec *Record) (*Record, bool, error) {
+func (s *etcdStore) createSwitch(ctx context.Context, rec *Record) (*Record, bool, error) {
 	data, err := json.Marshal(rec)
 	if err != nil {
 		return nil, false, err
@@ -161,7 +173,7 @@ func (s *store) createSwitch(ctx context.Context, rec *Record) (*Record, bool, e
 	return cur, false, err
 }
 
-func (s *store) close() error { return s.cli.Close() }
+func (s *etcdStore) close() error { return s.cli.Close() }
 
 func decodeRecord(data []byte) (*Record, error) {
 	var r Record
