@@ -3,7 +3,7 @@
 // fencing tokens every resource sees for a key never going backwards.
 //
 // Importing it registers the DSN scheme "migrate" (and, through their
-// packages, the redis and etcd schemes), so code that already calls
+// packages, the redis, etcd and zk schemes), so code that already calls
 // dlock.Open(ctx, os.Getenv("LOCK_DSN")) migrates when LOCK_DSN changes:
 //
 //	migrate://?from=<old DSN, URL-escaped>&to=<new DSN, URL-escaped>           both locks (mode "migrate", the default)

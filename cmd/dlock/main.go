@@ -137,7 +137,7 @@ Usage:
   dlock run [flags] KEY -- COMMAND [ARG...]   run COMMAND while holding the lock KEY
   dlock check [flags]                         run the conformance suite against a deployment
   dlock bench [flags]                         compare backends: latency, throughput, hand-off
-  dlock migrate dsn|switch-tokens|status      move a fleet from Redis to etcd (docs/MIGRATING.md)
+  dlock migrate dsn|switch-tokens|status      move a fleet from Redis to etcd/ZooKeeper
   dlock help [COMMAND]                        show a command's flags and exit statuses
   dlock version                               print dlock's version
 

@@ -17,8 +17,9 @@ const migrateUsage = `Usage:
   dlock migrate switch-tokens --from OLD --to NEW [--margin 24h | --base N] [--timeout 1m]
   dlock migrate status --to NEW [--from OLD] [--timeout 1m]
 
-Moves a running fleet from one lock backend (OLD, e.g. redis://...) to etcd
-(NEW, etcd://...) with configuration changes only; see docs/MIGRATING.md.
+Moves a running fleet from one lock backend (OLD, e.g. redis://...) to etcd or
+ZooKeeper (NEW, etcd://... or zk://...) with configuration changes only; see
+docs/MIGRATING.md.
 
   dsn            prints the migrate:// DSN to deploy: first without --mode
                  (migrating: both locks), then, after the switch, with
@@ -31,7 +32,7 @@ Moves a running fleet from one lock backend (OLD, e.g. redis://...) to etcd
 
 Flags:
   --from DSN        the old backend's DSN (as the clients use it)
-  --to DSN          the new backend's DSN (etcd:// or etcds://)
+  --to DSN          the new backend's DSN (etcd://, etcds:// or zk://)
   --mode new        dsn: the new-only DSN
   --margin 24h      switch-tokens: added to OLD's clock (read through a token on
                     the key ".dlock-migrate-probe") to make the base (default 24h)
