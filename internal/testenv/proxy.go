@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
+	"github.com/Shopify/toxiproxy/v2/stream"
 	"github.com/Shopify/toxiproxy/v2/toxics"
 	"github.com/rs/zerolog"
 )
@@ -25,6 +26,7 @@ type Proxy struct {
 	p        *toxiproxy.Proxy
 	addr     string
 	upstream string
+	guard    *guardState
 
 	mu    sync.Mutex // serializes Blackhole, Cut, Heal and the cleanup
 	state proxyState
@@ -55,12 +57,22 @@ func StartProxy(t testing.TB, upstream string) *Proxy {
 	t.Helper()
 	n := proxySeq.Add(1)
 	p := toxiproxy.NewProxy(proxyServer, fmt.Sprintf("dlock-testenv-%d", n), "127.0.0.1:0", upstream)
+	g := newGuardState(n)
+	for _, dir := range []string{"upstream", "downstream"} {
+		body := fmt.Sprintf(`{"name":%q,"type":%q,"stream":%q,"toxicity":1,"attributes":{"id":%d}}`,
+			"guard_"+dir, guardToxicType, dir, n)
+		if _, err := p.Toxics.AddToxicJson(strings.NewReader(body)); err != nil {
+			g.release()
+			t.Fatalf("testenv: StartProxy(%s): adding the %s guard: %v", upstream, dir, err)
+		}
+	}
 	if err := p.Start(); err != nil {
+		g.release()
 		t.Fatalf("testenv: StartProxy(%s): %v", upstream, err)
 	}
 	// Start has rewritten p.Listen to the port it got; Heal after Cut
 	// listens on that port again. Read it while no goroutine writes it.
-	px := &Proxy{p: p, addr: p.Listen, upstream: upstream}
+	px := &Proxy{p: p, addr: p.Listen, upstream: upstream, guard: g}
 	t.Cleanup(px.stop)
 	return px
 }
@@ -178,12 +190,16 @@ func (p *Proxy) removeToxics() {
 	}
 }
 
-// stop is the cleanup: it closes everything for good.
+// stop is the cleanup: it closes everything for good, and lets the guards
+// discard what no writer will take any more, so that every pipeline
+// goroutine ends.
 func (p *Proxy) stop() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.state != proxyStopped {
+		p.guard.stop()
 		p.close()
+		p.guard.release()
 		p.state = proxyStopped
 	}
 }
@@ -305,3 +321,115 @@ func lookupHoldState(id int64) *holdState {
 
 func (h *holdState) drop()    { close(h.dropped) }
 func (h *holdState) release() { holdStates.Delete(h.id) }
+
+// guardToxicType is the Toxiproxy toxic type of a guard.
+const guardToxicType = "dlock_testenv_guard"
+
+func init() { toxics.Register(guardToxicType, new(guardToxic)) }
+
+// guardToxic passes everything through, like Toxiproxy's hidden noop toxic,
+// but never blocks for good. Every proxy has one in each direction, first in
+// the chain after the noop toxic, so it is the stage that hands the data to
+// the goroutine writing it out (or to a blackhole). That goroutine ends when
+// its connection fails (a server that closed the connection while the
+// client was still sending), and Toxiproxy's own stages then block forever
+// on their next chunk: a goroutine leak, and a hang of the next Blackhole or
+// Heal, which interrupts that stage and waits for it. The guard instead
+// returns at once when interrupted, keeping the chunk it could not hand on
+// for its next run (per-connection state), and once the proxy is stopped it
+// discards everything until its input ends.
+type guardToxic struct {
+	ID int64 `json:"id"`
+}
+
+// guardPending is the per-connection state of a guard: the chunk it could
+// not hand on before it was interrupted.
+type guardPending struct {
+	chunk *stream.StreamChunk
+}
+
+// NewState implements toxics.StatefulToxic.
+func (g *guardToxic) NewState() interface{} { return new(guardPending) }
+
+// Pipe implements toxics.Toxic.
+func (g *guardToxic) Pipe(stub *toxics.ToxicStub) {
+	pending, _ := stub.State.(*guardPending)
+	if pending == nil {
+		pending = new(guardPending)
+	}
+	var stopped <-chan struct{}
+	if st := lookupGuardState(g.ID); st != nil {
+		stopped = st.stopped
+	} else {
+		stopped = closedChan // released: the proxy is stopped
+	}
+	for {
+		if c := pending.chunk; c != nil {
+			select {
+			case stub.Output <- c:
+				pending.chunk = nil
+			case <-stub.Interrupt:
+				return // c stays pending
+			case <-stopped:
+				pending.chunk = nil
+				g.drain(stub)
+				return
+			}
+		}
+		select {
+		case <-stub.Interrupt:
+			return
+		case <-stopped:
+			g.drain(stub)
+			return
+		case c := <-stub.Input:
+			if c == nil {
+				stub.Close()
+				return
+			}
+			pending.chunk = c
+		}
+	}
+}
+
+// drain discards the input until it ends (or the guard is interrupted).
+func (g *guardToxic) drain(stub *toxics.ToxicStub) {
+	for {
+		select {
+		case <-stub.Interrupt:
+			return
+		case c := <-stub.Input:
+			if c == nil {
+				stub.Close()
+				return
+			}
+		}
+	}
+}
+
+// closedChan is a closed channel.
+var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// guardState is shared by the two guards of one proxy.
+type guardState struct {
+	id      int64
+	stopped chan struct{} // closed by stop
+}
+
+var guardStates sync.Map // int64 → *guardState
+
+func newGuardState(id int64) *guardState {
+	g := &guardState{id: id, stopped: make(chan struct{})}
+	guardStates.Store(id, g)
+	return g
+}
+
+func lookupGuardState(id int64) *guardState {
+	if v, ok := guardStates.Load(id); ok {
+		return v.(*guardState)
+	}
+	return nil
+}
+
+func (g *guardState) stop()    { close(g.stopped) }
+func (g *guardState) release() { guardStates.Delete(g.id) }
