@@ -6,6 +6,8 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
+
+	"github.com/dlock-go/dlock/conformance"
 )
 
 // quiet drops go-redis's log lines ("failed to dial ..."): the tests kill
@@ -15,6 +17,7 @@ type quiet struct{}
 func (quiet) Printf(context.Context, string, ...any) {}
 
 func TestMain(m *testing.M) {
+	conformance.Main(m) // in a child process of the fault suite, runs the child and exits
 	goredis.SetLogger(quiet{})
 	goleak.VerifyTestMain(m)
 }
