@@ -2,7 +2,31 @@
 // the same run. It is a separate module, so that users of dlock never download
 // the peer libraries.
 //
-//	cd bench && go test -run '^$' -bench . -benchtime 2s -count 3
+// Peers: go-redsync/redsync v4 (1 pool, and 5 pools beside dlock's Redlock),
+// bsm/redislock, etcd's concurrency.Mutex, go-zookeeper's zk.NewLock and a raw
+// pg_advisory_lock with pgx; and each backend's raw protocol floor (Redis: SET
+// NX PX + owner-checked DEL; etcd: txn put-if-absent + delete; ZooKeeper:
+// create ephemeral + delete; PostgreSQL: pg_try_advisory_lock + unlock).
+//
+// Scenarios (see the Benchmark functions): uncontended acquire + release
+// (interleaved across implementations), 8 and 32 lockers contending for one
+// key (grants/s, handoff latency, share of grants that change hands, wait
+// p99, server requests per grant, overlaps), many keys held by one process
+// (time per acquire, heap per lease), the keepalive load of many leases, and
+// many waiters on one key (server requests per handoff).
+//
+// scripts/bench.sh runs them all and writes docs/BENCHMARKS.md:
+//
+//	scripts/bench.sh            # about 10–15 minutes on 2 cores
+//	scripts/bench.sh --quick    # smaller sizes, one run
+//
+// By hand:
+//
+//	cd bench && go test -run '^$' -bench '^BenchmarkRedis$' -count 3
+//	cd bench && go test -run '^$' -bench '^BenchmarkScale$' -benchtime 1x -args -dlock.waiters 100
+//
+// TestSmoke (plain go test) runs every scenario once at tiny sizes and checks
+// that no two holders ever overlapped.
 //
 // The servers are real, started by dlock's internal/testenv on free loopback
 // ports (see scripts/install-test-deps.sh).

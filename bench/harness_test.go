@@ -508,6 +508,30 @@ func runKeepalive(tb testing.TB, name, dsn string, reqs, roundTrips func() (floa
 	return r
 }
 
+// scopedTB is tb with its own cleanups, run by close.
+type scopedTB struct {
+	testing.TB
+	mu  sync.Mutex
+	fns []func()
+}
+
+func (s *scopedTB) Cleanup(f func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.fns = append(s.fns, f)
+}
+
+// close runs the cleanups, last registered first.
+func (s *scopedTB) close() {
+	s.mu.Lock()
+	fns := s.fns
+	s.fns = nil
+	s.mu.Unlock()
+	for i := len(fns) - 1; i >= 0; i-- {
+		fns[i]()
+	}
+}
+
 // ---- Many waiters on one key -----------------------------------------------
 
 type waitersResult struct {
@@ -525,6 +549,11 @@ func runWaiters(tb testing.TB, im impl, n, clients, handoffs int) waitersResult 
 	if im.reqs == nil {
 		tb.Fatalf("%s: no request counter", im.name)
 	}
+	// Close the clients when this run ends, not with tb: the next run's
+	// clients would add to their connections.
+	sc := &scopedTB{TB: tb}
+	defer sc.close()
+	tb = sc
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	key := uniqueKey("waiters", im.name, strconv.Itoa(n))
