@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dlock-go/dlock/backend"
@@ -25,9 +28,17 @@ func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 		return nil, err
 	}
 	key := d.opts.AdvisoryKey(req.Key)
+	// A waiting Acquire outlives a server restart: while the server cannot
+	// be reached, or its connection dies under the wait, it tries again
+	// after a pause until ctx ends, as the Locker contract says (it waits
+	// until granted or ctx is done). A connection that died holds no lock.
+	wait := backend.Backoff{Min: 50 * time.Millisecond, Max: 500 * time.Millisecond}
 	for attempt := 0; ; attempt++ {
 		pc, err := d.pool.Acquire(ctx)
 		if err != nil {
+			if req.Wait && serverDown(err) && backend.Sleep(ctx, wait.Next()) == nil {
+				continue
+			}
 			return nil, fmt.Errorf("connect: %w", err)
 		}
 		p := newPin(d, pc, key)
@@ -46,12 +57,29 @@ func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 		if err == nil {
 			return g, nil
 		}
-		// A pooled connection that had died unnoticed: one more try on
-		// another connection.
-		if !retry || attempt > 0 {
+		switch {
+		case retry && attempt == 0:
+			// A pooled connection that had died unnoticed: one more try on
+			// another connection, at once.
+		case retry && req.Wait && backend.Sleep(ctx, wait.Next()) == nil:
+			// The server went away during the wait (a restart): wait for it.
+		default:
 			return nil, err
 		}
 	}
+}
+
+// serverDown reports whether a connect error says the server is not there
+// or not accepting sessions yet: refused or reset (stopped, restarting), or
+// SQLSTATE 57P03 cannot_connect_now (starting up, in crash recovery, shutting
+// down). Anything else (authentication, a bad database) is not waited out.
+func serverDown(err error) bool {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code == "57P03"
+	}
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 // acquireOn runs the acquire on p's connection. retry reports a connection

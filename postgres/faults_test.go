@@ -1,0 +1,172 @@
+package postgres_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/conformance"
+	"github.com/dlock-go/dlock/internal/testenv"
+	"github.com/dlock-go/dlock/postgres"
+)
+
+// faultHarness breaks one PostgreSQL server: the lockers' link through a
+// proxy, and the server itself (SIGKILL of the postmaster and every backend,
+// then a restart through crash recovery; SIGSTOP of all of them).
+type faultHarness struct {
+	*harness
+}
+
+func newFaultHarness(t testing.TB) *faultHarness {
+	return &faultHarness{harness: newHarness(t)}
+}
+
+func (h *faultHarness) Deployment() string { return "postgres" }
+
+// LinkedDSN reaches the server through a new proxy, as the superuser with
+// trust authentication (no password needed).
+func (h *faultHarness) LinkedDSN(t testing.TB) (string, conformance.Link) {
+	t.Helper()
+	p := testenv.StartProxy(t, h.srv.Addr())
+	return "postgres://postgres@" + p.Addr() + "/postgres?sslmode=disable&connect_timeout=5", p
+}
+
+func (h *faultHarness) ServerFaults() []conformance.Fault {
+	return []conformance.Fault{conformance.Restart, conformance.Stall}
+}
+
+// Inject applies f; see postgresMatrix for what each fault does and why.
+func (h *faultHarness) Inject(t testing.TB, f conformance.Fault, key string) (heal func()) {
+	t.Helper()
+	switch f {
+	case conformance.Restart:
+		h.srv.Kill()
+		return h.srv.Restart
+	case conformance.Stall:
+		h.srv.Pause()
+		return h.srv.Resume
+	}
+	t.Fatalf("Inject: %s not supported", f)
+	return nil
+}
+
+// Residue lists the sessions that still hold or wait for key's advisory
+// lock. The key's row in the fence table stays by design: it keeps the
+// tokens increasing.
+func (h *faultHarness) Residue(t testing.TB, key string) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn := connect(t, ctx, h.srv)
+	defer conn.Close(ctx)
+	classid, objid, objsubid := postgres.Options{}.AdvisoryKey(key).PgLocks()
+	rows, err := conn.Query(ctx, `SELECT pid, granted FROM pg_locks WHERE locktype = 'advisory'
+		AND classid = $1::int8::oid AND objid = $2::int8::oid AND objsubid = $3`,
+		int64(classid), int64(objid), objsubid)
+	if err != nil {
+		t.Fatalf("Residue(%q): pg_locks: %v", key, err)
+	}
+	defer rows.Close()
+	var left []string
+	for rows.Next() {
+		var pid int
+		var granted bool
+		if err := rows.Scan(&pid, &granted); err != nil {
+			t.Fatalf("Residue(%q): %v", key, err)
+		}
+		left = append(left, fmt.Sprintf("advisory lock of backend %d (granted %v)", pid, granted))
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatalf("Residue(%q): %v", key, err)
+	}
+	return left
+}
+
+var (
+	_ conformance.FaultHarness = (*faultHarness)(nil)
+	_ conformance.Inspector    = (*faultHarness)(nil)
+)
+
+// postgresMatrix is the single PostgreSQL server's row of the fault matrix.
+var postgresMatrix = conformance.Matrix{
+	conformance.Partition: {Outcome: conformance.LossDetected,
+		Why: "renewals reach no server, so the lease ends at its deadline, reckoned from before the last renewal was sent; the server ends the silent session (idle_session_timeout, the TTL) only a TTL after it answered that renewal, and only then grants the lock"},
+	conformance.Disconnect: {Outcome: conformance.LossDetected,
+		Why: "the server sees the client die and ends the session, freeing the lock; the holder reads the end off its idle connection at the same moment, and the waiter needs another round trip and the fence update to be granted"},
+	conformance.PauseHolder: {Outcome: conformance.LossDetected,
+		Why: "the paused holder's deadline passes before idle_session_timeout ends its session; its writes after SIGCONT are rejected by the Guard"},
+	conformance.Restart: {Outcome: conformance.LossDetected,
+		Why: "the lock dies with the server's processes (SIGKILL), and the holder reads the end of its session off its connection at once, while a waiter can be granted only after crash recovery; the fence table survives, committed with synchronous_commit=local, so tokens keep increasing"},
+	conformance.Stall: {Outcome: conformance.LossDetected,
+		Why: "the server stops (SIGSTOP) for 2×TTL: renewals hang and the lease ends at its deadline; the waiter is stalled with the server and is granted only after it resumes and ends the holder's session"},
+}
+
+func TestFaults(t *testing.T) {
+	conformance.RunFaults(t, newFaultHarness(t), postgresMatrix)
+}
+
+func TestSoak(t *testing.T) {
+	conformance.Soak(t, newFaultHarness(t), conformance.SoakOptions{})
+}
+
+// TestWaitOutlivesRestart: a waiting Acquire whose server is killed and
+// restarted under it goes on waiting and is granted once the holder's lock
+// has died with the old server, with a higher token.
+func TestWaitOutlivesRestart(t *testing.T) {
+	h := newHarness(t)
+	ctx := testCtx(t)
+	a, b := h.NewLocker(t), h.NewLocker(t)
+	held, err := a.Acquire(ctx, "restart/wait")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		lease *dlock.Lease
+		err   error
+	}
+	got := make(chan result, 1)
+	go func() {
+		l, err := b.Acquire(ctx, "restart/wait")
+		got <- result{l, err}
+	}()
+	// The waiter is queued in the server before the crash.
+	deadline := time.Now().Add(10 * time.Second)
+	for waiters(t, h.srv, "restart/wait") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the waiter is not waiting in the server after 10s")
+		}
+		time.Sleep(5 * time.Millisecond) // polling pg_locks: no signal exists
+	}
+	h.srv.Kill()
+	h.srv.Restart()
+	r := <-got
+	if r.err != nil {
+		t.Fatalf("waiting Acquire across a restart: %v", r.err)
+	}
+	if r.lease.Token() <= held.Token() {
+		t.Errorf("token after the restart %d, not above %d", r.lease.Token(), held.Token())
+	}
+	if err := r.lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-held.Done() // lost with the old server
+}
+
+// waiters counts the sessions waiting for key's advisory lock.
+func waiters(t testing.TB, srv *testenv.Postgres, key string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn := connect(t, ctx, srv)
+	defer conn.Close(ctx)
+	classid, objid, objsubid := postgres.Options{}.AdvisoryKey(key).PgLocks()
+	var n int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
+		AND classid = $1::int8::oid AND objid = $2::int8::oid AND objsubid = $3 AND NOT granted`,
+		int64(classid), int64(objid), objsubid).Scan(&n); err != nil {
+		t.Fatalf("pg_locks: %v", err)
+	}
+	return n
+}
