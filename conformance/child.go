@@ -78,8 +78,8 @@ type childSpec struct {
 }
 
 // msg is one line of the pipe protocol, both ways. From the child: "grant"
-// (Lease, Key, Token, At, Deadline), "deadline" (Lease, Deadline), "end"
-// (Lease, At, Lost, Err), "op" (ID, Lease, Key, Token, Granted, Write, V).
+// (Lease, Key, Token, At, Deadline), "deadline" (Lease, Deadline),
+// "releasing" (Lease, At), "end" (Lease, At, Lost, Err), "op" (ID, Lease, Key, Token, Granted, Write, V).
 // From the parent: replies to "op" (ID, OK, V). The parent closes the child's
 // stdin to tell it to stop.
 type msg struct {
@@ -228,6 +228,7 @@ func runHolderChild(c *childConn, spec childSpec) error {
 		break
 	}
 	<-c.stopped
+	c.send(msg{T: "releasing", Lease: label, At: time.Now().UnixNano()})
 	err = lease.Release(context.Background())
 	wg.Wait()
 	close(done)

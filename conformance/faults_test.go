@@ -86,22 +86,24 @@ func TestRegisterCountsStaleWrites(t *testing.T) {
 
 func TestClassify(t *testing.T) {
 	for _, tc := range []struct {
-		name                   string
-		lost                   bool
-		lossAt, endAt, grantAt int64
-		unsafe                 bool
-		want                   Outcome
+		name           string
+		lost           bool
+		until, grantAt int64
+		unsafe         bool
+		want           Outcome
 	}{
-		{"released, then granted", false, 0, 10, 11, false, Held},
-		{"released, never granted", false, 0, 10, 0, false, Held},
-		{"granted while the holder still believed", false, 0, 10, 5, false, Fenced},
-		{"lost before the grant", true, 8, 9, 9, false, LossDetected},
-		{"lost at the grant", true, 9, 12, 9, false, LossDetected},
-		{"lost after the grant", true, 10, 10, 9, false, Fenced},
-		{"lost, never granted", true, 10, 10, 0, false, LossDetected},
-		{"stale write accepted", true, 8, 8, 9, true, Unsafe},
+		{"released, then granted", false, 10, 11, false, Held},
+		{"granted the moment Release was called", false, 10, 10, false, Held},
+		{"released, never granted", false, 10, 0, false, Held},
+		{"granted while the holder still believed", false, 10, 5, false, Fenced},
+		{"granted, the holder never ended", false, 0, 5, false, Fenced},
+		{"lost before the grant", true, 8, 9, false, LossDetected},
+		{"lost at the grant", true, 9, 9, false, LossDetected},
+		{"lost after the grant", true, 10, 9, false, Fenced},
+		{"lost, never granted", true, 10, 0, false, LossDetected},
+		{"stale write accepted", true, 8, 9, true, Unsafe},
 	} {
-		if got := classify(tc.lost, tc.lossAt, tc.endAt, tc.grantAt, tc.unsafe); got != tc.want {
+		if got := classify(tc.lost, tc.until, tc.grantAt, tc.unsafe); got != tc.want {
 			t.Errorf("%s: classify = %s, want %s", tc.name, got, tc.want)
 		}
 	}

@@ -106,15 +106,18 @@ func lasting(f Fault) bool {
 // Inspector, and classifies the trial (see Outcome). Times are compared on
 // the wall clock, so a child's times compare with the parent's:
 //
-//   - the holder's loss time is the earlier of when its Done closed and its
-//     lease's Deadline (for the child holder, the last Deadline it reported,
-//     every TTL/100): Done is scheduled at the Deadline but fires late on a
-//     loaded machine, and a paused process cannot close it at all, while no
-//     holder is entitled to write after its Deadline;
+//   - the holder's lease counts until the earliest of when its Done closed,
+//     its Deadline if it was lost (for the child holder, the last Deadline it
+//     reported, every TTL/100), and when it called Release: Done is scheduled
+//     at the Deadline but fires late on a loaded machine, and a paused process
+//     cannot close it at all, while no holder is entitled to write after its
+//     Deadline or once it has asked to release; its loss time is that end,
+//     when the lease was lost;
 //   - the contender's grant time is when its Acquire returned;
 //   - Held: the holder never lost its lease and the contender was granted
-//     only after the holder released; LossDetected: loss time ≤ grant time;
-//     Fenced: grant time < loss time, and the checks below pass; Unsafe: a
+//     only after the holder called Release; LossDetected: loss time ≤ grant
+//     time; Fenced: the grant came before the holder's lease ended, and the
+//     checks below pass; Unsafe: a
 //     stale write was accepted (a request of the older lease accepted after
 //     one of the newer lease reached the register), or porcupine finds the
 //     register's history not linearizable (a lost update).
@@ -252,6 +255,7 @@ type holderView struct {
 	token    dlock.Token
 	grantAt  int64
 	deadline int64 // the latest known Deadline
+	relAt    int64 // when the holder called Release (it writes no more after)
 	endAt    int64
 	lost     bool
 	endErr   string
@@ -316,6 +320,9 @@ func (fs *faultSuite) localHolder(t *testing.T, dsn, k string, reg *register) (*
 				case <-time.After(fs.ttl / 20): // pacing between increments
 				}
 			}
+			v.mu.Lock()
+			v.relAt = time.Now().UnixNano()
+			v.mu.Unlock()
 			err = lease.Release(context.Background())
 			<-watched
 			if err != nil && !errors.Is(err, dlock.ErrLeaseLost) && !errors.Is(err, dlock.ErrReleased) {
@@ -369,6 +376,10 @@ func (fs *faultSuite) childHolder(t *testing.T, dsn, k string, reg *register) (*
 			case "deadline":
 				v.mu.Lock()
 				v.deadline = m.Deadline
+				v.mu.Unlock()
+			case "releasing":
+				v.mu.Lock()
+				v.relAt = m.At
 				v.mu.Unlock()
 			case "end":
 				v.end(m.At, m.Lost, m.Err)
@@ -550,24 +561,29 @@ func (fs *faultSuite) trial(t *testing.T, f Fault) trialResult {
 
 	// Classify.
 	hv.mu.Lock()
-	tokH, endAt, lost, endErr, deadline := hv.token, hv.endAt, hv.lost, hv.endErr, hv.deadline
+	tokH, endAt, lost, endErr, deadline, relAt := hv.token, hv.endAt, hv.lost, hv.endErr, hv.deadline, hv.relAt
 	hv.mu.Unlock()
 	c.mu.Lock()
 	tokC, g := c.token, c.grantAt
 	c.mu.Unlock()
-	lossAt := endAt
-	if lost && deadline != 0 && deadline < lossAt {
-		lossAt = deadline
+	// The holder's lease counts until the earliest of: Done closed, its
+	// Deadline (if lost), its call to Release.
+	until := endAt
+	if lost && deadline != 0 && (until == 0 || deadline < until) {
+		until = deadline
+	}
+	if relAt != 0 && (until == 0 || relAt < until) {
+		until = relAt
 	}
 	accepted, rejected, stale, staleEv := reg.counts()
 	res.stale = stale
 	res.latency = -1
 	if lost {
-		res.latency = time.Duration(lossAt - faultAt.UnixNano())
+		res.latency = time.Duration(until - faultAt.UnixNano())
 	}
 	linErr := reg.checkLinearizable(t)
-	res.outcome = classify(lost, lossAt, endAt, g, stale > 0 || linErr != nil)
-	if res.outcome == Fenced || (res.outcome == Unsafe && g != 0 && (endAt == 0 || g < lossAt)) {
+	res.outcome = classify(lost, until, g, stale > 0 || linErr != nil)
+	if g != 0 && (until == 0 || g < until) {
 		res.overlaps = 1
 	}
 	var ev strings.Builder
@@ -575,6 +591,9 @@ func (fs *faultSuite) trial(t *testing.T, f Fault) trialResult {
 	fmt.Fprintf(&ev, "  holder: token %d granted %s; Done closed %s (%s)", tokH, wallString(grantAt.UnixNano()), wallString(endAt), endErr)
 	if deadline != 0 {
 		fmt.Fprintf(&ev, "; Deadline %s", wallString(deadline))
+	}
+	if relAt != 0 {
+		fmt.Fprintf(&ev, "; Release called %s", wallString(relAt))
 	}
 	fmt.Fprintf(&ev, "\n  contender: token %d granted %s\n", tokC, wallString(g))
 	fmt.Fprintf(&ev, "  register: %d requests accepted, %d rejected as stale, %d stale accepted", accepted, rejected, stale)
@@ -588,18 +607,18 @@ func (fs *faultSuite) trial(t *testing.T, f Fault) trialResult {
 	return res
 }
 
-// classify names a trial's outcome from the holder's lease (lost or not, its
-// loss time, when it ended), the contender's grant time (0: never) and
-// whether the register saw a stale write accepted or a lost update. Times
-// are wall-clock ns.
-func classify(lost bool, lossAt, endAt, grantAt int64, unsafe bool) Outcome {
+// classify names a trial's outcome from the holder's lease (lost or not,
+// and until when it counted: 0 if it never ended), the contender's grant time
+// (0: never) and whether the register saw a stale write accepted or a lost
+// update. Times are wall-clock ns.
+func classify(lost bool, until, grantAt int64, unsafe bool) Outcome {
 	switch {
 	case unsafe:
 		return Unsafe
-	case !lost && (grantAt == 0 || grantAt >= endAt):
-		return Held
-	case lost && (grantAt == 0 || lossAt <= grantAt):
+	case grantAt != 0 && (until == 0 || grantAt < until):
+		return Fenced
+	case lost:
 		return LossDetected
 	}
-	return Fenced
+	return Held
 }
