@@ -163,7 +163,13 @@ type uncontendedResult struct {
 	name    string
 	samples []time.Duration
 	total   time.Duration
+	errors  int // failed cycles, not in samples
 }
+
+// maxErrors is how many failed lock or unlock calls one run tolerates (on a
+// loaded machine a Redlock node can miss its timeout) before it fails: they
+// are reported, not hidden.
+const maxErrors = 20
 
 // runUncontended runs n rounds; each round runs one uncontended
 // try-acquire + release of every implementation, in an order rotated every
@@ -192,11 +198,23 @@ func runUncontended(tb testing.TB, impls []impl, n int) []uncontendedResult {
 			i := (round + j) % len(impls)
 			start := time.Now()
 			unlock, err := ls[i].lock(ctx, keys[i], false)
-			if err != nil {
-				tb.Fatalf("%s: lock: %v", impls[i].name, err)
+			if err == nil {
+				err = unlock()
+				if err != nil {
+					err = fmt.Errorf("unlock: %w", err)
+					// The key may stay locked until its TTL: use another.
+					keys[i] = uniqueKey("uncontended", impls[i].name)
+				}
+			} else {
+				err = fmt.Errorf("lock: %w", err)
 			}
-			if err := unlock(); err != nil {
-				tb.Fatalf("%s: unlock: %v", impls[i].name, err)
+			if err != nil {
+				res[i].errors++
+				tb.Logf("%s: %v", impls[i].name, err)
+				if res[i].errors > maxErrors {
+					tb.Fatalf("%s: more than %d errors", impls[i].name, maxErrors)
+				}
+				continue
 			}
 			d := time.Since(start)
 			res[i].samples = append(res[i].samples, d)
@@ -212,6 +230,7 @@ func reportUncontended(tb testing.TB, res []uncontendedResult) {
 		report(tb, float64(len(r.samples))/r.total.Seconds(), r.name+".ops/s")
 		report(tb, float64(pct(r.samples, 50).Nanoseconds()), r.name+".p50-ns")
 		report(tb, float64(pct(r.samples, 99).Nanoseconds()), r.name+".p99-ns")
+		report(tb, float64(r.errors), r.name+".errors")
 	}
 }
 
@@ -224,6 +243,7 @@ type contendedResult struct {
 	waits    []time.Duration // one waiting lock call
 	changed  int             // grants that went to another contender than the previous one
 	overlaps int             // grants made while another contender held the lock
+	errors   int             // failed lock or unlock calls (logged)
 	reqs     float64         // server requests during the run; -1: not measured
 }
 
@@ -251,6 +271,17 @@ func runContended(tb testing.TB, im impl, n, grants int) contendedResult {
 	fail := func(err error) {
 		errOnce.Do(func() { firstErr = err; cancel() })
 	}
+	// soft records a failed call and fails the run after maxErrors.
+	soft := func(err error) {
+		tb.Log(err)
+		mu.Lock()
+		res.errors++
+		n := res.errors
+		mu.Unlock()
+		if n > maxErrors {
+			fail(fmt.Errorf("%s: more than %d errors, the last: %w", im.name, maxErrors, err))
+		}
+	}
 	before := readReqs(tb, im)
 	resetTimer(tb)
 	start := time.Now()
@@ -261,10 +292,11 @@ func runContended(tb testing.TB, im impl, n, grants int) contendedResult {
 				t0 := time.Now()
 				unlock, err := ls[i].lock(ctx, key, true)
 				if err != nil {
-					if ctx.Err() == nil {
-						fail(fmt.Errorf("%s: contender %d: lock: %w", im.name, i, err))
+					if ctx.Err() != nil {
+						return
 					}
-					return
+					soft(fmt.Errorf("%s: contender %d: lock: %w", im.name, i, err))
+					continue
 				}
 				got := time.Now()
 				if inside.Add(1) != 1 {
@@ -284,8 +316,9 @@ func runContended(tb testing.TB, im impl, n, grants int) contendedResult {
 				mu.Unlock()
 				inside.Add(-1)
 				if err := unlock(); err != nil {
-					fail(fmt.Errorf("%s: contender %d: unlock: %w", im.name, i, err))
-					return
+					// The lock may stay held until its TTL runs out: the
+					// others wait, as they would in production.
+					soft(fmt.Errorf("%s: contender %d: unlock: %w", im.name, i, err))
 				}
 			}
 		})
@@ -316,6 +349,7 @@ func reportContended(tb testing.TB, r contendedResult) {
 		report(tb, r.reqs/float64(r.grants), "reqs/grant")
 	}
 	report(tb, float64(r.overlaps), "overlaps")
+	report(tb, float64(r.errors), "errors")
 	if r.overlaps > 0 {
 		tb.Errorf("%d grants overlapped another holder", r.overlaps)
 	}

@@ -92,6 +92,7 @@ finished=$(date -u '+%H:%M UTC')
 printf 'Load average (1, 5, 15 min)\t%s before, %s between the two parts, %s after (finished %s)\n' \
   "$load_before" "$load_mid" "$load_after" "$finished" >>"$meta"
 
+case "$out" in /*) out_path=$out ;; *) out_path=$root/$out ;; esac
 step "write $out"
-go run ./cmd/benchreport -in "$raw" -meta "$meta" -cmd "$cmdline" -out "$root/$out"
+go run ./cmd/benchreport -in "$raw" -meta "$meta" -cmd "$cmdline" -out "$out_path"
 echo "wrote $out"

@@ -148,6 +148,14 @@ func (r *results) runs(name string) int {
 	return n
 }
 
+func sum(v []float64) float64 {
+	var s float64
+	for _, x := range v {
+		s += x
+	}
+	return s
+}
+
 func median(v []float64) float64 {
 	s := slices.Clone(v)
 	slices.Sort(s)
@@ -191,7 +199,7 @@ func write(w *strings.Builder, r *results, meta [][2]string, cmd, raw string) {
 	writeTargets(w, r)
 
 	w.WriteString("## Uncontended acquire + release\n\n")
-	w.WriteString("One client, one key, try-acquire then release, every implementation of the backend once per round in a rotated order. ops/s is 1 / mean.\n\n")
+	w.WriteString("One client, one key, try-acquire then release, every implementation of the backend once per round in a rotated order. ops/s is 1 / mean of the cycles that succeeded; *errors* counts the cycles that failed (logged in the raw output).\n\n")
 	for _, be := range backends {
 		name := be.bench + "/Uncontended"
 		impls := implsOf(r, name, ".ops/s")
@@ -199,20 +207,20 @@ func write(w *strings.Builder, r *results, meta [][2]string, cmd, raw string) {
 			continue
 		}
 		fmt.Fprintf(w, "### %s (%d runs)\n\n%s\n\n", be.title, r.runs(name), be.note)
-		w.WriteString("| implementation | ops/s | p50 | p99 | ops/s vs floor | ops/s vs dlock |\n|---|---:|---:|---:|---:|---:|\n")
+		w.WriteString("| implementation | ops/s | p50 | p99 | ops/s vs floor | ops/s vs dlock | errors (all runs) |\n|---|---:|---:|---:|---:|---:|---:|\n")
 		for _, im := range impls {
 			ops, _ := r.get(name, im+".ops/s")
 			p50, _ := r.get(name, im+".p50-ns")
 			p99, _ := r.get(name, im+".p99-ns")
 			vf, okf := r.ratio(name, im+".ops/s", name, be.floor+".ops/s")
 			vd, okd := r.ratio(name, im+".ops/s", name, "dlock.ops/s")
-			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s |\n", im, num(ops), dur(p50), dur(p99), opt(vf, okf, "%.2f×"), opt(vd, okd, "%.2f×"))
+			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %.0f |\n", im, num(ops), dur(p50), dur(p99), opt(vf, okf, "%.2f×"), opt(vd, okd, "%.2f×"), sum(r.vals[name][im+".errors"]))
 		}
 		w.WriteString("\n")
 	}
 
 	w.WriteString("## Contended: 8 and 32 lockers on one key\n\n")
-	w.WriteString("Each locker is a client of its own (as a separate process would be) looping lock → unlock. *handoff*: from the start of a release to the grant to a different locker. *changed*: share of grants that went to another locker than the previous one (0% means the releaser always takes the lock straight back). *wait p99*: one waiting lock call. *reqs/grant*: server requests (see each backend's note) per grant. *overlaps*: grants made while another locker held the lock; anything but 0 fails the run. Floors cannot wait and are not in this table.\n\n")
+	w.WriteString("Each locker is a client of its own (as a separate process would be) looping lock → unlock. *handoff*: from the start of a release to the grant to a different locker. *changed*: share of grants that went to another locker than the previous one (0% means the releaser always takes the lock straight back). *wait p99*: one waiting lock call. *reqs/grant*: server requests (see each backend's note) per grant. *overlaps*: grants made while another locker held the lock; anything but 0 fails the run. *errors*: lock or unlock calls that failed (logged in the raw output; more than 20 in one run fails it) — a failed release leaves the lock held until its TTL, and the others wait. Floors cannot wait and are not in this table.\n\n")
 	for _, be := range backends {
 		rows := false
 		for _, n := range []string{"8", "32"} {
@@ -223,7 +231,7 @@ func write(w *strings.Builder, r *results, meta [][2]string, cmd, raw string) {
 					continue
 				}
 				if !rows {
-					fmt.Fprintf(w, "### %s\n\n| lockers | implementation | grants/s | handoff p50 | handoff p99 | changed | wait p99 | reqs/grant | overlaps (max) |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|\n", be.title)
+					fmt.Fprintf(w, "### %s\n\n| lockers | implementation | grants/s | handoff p50 | handoff p99 | changed | wait p99 | reqs/grant | overlaps (max) | errors (all runs) |\n|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|\n", be.title)
 					rows = true
 				}
 				g, _ := r.get(name, "grants/s")
@@ -233,7 +241,7 @@ func write(w *strings.Builder, r *results, meta [][2]string, cmd, raw string) {
 				wp, _ := r.get(name, "wait-p99-ns")
 				rq, okr := r.get(name, "reqs/grant")
 				ov := slices.Max(append([]float64{0}, r.vals[name]["overlaps"]...))
-				fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %.0f |\n", n, im, num(g), optDur(h50, ok50), optDur(h99, ok99), opt(ch, okc, "%.0f%%"), dur(wp), opt(rq, okr, "%.1f"), ov)
+				fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %.0f | %.0f |\n", n, im, num(g), optDur(h50, ok50), optDur(h99, ok99), opt(ch, okc, "%.0f%%"), dur(wp), opt(rq, okr, "%.1f"), ov, sum(r.vals[name]["errors"]))
 			}
 		}
 		if rows {
