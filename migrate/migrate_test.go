@@ -322,6 +322,7 @@ func mixedFleet(t *testing.T, e *env) {
 	stopAll()
 	all.Wait()
 
+	straggler := open(t, e.from())
 	mu.Lock()
 	defer mu.Unlock()
 	for _, k := range keys {
@@ -338,6 +339,16 @@ func mixedFleet(t *testing.T, e *env) {
 		if err := guard.Do(k, lastOld[k], func() error { return nil }); !errors.Is(err, fencing.ErrStaleToken) {
 			t.Errorf("%q: stale pre-switch token %v accepted after the switch: %v", k, lastOld[k], err)
 		}
+		// So is a Redis-only client wrongly left running after the switch
+		// (docs/MIGRATING.md, "What breaks"): its tokens stay below the base.
+		lease, err := straggler.Acquire(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := guard.Do(k, lease.Token(), func() error { return nil }); !errors.Is(err, fencing.ErrStaleToken) {
+			t.Errorf("%q: Redis-only token %v after the switch accepted: %v", k, lease.Token(), err)
+		}
+		_ = lease.Release(ctx)
 		t.Logf("%q: %d grants, %d mapped; last Redis token %v, last token %v", k, len(ts), mapped[k], lastOld[k], ts[len(ts)-1])
 	}
 }
@@ -425,6 +436,43 @@ func TestRefusals(t *testing.T) {
 		if !errors.Is(err, dlock.ErrInvalidOption) || strings.Contains(err.Error(), "s3cret") {
 			t.Errorf("Switch from postgres without a base: %v, want ErrInvalidOption without the password", err)
 		}
+	})
+
+	t.Run("switch-check", func(t *testing.T) {
+		// With a 1µs margin the second probe's token (strictly above the
+		// first) always reaches the base: Switch must say so.
+		e := newEnv(s)
+		_, created, err := migrate.Switch(ctx, e.from(), e.to(), &migrate.SwitchOptions{Margin: time.Microsecond})
+		if !created || !errors.Is(err, migrate.ErrTokenBackwards) {
+			t.Fatalf("Switch with a 1µs margin: created=%v, %v; want the record written and ErrTokenBackwards", created, err)
+		}
+		if _, _, err := migrate.Switch(ctx, e.from(), e.to(), &migrate.SwitchOptions{Margin: -time.Second}); !errors.Is(err, dlock.ErrInvalidOption) {
+			t.Fatalf("Switch with a negative margin: %v", err)
+		}
+	})
+
+	t.Run("explicit-base", func(t *testing.T) {
+		// An old backend without clock-floored tokens: the operator gives the
+		// base, and nothing connects to the old backend.
+		e := newEnv(s)
+		from := "postgres://u:s3cret@127.0.0.1:1/db"
+		rec, created, err := migrate.Switch(ctx, from, e.to(), &migrate.SwitchOptions{Base: 1_000_000})
+		if err != nil || !created || rec.Base != 1_000_000 || rec.From != "postgres://127.0.0.1:1/db" {
+			t.Fatalf("Switch with a base: %+v, created=%v, %v", rec, created, err)
+		}
+		got, err := migrate.ReadSwitch(ctx, e.to())
+		if err != nil || *got != *rec {
+			t.Fatalf("ReadSwitch = %+v, %v; want %+v", got, err, rec)
+		}
+		l := open(t, migrate.DSN("", e.to(), migrate.ModeNew))
+		lease, err := l.Acquire(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if uint64(lease.Token()) <= rec.Base {
+			t.Errorf("token %v not above the base", lease.Token())
+		}
+		_ = lease.Release(ctx)
 	})
 
 	t.Run("corrupt-base", func(t *testing.T) {
