@@ -24,7 +24,10 @@ import (
 	"github.com/dlock-go/dlock/internal/testenv"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	conformance.Main(m) // in a child process of the fault suite, runs the child and exits
+	goleak.VerifyTestMain(m)
+}
 
 // testPrefix is the prefix every test uses; conformance keys are unique per run.
 const testPrefix = "/dlock-test"

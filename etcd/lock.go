@@ -215,6 +215,16 @@ func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 		}
 		g, err = d.enqueue(ctx, req, ls)
 	}
+	for req.Wait && errors.Is(err, errWaiterGone) && ctx.Err() == nil {
+		// The waiting key's lease was revoked or expired behind its back
+		// (an old leader resuming from a pause revokes leases it saw
+		// expire: etcd issue 15247). A waiter holds nothing: queue again,
+		// at the back, with a new lease, and keep waiting until ctx ends.
+		if ls, err = d.grantLease(ctx, ls.ask); err != nil {
+			return nil, err
+		}
+		g, err = d.enqueue(ctx, req, ls)
+	}
 	return g, err
 }
 
@@ -707,6 +717,11 @@ func transient(err error) bool {
 		switch s.Code() {
 		case codes.Unavailable, codes.DeadlineExceeded, codes.Internal:
 			return true
+		case codes.Unknown:
+			// A member that cannot finish a request in time answers with
+			// its context's error, which gRPC sends as Unknown: seen on
+			// keep-alives during a leader election. Retry it like a timeout.
+			return s.Message() == context.DeadlineExceeded.Error()
 		}
 	}
 	var ee rpctypes.EtcdError
