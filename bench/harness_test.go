@@ -236,6 +236,9 @@ func reportUncontended(tb testing.TB, res []uncontendedResult) {
 
 // ---- Contended -------------------------------------------------------------
 
+// rotateHold is how long a contender holds the lock in rotation.
+const rotateHold = 2 * time.Millisecond
+
 type contendedResult struct {
 	grants   int
 	elapsed  time.Duration
@@ -249,7 +252,15 @@ type contendedResult struct {
 
 // runContended runs n contenders, each with its own client, looping
 // lock → unlock on one key until grants grants have been made in all.
-func runContended(tb testing.TB, im impl, n, grants int) contendedResult {
+//
+// With rotate, a contender holds the lock for rotateHold, and once it
+// released it does not call lock again until another contender got the lock:
+// every grant is then a handoff to a contender that was already waiting when
+// the lock was released (the hold outlasts a woken contender's first,
+// immediate attempt), and the handoff latency measures how soon a waiter
+// notices a release (for a polling lock, its poll interval), not how often a
+// releaser takes the lock straight back.
+func runContended(tb testing.TB, im impl, n, grants int, rotate bool) contendedResult {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ls := make([]locker, n)
@@ -266,10 +277,15 @@ func runContended(tb testing.TB, im impl, n, grants int) contendedResult {
 		res         = contendedResult{reqs: -1}
 		errOnce     sync.Once
 		firstErr    error
+		active      = n // contenders still looping
 	)
+	granted := sync.NewCond(&mu) // broadcast on every grant and exit
 	remaining.Store(int64(grants))
 	fail := func(err error) {
 		errOnce.Do(func() { firstErr = err; cancel() })
+		mu.Lock()
+		granted.Broadcast()
+		mu.Unlock()
 	}
 	// soft records a failed call and fails the run after maxErrors.
 	soft := func(err error) {
@@ -288,6 +304,12 @@ func runContended(tb testing.TB, im impl, n, grants int) contendedResult {
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
+			defer func() {
+				mu.Lock()
+				active--
+				granted.Broadcast()
+				mu.Unlock()
+			}()
 			for remaining.Add(-1) >= 0 {
 				t0 := time.Now()
 				unlock, err := ls[i].lock(ctx, key, true)
@@ -312,13 +334,27 @@ func runContended(tb testing.TB, im impl, n, grants int) contendedResult {
 					res.handoffs = append(res.handoffs, got.Sub(lastRelease))
 				}
 				lastHolder = i
+				mine := res.grants
+				granted.Broadcast()
+				mu.Unlock()
+				if rotate {
+					time.Sleep(rotateHold)
+				}
+				inside.Add(-1)
+				mu.Lock()
 				lastRelease = time.Now()
 				mu.Unlock()
-				inside.Add(-1)
 				if err := unlock(); err != nil {
 					// The lock may stay held until its TTL runs out: the
 					// others wait, as they would in production.
 					soft(fmt.Errorf("%s: contender %d: unlock: %w", im.name, i, err))
+				}
+				if rotate {
+					mu.Lock()
+					for res.grants == mine && active > 1 && ctx.Err() == nil && remaining.Load() > 0 {
+						granted.Wait()
+					}
+					mu.Unlock()
 				}
 			}
 		})

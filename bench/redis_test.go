@@ -225,6 +225,9 @@ func (f redisFloor) lock(ctx context.Context, key string, wait bool) (func() err
 //     round, rotated (see runUncontended); IMPL.ops/s, IMPL.p50-ns, IMPL.p99-ns.
 //   - Contended8/IMPL, Contended32/IMPL: 8 or 32 clients loop lock → unlock
 //     on one key (see runContended).
+//   - Handoff8/IMPL: the same with 8 clients in rotation: a client that
+//     released waits until another got the lock, so every grant is a
+//     handoff (how soon a waiter notices a release).
 func BenchmarkRedis(b *testing.B) {
 	e := startRedisEnv(b)
 	benchBackend(b, e.impls)
@@ -241,8 +244,16 @@ func benchBackend(b *testing.B, impls []impl) {
 				continue
 			}
 			b.Run("Contended"+strconv.Itoa(n)+"/"+im.name, func(b *testing.B) {
-				reportContended(b, runContended(b, im, n, b.N))
+				reportContended(b, runContended(b, im, n, b.N, false))
 			})
 		}
+	}
+	for _, im := range impls {
+		if !im.canWait {
+			continue
+		}
+		b.Run("Handoff8/"+im.name, func(b *testing.B) {
+			reportContended(b, runContended(b, im, 8, b.N, true))
+		})
 	}
 }

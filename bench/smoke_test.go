@@ -48,9 +48,12 @@ func TestSmoke(t *testing.T) {
 				if !im.canWait {
 					continue
 				}
-				r := runContended(t, im, 4, 12)
-				if r.grants != 12 || r.overlaps != 0 || len(r.waits) != 12 || (im.reqs != nil && r.reqs <= 0) {
-					t.Errorf("%s: contended: %d grants, %d overlaps, %d waits, %v requests", im.name, r.grants, r.overlaps, len(r.waits), r.reqs)
+				for _, rotate := range []bool{false, true} {
+					r := runContended(t, im, 4, 12, rotate)
+					if r.grants != 12 || r.overlaps != 0 || r.errors != 0 || len(r.waits) != 12 || (im.reqs != nil && r.reqs <= 0) || (rotate && r.changed != 11) {
+						t.Errorf("%s: contended (rotate %v): %d grants, %d changed hands, %d overlaps, %d errors, %d waits, %v requests",
+							im.name, rotate, r.grants, r.changed, r.overlaps, r.errors, len(r.waits), r.reqs)
+					}
 				}
 				h := runHold(t, im, 10)
 				if h.perAcquire <= 0 {

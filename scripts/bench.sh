@@ -46,7 +46,7 @@ step() { printf '\n== %s (%s)\n' "$*" "$(date -u +%H:%M:%S)"; }
 
 version() { # first line of a command's version output, or "not installed"
   local out
-  if out=$("$@" 2>&1 | head -n 1) && [ -n "$out" ]; then echo "$out"; else echo "not installed"; fi
+  if out=$("$@" 2>&1) && [ -n "$out" ]; then echo "${out%%$'\n'*}"; else echo "not installed"; fi
 }
 find_bin() { # a binary from $PATH or Debian's sbin directories
   command -v "$1" 2>/dev/null || { for d in /usr/local/sbin /usr/sbin /sbin; do [ -x "$d/$1" ] && { echo "$d/$1"; return; }; done; echo "$1"; }
