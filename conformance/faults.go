@@ -62,8 +62,10 @@ const (
 	Held Outcome = 1 << iota
 
 	// LossDetected: the holder lost the lock and was told — its lease's Done
-	// closed (for a paused process: its Deadline passed) — no later than the
-	// next grant of the key. Safe without fencing.
+	// closed or its Deadline passed, whichever came first (a paused process
+	// cannot close Done; Done fires a little after the Deadline on a loaded
+	// machine) — no later than the next grant of the key. Safe without
+	// fencing.
 	LossDetected
 
 	// Fenced: two holders overlapped (the next grant came before the old
