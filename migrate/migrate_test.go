@@ -577,3 +577,29 @@ func TestLossOfEitherLock(t *testing.T) {
 		_ = l2lease.Release(ctx)
 	}
 }
+
+// TestNewOnlyFirstAfterSwitch: a key whose first grant after the switch is a
+// new-only client's — which never talks to Redis — still gets a token above
+// the key's last Redis token, from the switch's base alone.
+func TestNewOnlyFirstAfterSwitch(t *testing.T) {
+	e := newEnv(startServers(t))
+	ctx := ctxT(t)
+	var last [2]dlock.Token
+	for i, dsn := range []string{e.from(), e.dsn("")} { // Redis-only, then migrating
+		lease, err := open(t, dsn).Acquire(ctx, "fresh")
+		if err != nil {
+			t.Fatal(err)
+		}
+		last[i] = lease.Token()
+		_ = lease.Release(ctx)
+	}
+	rec := e.switchTokens(t)
+	lease, err := open(t, migrate.DSN("", e.to(), migrate.ModeNew)).Acquire(ctx, "fresh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	if last[1] <= last[0] || lease.Token() <= last[1] || uint64(lease.Token()) <= rec.Base {
+		t.Errorf("tokens %v (Redis-only), %v (migrating), %v (new-only, base %d): not increasing", last[0], last[1], lease.Token(), rec.Base)
+	}
+}
