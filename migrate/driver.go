@@ -102,12 +102,12 @@ func open(ctx context.Context, u *url.URL) (_ backend.Driver, err error) {
 	// Each inner lock is renewed by its own Locker's keepalive, so the old lock
 	// stays held while an Acquire waits for the new one.
 	if d.new, err = dlock.Open(ctx, to.String()); err != nil {
-		return nil, fmt.Errorf("new backend: %w", err)
+		return nil, fmt.Errorf("new backend: %w", inner(err))
 	}
 	d.caps = d.new.Capabilities()
 	if mode == ModeMigrate {
 		if d.old, err = dlock.Open(ctx, from.String()); err != nil {
-			return nil, fmt.Errorf("old backend: %w", err)
+			return nil, fmt.Errorf("old backend: %w", inner(err))
 		}
 		d.caps = weaker(d.old.Capabilities(), d.caps)
 	}
