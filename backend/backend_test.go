@@ -178,3 +178,35 @@ func TestSplitHosts(t *testing.T) {
 		}
 	}
 }
+
+// TestRedactNested: secrets in password query parameters and in DSNs nested in
+// query values (migrate://?from=…&to=…) are masked by Redact and RedactError.
+func TestRedactNested(t *testing.T) {
+	from := "redis://:r3dpw@h1:6379/0"
+	to := "etcd://root:etcdpw@h2:2379/locks"
+	pg := "postgres://u@h3/db?password=pgpw"
+	raw := "migrate://?from=" + url.QueryEscape(from) + "&to=" + url.QueryEscape(to) + "&x=" + url.QueryEscape(pg)
+	u, err := backend.ParseDSN(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := backend.Redact(u)
+	for _, pw := range []string{"r3dpw", "etcdpw", "pgpw"} {
+		if strings.Contains(r, pw) {
+			t.Errorf("Redact(%q) = %q: still holds %q", raw, r, pw)
+		}
+	}
+	if !strings.Contains(r, "h1") || !strings.Contains(r, "h2") {
+		t.Errorf("Redact(%q) = %q: lost the hosts", raw, r)
+	}
+	err = fmt.Errorf("open %s (inner %s, %s): %w", raw, from, pg, context.Canceled)
+	re := backend.RedactError(err, u)
+	for _, pw := range []string{"r3dpw", "etcdpw", "pgpw"} {
+		if strings.Contains(re.Error(), pw) {
+			t.Errorf("RedactError left %q: %v", pw, re)
+		}
+	}
+	if !errors.Is(re, context.Canceled) {
+		t.Errorf("RedactError broke the chain: %v", re)
+	}
+}

@@ -34,33 +34,110 @@ func ParseDSN(dsn string) (*url.URL, error) {
 	return u, nil
 }
 
-// Redact returns u as a string with any password replaced by "xxxxx".
+// Redact returns u as a string with every secret replaced by "xxxxx": the
+// password in its user info, the value of any query parameter whose name
+// contains "password" (as in postgres://…?password=…), and, recursively, the
+// secrets of any query value that is itself a DSN (as in
+// migrate://?from=redis://:pw@h&to=…).
 func Redact(u *url.URL) string {
 	if u == nil {
 		return ""
 	}
-	return u.Redacted()
+	return redactURL(u, 0).Redacted()
 }
 
-// RedactError returns err with every form of u's password (as written, and
-// query- or path-escaped) in its message replaced by "xxxxx", for errors from a
-// client library that may quote the DSN. errors.Is and errors.As still see the
-// original error through it. It returns err itself if the message holds no
-// password.
-func RedactError(err error, u *url.URL) error {
-	if err == nil || u == nil || u.User == nil {
-		return err
+// maxNesting bounds the recursion into DSNs nested in query values.
+const maxNesting = 4
+
+// redactURL returns a copy of u whose query secrets are masked; the caller's
+// Redacted masks the user-info password.
+func redactURL(u *url.URL, depth int) *url.URL {
+	c := *u
+	if u.User != nil {
+		if _, ok := u.User.Password(); ok {
+			c.User = url.UserPassword(u.User.Username(), "xxxxx")
+		}
 	}
-	pw, ok := u.User.Password()
-	if !ok || pw == "" {
+	if u.RawQuery == "" || depth >= maxNesting {
+		return &c
+	}
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return &c
+	}
+	changed := false
+	for name, vals := range q {
+		for i, v := range vals {
+			switch {
+			case strings.Contains(strings.ToLower(name), "password") && v != "":
+				vals[i] = "xxxxx"
+				changed = true
+			case strings.Contains(v, "://"):
+				if inner, err := url.Parse(v); err == nil {
+					if r := redactURL(inner, depth+1).String(); r != v {
+						vals[i] = r
+						changed = true
+					}
+				}
+			}
+		}
+	}
+	if changed {
+		c.RawQuery = q.Encode()
+	}
+	return &c
+}
+
+// secrets lists the secrets Redact masks in u: its password, password query
+// parameters, and those of DSNs nested in query values.
+func secrets(u *url.URL, depth int) []string {
+	var out []string
+	if u.User != nil {
+		if pw, ok := u.User.Password(); ok && pw != "" {
+			out = append(out, pw)
+		}
+	}
+	if u.RawQuery == "" || depth >= maxNesting {
+		return out
+	}
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return out
+	}
+	for name, vals := range q {
+		for _, v := range vals {
+			switch {
+			case strings.Contains(strings.ToLower(name), "password") && v != "":
+				out = append(out, v)
+			case strings.Contains(v, "://"):
+				if inner, err := url.Parse(v); err == nil {
+					out = append(out, secrets(inner, depth+1)...)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// RedactError returns err with every form of every secret Redact masks in u
+// (as written, and query- or path-escaped, once or twice for a nested DSN)
+// replaced by "xxxxx" in its message, for errors from a client library that
+// may quote the DSN. errors.Is and errors.As still see the original error
+// through it. It returns err itself if the message holds no secret.
+func RedactError(err error, u *url.URL) error {
+	if err == nil || u == nil {
 		return err
 	}
 	msg := err.Error()
 	found := false
-	for _, f := range []string{pw, url.QueryEscape(pw), url.PathEscape(pw), url.UserPassword("", pw).String()[1:]} {
-		if f != "" && strings.Contains(msg, f) {
-			msg = strings.ReplaceAll(msg, f, "xxxxx")
-			found = true
+	for _, pw := range secrets(u, 0) {
+		forms := []string{pw, url.QueryEscape(pw), url.PathEscape(pw), url.UserPassword("", pw).String()[1:]}
+		forms = append(forms, url.QueryEscape(url.QueryEscape(pw)), url.QueryEscape(url.UserPassword("", pw).String()[1:]))
+		for _, f := range forms {
+			if f != "" && strings.Contains(msg, f) {
+				msg = strings.ReplaceAll(msg, f, "xxxxx")
+				found = true
+			}
 		}
 	}
 	if !found {

@@ -88,6 +88,18 @@
 // if a measurement failed, 64 on a usage error, 69 if a backend cannot be
 // reached.
 //
+// # dlock migrate
+//
+//	dlock migrate dsn --from OLD --to NEW [--mode new]
+//	dlock migrate switch-tokens --from OLD --to NEW [--margin 24h | --base N]
+//	dlock migrate status --to NEW [--from OLD]
+//
+// Moves a running fleet from Redis (or another backend) to etcd or ZooKeeper
+// with configuration changes only: dsn prints the migrate:// DSN to deploy,
+// switch-tokens records, once, the point from which tokens come from NEW
+// (mapped above every token OLD gave), and status shows that record. See
+// docs/MIGRATING.md and `dlock help migrate`.
+//
 // # Examples
 //
 //	export DLOCK_DSN=redis://127.0.0.1:6379/0
@@ -197,7 +209,7 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "dlock: flag %s before the command: flags go after it, as in dlock run --dsn DSN KEY -- COMMAND (see dlock help)\n", cmd)
 			return exitUsage
 		}
-		fmt.Fprintf(stderr, "dlock: unknown command %q: want run, check or bench (see dlock help)\n", cmd)
+		fmt.Fprintf(stderr, "dlock: unknown command %q: want run, check, bench or migrate (see dlock help)\n", cmd)
 		return exitUsage
 	}
 }
@@ -217,7 +229,7 @@ func helpMain(args []string, stdout, stderr io.Writer) int {
 	case "migrate":
 		fmt.Fprint(stdout, migrateUsage)
 	default:
-		fmt.Fprintf(stderr, "dlock: no help for %q: want run, check or bench\n", args[0])
+		fmt.Fprintf(stderr, "dlock: no help for %q: want run, check, bench or migrate\n", args[0])
 		return exitUsage
 	}
 	return exitOK
