@@ -9,6 +9,7 @@ require (
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
 	go.etcd.io/etcd/client/v3 v3.6.16
+	go.uber.org/goleak v1.3.0
 	go.uber.org/zap v1.27.0
 )
 

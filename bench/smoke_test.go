@@ -3,6 +3,8 @@ package bench
 import (
 	"testing"
 	"time"
+
+	"go.uber.org/goleak"
 )
 
 // TestSmoke runs every scenario of every implementation once at tiny sizes
@@ -13,6 +15,9 @@ func TestSmoke(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts every server: not in -short")
 	}
+	// Registered first, so it runs last: after every client and server is
+	// closed, no goroutine of the benchmarks or the clients may be left.
+	t.Cleanup(func() { goleak.VerifyNone(t) })
 	backends := []struct {
 		name  string
 		start func(testing.TB) scaleBackend
