@@ -75,7 +75,8 @@ type soakLease struct {
 // three fenced increments of that key's counter in the test process's fenced
 // register, release, at most once per o.Interval. Every o.FaultEvery the test
 // injects a random fault of o.Faults — a link fault on one child's Link, a
-// pause of one child, or a server fault through Inject on one of the keys —
+// pause of one child, or a server fault through Inject on a key held at the
+// time (as far as the test knows; it may be released meanwhile) —
 // lasting 2×TTL for Partition, Disconnect, PauseHolder, Stall and KillLeader,
 // healed at once otherwise, and checks that some handle is granted a lock
 // within TTL + FailoverTime + 5s of the heal.
@@ -196,7 +197,7 @@ func Soak(t *testing.T, h FaultHarness, o SoakOptions) {
 			sleepUntil(faultAt.Add(2 * ttl))
 			children[i].resume(t)
 		default:
-			heal := h.Inject(t, f, keys[rand.IntN(len(keys))])
+			heal := h.Inject(t, f, heldKey(&mu, leases, keys))
 			if lasting(f) {
 				sleepUntil(faultAt.Add(2 * ttl))
 			}
@@ -245,6 +246,24 @@ func Soak(t *testing.T, h FaultHarness, o SoakOptions) {
 	if accepted < 2*o.Keys {
 		t.Errorf("no progress: only %d register requests accepted in %v", accepted, o.Duration)
 	}
+}
+
+// heldKey returns a key some lease holds, as far as the test knows (it may
+// have been released since), else a random one: Inject is meant for a held
+// key.
+func heldKey(mu *sync.Mutex, leases map[string]*soakLease, keys []string) string {
+	mu.Lock()
+	defer mu.Unlock()
+	var held []string
+	for _, l := range leases {
+		if l.end == 0 {
+			held = append(held, l.key)
+		}
+	}
+	if len(held) == 0 {
+		return keys[rand.IntN(len(keys))]
+	}
+	return held[rand.IntN(len(held))]
 }
 
 // countOverlaps counts pairs of leases of one key where the later was granted
