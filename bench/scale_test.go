@@ -135,6 +135,8 @@ func reportKeepalive(tb testing.TB, r keepaliveResult) {
 	}
 	report(tb, r.expected, "expected-reqs/s")
 	report(tb, r.perLease, "B/lease")
+	report(tb, float64(r.retries), "acquire-retries")
+	report(tb, float64(r.lost), "lost")
 }
 
 // perWaiterClients bounds the Waiters variant where every waiter has a client

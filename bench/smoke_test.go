@@ -71,8 +71,8 @@ func TestSmoke(t *testing.T) {
 			}
 			if s.keepaliveDSN != "" {
 				r := runKeepalive(t, s.name, s.keepaliveDSN, s.reqs, s.roundTrips, 20, 1500*time.Millisecond, 1500*time.Millisecond)
-				if r.measured <= 0 || r.expected <= 0 || (s.roundTrips != nil && r.trips <= 0) {
-					t.Errorf("keepalive: %v requests/s, %v round trips/s, %v expected", r.measured, r.trips, r.expected)
+				if r.measured <= 0 || r.expected <= 0 || (s.roundTrips != nil && r.trips <= 0) || r.lost > 0 {
+					t.Errorf("keepalive: %v requests/s, %v round trips/s, %v expected, %d leases lost", r.measured, r.trips, r.expected, r.lost)
 				}
 			}
 		})
