@@ -19,7 +19,7 @@ type Record struct {
 	Deployment   string  `json:"deployment"`         // FaultHarness.Deployment
 	Fault        string  `json:"fault,omitempty"`    // the Fault; for a soak, the faults injected
 	Expected     string  `json:"expected,omitempty"` // Expect.Outcome, as Outcome.String
-	Observed     string  `json:"observed,omitempty"` // the union of the trials' outcomes; "" if skipped
+	Observed     string  `json:"observed,omitempty"` // the union of the trials' outcomes ("" if skipped); for a soak, its shape
 	Why          string  `json:"why,omitempty"`      // Expect.Why
 	Skip         string  `json:"skip,omitempty"`     // why the cell was skipped
 	Trials       int     `json:"trials"`             // trials run (soak: faults injected)
