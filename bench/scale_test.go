@@ -121,6 +121,7 @@ func BenchmarkScale(b *testing.B) {
 				report(b, float64(nc), "clients")
 				report(b, own.perGrant, "reqs/handoff@clients")
 				report(b, many.idleRate, "idle-reqs/s")
+				report(b, float64(many.gaveUp+few.gaveUp+own.gaveUp), "gave-up")
 			})
 		}
 	}

@@ -302,14 +302,26 @@ func writeFailures(w *strings.Builder, raw string) {
 			in = false
 		}
 	}
-	if len(lines) == 0 {
-		return
+	if len(lines) > 0 {
+		w.WriteString("## Failures in this run\n\nThese benchmarks failed; their numbers are missing below (a failed benchmark reports none).\n\n")
+		for _, l := range lines {
+			w.WriteString(l + "\n")
+		}
+		w.WriteString("\n")
 	}
-	w.WriteString("## Failures in this run\n\nThese benchmarks failed; their numbers are missing below (a failed benchmark reports none).\n\n")
-	for _, l := range lines {
-		w.WriteString(l + "\n")
+	var notes []string
+	for line := range strings.Lines(raw) {
+		if _, note, ok := strings.Cut(line, ": NOTE "); ok {
+			notes = append(notes, "- "+strings.ReplaceAll(strings.TrimSpace(note), "|", "\\|"))
+		}
 	}
-	w.WriteString("\n")
+	if len(notes) > 0 {
+		w.WriteString("## Notes from the run\n\n")
+		for _, l := range notes {
+			w.WriteString(l + "\n")
+		}
+		w.WriteString("\n")
+	}
 }
 
 // implsOf lists the implementations of a multi-implementation benchmark
@@ -396,7 +408,7 @@ func writeScale(w *strings.Builder, r *results) {
 			continue
 		}
 		if !rows {
-			w.WriteString("## Many waiters on one key\n\nA holder keeps the key while the waiters line up, then releases; each waiter releases as soon as it gets the lock. *requests per handoff* are counted over the first handoffs (at most 100, at most half the waiters) while most waiters still wait. Three layouts: many waiters over 10 clients; 10 waiters, one per client; up to 100 waiters, one per client (as separate processes). *idle*: server requests per second while the waiters wait and nothing changes hands. O(1) means *many / 10* stays near 1 and the one-per-client column stays near the 10-waiter one. etcd-mutex and pg-advisory always use one client per waiter (one session cannot wait twice on one key).\n\n| backend | implementation | waiters | requests per handoff | with 10 waiters | many / 10 | clients | per handoff, one client per waiter | idle requests/s |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
+			w.WriteString("## Many waiters on one key\n\nA holder keeps the key while the waiters line up, then releases; each waiter releases as soon as it gets the lock. *requests per handoff* are counted over the first handoffs (at most 100, at most half the waiters) while most waiters still wait. Three layouts: many waiters over 10 clients; 10 waiters, one per client; up to 100 waiters, one per client (as separate processes). *idle*: server requests per second while the waiters wait and nothing changes hands. O(1) means *many / 10* stays near 1 and the one-per-client column stays near the 10-waiter one. etcd-mutex and pg-advisory always use one client per waiter (one session cannot wait twice on one key). *gave up*: waiters whose lock call failed by itself, over the three layouts (redislock stops waiting after the TTL, 10s); after the measured handoffs the remaining waiters get 30s to go through, then are cancelled.\n\n| backend | implementation | waiters | requests per handoff | with 10 waiters | many / 10 | clients | per handoff, one client per waiter | idle requests/s | gave up |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 			rows = true
 		}
 		be, im, _ := strings.Cut(rest, "/")
@@ -407,7 +419,8 @@ func writeScale(w *strings.Builder, r *results) {
 		c, _ := r.get(name, "clients")
 		own, _ := r.get(name, "reqs/handoff@clients")
 		idle, _ := r.get(name, "idle-reqs/s")
-		fmt.Fprintf(w, "| %s | %s | %.0f | %.1f | %.1f | %.2f | %.0f | %.1f | %s |\n", be, im, n, many, few, q, c, own, num(idle))
+		gave, _ := r.get(name, "gave-up")
+		fmt.Fprintf(w, "| %s | %s | %.0f | %.1f | %.1f | %.2f | %.0f | %.1f | %s | %.0f |\n", be, im, n, many, few, q, c, own, num(idle), gave)
 	}
 	if rows {
 		w.WriteString("\n")
@@ -508,7 +521,7 @@ func writeTargets(w *strings.Builder, r *results) {
 			unit = "reqs/s"
 		}
 		if lost, ok := r.get(name, "lost"); ok && lost > 0 {
-			ts = append(ts, target{what: fmt.Sprintf("%s: %.0f leases held with keepalive", be, l), measured: fmt.Sprintf("%.0f lost", lost), verdict: "**missed**: leases were lost", note: "renewals failed on the loaded server; see the raw output"})
+			ts = append(ts, target{what: fmt.Sprintf("%s: %.0f leases held with keepalive", be, l), measured: fmt.Sprintf("%.0f lost", lost), verdict: "**missed**: leases were lost", note: "renewals failed while the leases were held; the first error is under \"Notes from the run\""})
 		}
 		add(fmt.Sprintf("%s: keepalive of %.0f leases ≈ leases/(TTL/3) requests/s (within ±25%%)", be, l), "%.2f× expected", name, unit, name, "expected-reqs/s",
 			func(v float64) bool { return v >= 0.75 && v <= 1.25 }, func(v float64) string { return fmt.Sprintf("(%.2f×)", v) }, kaWhy[be])
