@@ -210,7 +210,7 @@ func runUncontended(tb testing.TB, impls []impl, n int) []uncontendedResult {
 			}
 			if err != nil {
 				res[i].errors++
-				tb.Logf("%s: %v", impls[i].name, err)
+				tb.Logf("NOTE uncontended: %s: %v", impls[i].name, err)
 				if res[i].errors > maxErrors {
 					tb.Fatalf("%s: more than %d errors", impls[i].name, maxErrors)
 				}
@@ -289,7 +289,7 @@ func runContended(tb testing.TB, im impl, n, grants int, rotate bool) contendedR
 	}
 	// soft records a failed call and fails the run after maxErrors.
 	soft := func(err error) {
-		tb.Log(err)
+		tb.Logf("NOTE contended, %d lockers: %v", n, err)
 		mu.Lock()
 		res.errors++
 		n := res.errors

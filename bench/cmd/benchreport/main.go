@@ -312,11 +312,15 @@ func writeFailures(w *strings.Builder, raw string) {
 	var notes []string
 	for line := range strings.Lines(raw) {
 		if _, note, ok := strings.Cut(line, ": NOTE "); ok {
-			notes = append(notes, "- "+strings.ReplaceAll(strings.TrimSpace(note), "|", "\\|"))
+			note = strings.TrimSpace(note)
+			if r := []rune(note); len(r) > 400 {
+				note = string(r[:400]) + "…"
+			}
+			notes = append(notes, "- "+strings.ReplaceAll(note, "|", "\\|"))
 		}
 	}
 	if len(notes) > 0 {
-		w.WriteString("## Notes from the run\n\n")
+		w.WriteString("## Notes from the run\n\nErrors and losses the benchmarks logged (each counted in its table's *errors*, *gave up* or *leases lost* column):\n\n")
 		for _, l := range notes {
 			w.WriteString(l + "\n")
 		}
