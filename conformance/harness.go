@@ -10,6 +10,19 @@
 //
 // A test that needs a capability the driver does not claim is skipped, with the
 // reason; every capability a driver claims is proved.
+//
+// # Faults
+//
+// A Harness that can also break its deployment implements FaultHarness: a
+// LinkedDSN whose connections pass through a breakable proxy, and server
+// faults (restart, stall, kill the leader, the effect of a clock jump).
+// RunFaults runs a trial per cell of the driver's Matrix — the expected
+// Outcome of each fault, stated in the driver's test file — and fails when a
+// trial's outcome is not the one claimed; Soak runs several processes of
+// lockers under a fault every few seconds. Both need Main in the package's
+// TestMain, because paused holders and soak workers are child processes
+// (the test binary, re-executed). Results go to $DLOCK_SAFETY_OUT, from which
+// conformance/cmd/safety-report writes docs/SAFETY.md.
 package conformance
 
 import (

@@ -33,4 +33,13 @@ step "staticcheck $STATICCHECK_VERSION"
 go run "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION" ./...
 
 step "go test -race"
+# The fault matrix and soaks write their results here (conformance.WriteRecord),
+# and porcupine's visualisation of a failed history goes to the artifacts dir.
+export DLOCK_SAFETY_OUT="${DLOCK_SAFETY_OUT:-$(mktemp -d)}"
+export DLOCK_ARTIFACTS="${DLOCK_ARTIFACTS:-$DLOCK_SAFETY_OUT/artifacts}"
 go test -race -count=1 -timeout 25m -v "$@" ./... 2>&1 | scripts/summarize-tests.sh
+
+if [ $# -eq 0 ]; then   # a partial run (-run …) would miss rows
+  step "docs/SAFETY.md states what this run observed"
+  go run ./conformance/cmd/safety-report -from "$DLOCK_SAFETY_OUT" -check
+fi
