@@ -17,7 +17,7 @@
 //
 // scripts/bench.sh runs them all and writes docs/BENCHMARKS.md:
 //
-//	scripts/bench.sh            # about 10–15 minutes on 2 cores
+//	scripts/bench.sh            # about 8–12 minutes on 2 cores
 //	scripts/bench.sh --quick    # smaller sizes, one run
 //
 // By hand:

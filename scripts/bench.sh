@@ -6,7 +6,7 @@
 #
 # The benchmarks start their own servers (redis-server, etcd, ZooKeeper,
 # PostgreSQL) on free loopback ports and stop them afterwards; install them
-# first with scripts/install-test-deps.sh. A full run takes about 10–15
+# first with scripts/install-test-deps.sh. A full run takes about 8–12
 # minutes on 2 cores; --quick (smaller sizes, one run) about 3.
 #
 # Usage: scripts/bench.sh [--quick] [--out FILE]   (default docs/BENCHMARKS.md)
@@ -21,7 +21,7 @@ while [ $# -gt 0 ]; do
     --quick) quick=true ;;
     --out) out=$2; shift ;;
     --out=*) out=${1#--out=} ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench.sh: unknown argument $1 (try --help)" >&2; exit 2 ;;
   esac
   shift
