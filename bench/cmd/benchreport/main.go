@@ -508,8 +508,8 @@ func writeTargets(w *strings.Builder, r *results) {
 		ts = append(ts, t)
 	}
 	kaWhy := map[string]string{
-		"etcd":      "each renewal is two requests: a lease KeepAliveOnce and a Get that checks the holder's key still exists",
-		"zookeeper": "each renewal is two requests: a sync and an exists on the holder's node (a ZooKeeper session needs only its pings)",
+		"etcd":      "each renewal is two requests: a lease KeepAliveOnce and a Get that checks the holder's key still exists (2×); any remainder above 2× was not analysed",
+		"zookeeper": "each renewal is two requests: a sync and an exists on the holder's node (2×), although a ZooKeeper session's pings alone keep its ephemeral nodes",
 	}
 	memWhy := map[string]string{
 		"etcd": "each dlock lease has an etcd lease of its own, with its keepalive state and a watch on the holder's key (started 20ms after the grant) to report a loss at once",
