@@ -24,8 +24,17 @@
 // from run to run), the latencies and the counts are not compared. With
 // -check nothing is written.
 //
+// It also writes a summary grid (deployments × faults, the claimed outcome
+// of each cell and whether it held) between the markers
+//
+//	<!-- safety-summary:begin -->
+//	<!-- safety-summary:end -->
+//
+// in README.md, which -check compares too.
+//
 // Flags: -from DIR (default: run the tests), -o FILE (default
-// docs/SAFETY.md under the module root), -check, -race (run the tests with
+// docs/SAFETY.md under the module root), -readme FILE (default README.md
+// under the module root; "none" skips the summary), -check, -race (run the tests with
 // the race detector; default off, so latencies are not inflated), -run
 // REGEXP (default "Faults|Soak"), -pkgs (default "./...").
 package main
@@ -80,15 +89,21 @@ func run(args []string, stdout, stderr io.Writer) error {
 	race := fl.Bool("race", false, "run the tests with -race")
 	runRE := fl.String("run", "Faults|Soak", "the tests to run")
 	pkgs := fl.String("pkgs", "./...", "the packages to test")
+	readme := fl.String("readme", "", "the README whose generated summary block to update or check (default README.md under the module root; \"none\" to skip)")
 	if err := fl.Parse(args); err != nil {
 		return err
 	}
-	if *out == "" {
+	if *out == "" || *readme == "" {
 		root, err := moduleRoot()
 		if err != nil {
 			return err
 		}
-		*out = filepath.Join(root, "docs", "SAFETY.md")
+		if *out == "" {
+			*out = filepath.Join(root, "docs", "SAFETY.md")
+		}
+		if *readme == "" {
+			*readme = filepath.Join(root, "README.md")
+		}
 	}
 	dir := *from
 	testErr := error(nil)
@@ -124,7 +139,19 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		if diffs := compareClaims(claims(string(old)), claims(report)); len(diffs) > 0 {
+		diffs := compareClaims(claims(string(old)), claims(report))
+		if *readme != "none" {
+			text, err := os.ReadFile(*readme)
+			if err != nil {
+				return err
+			}
+			if updated, err := spliceSummary(string(text), summary(recs)); err != nil {
+				return fmt.Errorf("%s: %w", *readme, err)
+			} else if updated != string(text) {
+				diffs = append(diffs, fmt.Sprintf("%s: the safety summary block differs from the results (regenerate it)", *readme))
+			}
+		}
+		if len(diffs) > 0 {
 			return &diffError{diffs: diffs}
 		}
 		fmt.Fprintf(stdout, "safety-report: %s matches the results in %s\n", *out, dir)
@@ -137,6 +164,20 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(stdout, "safety-report: wrote %s\n", *out)
+	if *readme != "none" {
+		text, err := os.ReadFile(*readme)
+		if err != nil {
+			return err
+		}
+		updated, err := spliceSummary(string(text), summary(recs))
+		if err != nil {
+			return fmt.Errorf("%s: %w", *readme, err)
+		}
+		if err := os.WriteFile(*readme, []byte(updated), 0o644); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "safety-report: updated the summary in %s\n", *readme)
+	}
 	if testErr != nil {
 		return fmt.Errorf("the tests failed (the report shows the failed rows): %w", testErr)
 	}

@@ -53,3 +53,36 @@ func TestCheckComparesClaimsOnly(t *testing.T) {
 		t.Fatalf("compareClaims = %q, want the changed etcd-3 row and the failed redis row", d)
 	}
 }
+
+func TestSummaryGrid(t *testing.T) {
+	sum := summary(testRecords())
+	want := []string{
+		"| deployment | partition | stall | kill-leader | soak |",
+		"| etcd-3 | – | – | skipped | – |",
+		"| redis | detected / fenced | detected | – | pass |",
+	}
+	for _, w := range want {
+		if !strings.Contains(sum, w) {
+			t.Errorf("summary lacks %q:\n%s", w, sum)
+		}
+	}
+	recs := testRecords()
+	recs[0].Failed = true
+	if s := summary(recs); !strings.Contains(s, "| redis | detected / fenced | **FAILED** (detected) |") {
+		t.Errorf("a failed cell is not marked:\n%s", s)
+	}
+	readme := "intro\n" + summaryBegin + "\nold grid\n" + summaryEnd + "\nrest\n"
+	got, err := spliceSummary(readme, sum)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != "intro\n"+summaryBegin+"\n"+sum+summaryEnd+"\nrest\n" {
+		t.Errorf("spliceSummary = %q", got)
+	}
+	if again, _ := spliceSummary(got, sum); again != got {
+		t.Error("spliceSummary is not idempotent")
+	}
+	if _, err := spliceSummary("no markers", sum); err == nil {
+		t.Error("spliceSummary without markers: no error")
+	}
+}
