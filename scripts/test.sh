@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Runs every check and test dlock has: formatting, go vet (also of the separate
-# peer-benchmark module bench/), staticcheck, a go.mod tidiness check, and
-# `go test -race` over the whole module against real
-# servers (started by the tests themselves on free loopback ports; install them
-# first with scripts/install-test-deps.sh).
+# Runs every check and test dlock has: formatting, go vet and staticcheck (also
+# of the separate peer-benchmark module bench/), a go.mod tidiness check,
+# `go test -race` over the whole module against real servers (started by the
+# tests themselves on free loopback ports; install them first with
+# scripts/install-test-deps.sh), the peer-benchmark module's smoke test, and a
+# check that docs/SAFETY.md states what this run's fault matrix observed.
 #
 # Tests that need a server binary skip when it is missing — except under
 # CI=true, where they fail.
@@ -31,6 +32,7 @@ go vet ./...
 
 step "staticcheck $STATICCHECK_VERSION"
 go run "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION" ./...
+(cd bench && go run "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION" ./...)
 
 step "go test -race"
 # The fault matrix and soaks write their results here (conformance.WriteRecord),
@@ -38,6 +40,9 @@ step "go test -race"
 export DLOCK_SAFETY_OUT="${DLOCK_SAFETY_OUT:-$(mktemp -d)}"
 export DLOCK_ARTIFACTS="${DLOCK_ARTIFACTS:-$DLOCK_SAFETY_OUT/artifacts}"
 go test -race -count=1 -timeout 25m -v "$@" ./... 2>&1 | scripts/summarize-tests.sh
+
+step "peer-benchmark module: every scenario once, at tiny sizes (bench/ TestSmoke)"
+(cd bench && go test -race -count=1 -timeout 10m ./... 2>&1 | ../scripts/summarize-tests.sh)
 
 if [ $# -eq 0 ]; then   # a partial run (-run …) would miss rows
   step "docs/SAFETY.md states what this run observed"
