@@ -210,6 +210,10 @@ func (l *Lease) Release(ctx context.Context) error {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), l.set.releaseTimeout)
 		defer cancel()
+	} else if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, l.set.releaseTimeout)
+		defer cancel()
 	}
 	err := l.locker.drv.Release(ctx, l.grant)
 	switch {

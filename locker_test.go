@@ -29,6 +29,7 @@ type scripted struct {
 	noLost       bool          // strip Grant.Lost, as a TTL backend would
 	answerDelay  time.Duration // time between Start and the answer
 	releases     int
+	releaseLeft  time.Duration // time left before the last Release ctx's deadline (-1: none)
 }
 
 func newScripted() *scripted { return &scripted{Driver: memlock.NewStore().NewDriver()} }
@@ -66,6 +67,10 @@ func (d *scripted) Refresh(ctx context.Context, g *backend.Grant, ttl time.Durat
 func (d *scripted) Release(ctx context.Context, g *backend.Grant) error {
 	d.mu.Lock()
 	d.releases++
+	d.releaseLeft = -1
+	if dl, ok := ctx.Deadline(); ok {
+		d.releaseLeft = time.Until(dl)
+	}
 	d.mu.Unlock()
 	return d.Driver.Release(ctx, g)
 }
@@ -347,5 +352,41 @@ func TestDoReturnsFnError(t *testing.T) {
 	err = dlock.Do(ctx, l, "k", func(ctx context.Context, lease *dlock.Lease) error { return lease.Release(ctx) })
 	if err != nil {
 		t.Fatalf("Do whose fn released the lease: %v", err)
+	}
+}
+
+// TestReleaseBoundedWithoutDeadline: Release with a ctx that has no deadline
+// gives the driver one bounded by WithReleaseTimeout; a ctx with a deadline is
+// passed on as it is.
+func TestReleaseBoundedWithoutDeadline(t *testing.T) {
+	d := newScripted()
+	l := newLocker(t, d, dlock.WithReleaseTimeout(3*time.Second))
+	lease, err := l.Acquire(context.Background(), "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	d.mu.Lock()
+	left := d.releaseLeft
+	d.mu.Unlock()
+	if left <= 0 || left > 3*time.Second {
+		t.Fatalf("driver's Release ctx for a Release(Background): %v left, want a deadline within the 3s release timeout", left)
+	}
+	lease, err = l.Acquire(context.Background(), "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	d.mu.Lock()
+	left = d.releaseLeft
+	d.mu.Unlock()
+	if left <= 3*time.Second {
+		t.Fatalf("driver's Release ctx for a Release(ctx with 1m): %v left, want the caller's deadline", left)
 	}
 }

@@ -59,7 +59,8 @@ func WithAutoRenew(on bool) Option {
 // WithReleaseTimeout bounds a release that dlock runs on a detached context:
 // when Release is called with a ctx that is already done, when Do releases
 // after fn, when Close releases the leases it still holds, and when a lost lease
-// is cleaned up. Default DefaultReleaseTimeout (5s).
+// is cleaned up. It also bounds Release called with a ctx that has no
+// deadline. Default DefaultReleaseTimeout (5s).
 func WithReleaseTimeout(d time.Duration) Option {
 	return func(s *settings) { s.releaseTimeout = d }
 }

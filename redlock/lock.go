@@ -356,10 +356,11 @@ func (d *Driver) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duratio
 // g's owner holds it, announces the release to waiters there, and raises each
 // node's fencing counter to g's token. It returns nil as soon as a quorum has
 // deleted the lock (the other nodes' requests go on; this driver's next
-// attempt on the key waits for them); an error matching backend.ErrNotHeld if
-// enough nodes no longer held it for g's owner to make a quorum impossible;
-// else one matching ErrNoQuorum. Nodes that fail keep the lock until its TTL
-// runs out.
+// attempt on the key waits for them). Each node gets until ctx's deadline
+// when that is later than the node timeout. It returns an error matching
+// backend.ErrNotHeld if enough nodes no longer held it for g's owner to make a
+// quorum impossible; else one matching ErrNoQuorum. Nodes that fail keep the
+// lock until its TTL runs out.
 func (d *Driver) Release(ctx context.Context, g *backend.Grant) error {
 	if d.closed.Load() {
 		return errClosed
@@ -374,7 +375,15 @@ func (d *Driver) Release(ctx context.Context, g *backend.Grant) error {
 	// answered too, this driver's next attempt on the key waits for them.
 	finished := make(chan struct{})
 	d.releasing.Store(k.Lock, finished)
-	t := d.fanout(ctx, d.nodes, d.nodeTimeout, func(ctx context.Context, n *node) reply {
+	// A release is not racing a validity, so a slow node gets as long as
+	// ctx allows (dlock bounds it by WithReleaseTimeout, 5s by default), not
+	// just the node timeout: a release that fails leaves the key locked for
+	// the rest of its TTL.
+	timeout := d.nodeTimeout
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) > timeout {
+		timeout = time.Until(dl)
+	}
+	t := d.fanout(ctx, d.nodes, timeout, func(ctx context.Context, n *node) reply {
 		v, err := rediscore.Release.Run(ctx, n.client, []string{k.Lock, k.Fence}, g.Owner, k.Channel, token).Int64()
 		switch {
 		case err != nil:

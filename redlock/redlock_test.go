@@ -607,3 +607,38 @@ func TestCloseStopsGoroutines(t *testing.T) {
 	}
 	_ = g
 }
+
+// TestReleaseWaitsForSlowNodes: a release is not racing a validity, so nodes
+// slower than node_timeout (a loaded machine) still get to delete the lock
+// within the release timeout; before, the release failed after 100ms and the
+// key stayed locked for the rest of its TTL.
+func TestReleaseWaitsForSlowNodes(t *testing.T) {
+	c := startCluster(t, 5)
+	l := c.open(t, "node_timeout=50ms", dlock.WithTTL(10*time.Second))
+	ctx := testCtx(t)
+	k := "slow-release"
+	lease, err := l.Acquire(ctx, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range c.nodes[:3] {
+		n.Pause()
+	}
+	resumed := make(chan struct{})
+	go func() {
+		defer close(resumed)
+		// The fault: three nodes stall for 6× the node timeout.
+		time.Sleep(300 * time.Millisecond)
+		for _, n := range c.nodes[:3] {
+			n.Resume()
+		}
+	}()
+	err = lease.Release(context.Background())
+	<-resumed
+	if err != nil {
+		t.Fatalf("Release with 3 of 5 nodes stalled for 300ms (node_timeout 50ms, release timeout 5s): %v", err)
+	}
+	if n := c.countHeld(t, k); n != 0 {
+		t.Fatalf("after Release, %d nodes still hold %q", n, k)
+	}
+}
