@@ -79,7 +79,8 @@ type childSpec struct {
 
 // msg is one line of the pipe protocol, both ways. From the child: "grant"
 // (Lease, Key, Token, At, Deadline), "deadline" (Lease, Deadline),
-// "releasing" (Lease, At), "end" (Lease, At, Lost, Err), "op" (ID, Lease, Key, Token, Granted, Write, V).
+// "releasing" (Lease, At), "end" (Lease, At, Lost, Err; from a soak locker
+// also Deadline and Released), "op" (ID, Lease, Key, Token, Granted, Write, V).
 // From the parent: replies to "op" (ID, OK, V). The parent closes the child's
 // stdin to tell it to stop.
 type msg struct {
@@ -91,6 +92,7 @@ type msg struct {
 	At       int64       `json:"at,omitempty"`
 	Granted  int64       `json:"gat,omitempty"`
 	Deadline int64       `json:"dl,omitempty"`
+	Released int64       `json:"rel,omitempty"`
 	Lost     bool        `json:"lost,omitempty"`
 	Err      string      `json:"err,omitempty"`
 	Write    bool        `json:"w,omitempty"`
@@ -302,12 +304,15 @@ func soakLocker(c *childConn, spec childSpec, g int) error {
 			for n := 1 + rand.IntN(3); n > 0 && lease.Err() == nil && ctx.Err() == nil; n-- {
 				increment(c, lease, label, granted, spec.Think)
 			}
-			// The lease is this holder's until Release is called, or until its
-			// loss was noticed, whichever came first.
+			// The parent counts the lease as this holder's until the earliest
+			// of: Done closed, Release called, and — if it was lost — its
+			// Deadline, the same rule as RunFaults. Once Done is closed the
+			// Deadline no longer moves, so the one read now is the last one
+			// in effect, however late (a pause) this report is sent.
 			relAt := time.Now().UnixNano()
 			_ = lease.Release(context.Background())
 			<-watched
-			end := msg{T: "end", Lease: label, At: min(relAt, doneAt.Load()), Err: fmt.Sprint(lease.Err())}
+			end := msg{T: "end", Lease: label, At: doneAt.Load(), Released: relAt, Deadline: wallDeadline(lease), Err: fmt.Sprint(lease.Err())}
 			end.Lost = errors.Is(lease.Err(), dlock.ErrLeaseLost)
 			c.send(end)
 		}

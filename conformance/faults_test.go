@@ -109,19 +109,6 @@ func TestClassify(t *testing.T) {
 	}
 }
 
-func TestCountOverlaps(t *testing.T) {
-	leases := map[string]*soakLease{
-		"a": {key: "k", grant: 10, end: 20},
-		"b": {key: "k", grant: 20, end: 30}, // after a: no overlap
-		"c": {key: "k", grant: 25, end: 40}, // before b ended: one
-		"d": {key: "j", grant: 26, end: 27}, // another key
-		"e": {key: "k", grant: 50},          // still held
-	}
-	if n := countOverlaps(leases); n != 1 {
-		t.Fatalf("countOverlaps = %d, want 1", n)
-	}
-}
-
 func TestOrderedFaultsAndStrings(t *testing.T) {
 	m := Matrix{"zzz": {}, ClockJump: {}, Partition: {}, "aaa": {}, Stall: {}}
 	got := orderedFaults(m)

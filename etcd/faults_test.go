@@ -131,7 +131,7 @@ func TestFaults(t *testing.T) {
 }
 
 func TestSoak(t *testing.T) {
-	conformance.Soak(t, newFaultHarness(t), conformance.SoakOptions{})
+	conformance.Soak(t, newFaultHarness(t), conformance.SoakOptions{Matrix: etcdMatrix})
 }
 
 // TestWaiterOutlivesRevokedLease: a waiting Acquire whose own key's lease is

@@ -108,7 +108,7 @@ func TestFaults(t *testing.T) {
 }
 
 func TestSoak(t *testing.T) {
-	conformance.Soak(t, newFaultHarness(t), conformance.SoakOptions{})
+	conformance.Soak(t, newFaultHarness(t), conformance.SoakOptions{Matrix: postgresMatrix})
 }
 
 // TestWaitOutlivesRestart: a waiting Acquire whose server is killed and

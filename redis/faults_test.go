@@ -119,5 +119,5 @@ func TestFaults(t *testing.T) {
 }
 
 func TestSoak(t *testing.T) {
-	conformance.Soak(t, newFaultHarness(t, false), conformance.SoakOptions{})
+	conformance.Soak(t, newFaultHarness(t, false), conformance.SoakOptions{Matrix: redisMatrix})
 }

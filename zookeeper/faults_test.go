@@ -152,5 +152,5 @@ func TestFaults(t *testing.T) {
 }
 
 func TestSoak(t *testing.T) {
-	conformance.Soak(t, newFaultHarness(t), conformance.SoakOptions{})
+	conformance.Soak(t, newFaultHarness(t), conformance.SoakOptions{Matrix: zookeeperMatrix})
 }

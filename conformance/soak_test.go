@@ -1,0 +1,95 @@
+package conformance
+
+import (
+	"math"
+	"strings"
+	"testing"
+)
+
+// A soak lease counts as its holder's until the earliest of Done, its call to
+// Release and, if it was lost, its Deadline — the rule RunFaults' classify
+// uses.
+func TestSoakLeaseUntil(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		l    soakLease
+		at   int64
+		how  string
+	}{
+		{"released", soakLease{ended: true, deadline: 90, done: 31, released: 30}, 30, "Release called"},
+		{"lost, Done before the Deadline", soakLease{ended: true, lost: true, deadline: 90, done: 40, released: 50}, 40, "Done"},
+		// A paused holder: Done closes and Release is called only after SIGCONT.
+		{"lost while paused", soakLease{ended: true, lost: true, deadline: 60, done: 200, released: 190}, 60, "Deadline"},
+		// Not lost: a Release that finished after the Deadline (the key was
+		// still there) ends it, not the Deadline.
+		{"released after its Deadline", soakLease{ended: true, deadline: 60, done: 80, released: 70}, 70, "Release called"},
+		{"never reported", soakLease{deadline: 60}, math.MaxInt64, "never reported its end"},
+	} {
+		if at, how := tc.l.until(); at != tc.at || how != tc.how {
+			t.Errorf("%s: until = %d (%s), want %d (%s)", tc.name, at, how, tc.at, tc.how)
+		}
+	}
+}
+
+func TestFindOverlaps(t *testing.T) {
+	leases := map[string]*soakLease{}
+	add := func(l soakLease) {
+		l.ended = l.ended || l.done != 0
+		leases[l.label] = &l
+	}
+	add(soakLease{label: "a", key: "k", grant: 10, deadline: 100, done: 21, released: 20})
+	add(soakLease{label: "b", key: "k", grant: 20, deadline: 100, done: 31, released: 30}) // after a's Release: none
+	add(soakLease{label: "c", key: "k", grant: 25, deadline: 100, done: 41, released: 40}) // before b's Release: one, during restart-empty
+	// Paused past its Deadline: lost at 60 though Done closed at 200.
+	add(soakLease{label: "d", key: "k", grant: 50, deadline: 60, done: 200, released: 190, lost: true})
+	add(soakLease{label: "e", key: "k", grant: 70, deadline: 160, done: 151, released: 150})  // after d's Deadline: none
+	add(soakLease{label: "f", key: "k", grant: 140, deadline: 300, done: 301, released: 300}) // before e's Release: one, during no fault
+	add(soakLease{label: "g", key: "j", grant: 26, deadline: 90, done: 28, released: 27})     // another key
+	add(soakLease{label: "h", key: "i", grant: 400, deadline: 500})                           // never reported its end
+	add(soakLease{label: "x", key: "i", grant: 600, deadline: 700, done: 601, released: 600}) // after h's Deadline, but h never ended: one, during pause-holder
+	faults := []soakFault{
+		{f: RestartEmpty, child: 0, start: 22, healed: 24},
+		{f: PauseHolder, child: 1, start: 500, healed: 590},
+	}
+	o := SoakOptions{Matrix: Matrix{
+		RestartEmpty: {Outcome: LossDetected | Fenced},
+		PauseHolder:  {Outcome: LossDetected},
+	}}
+	got := findOverlaps(leases, faults, 20, o.overlapExpected)
+	type pair struct {
+		a, b     string
+		fault    Fault
+		expected bool
+	}
+	want := []pair{{"h", "x", PauseHolder, false}, {"b", "c", RestartEmpty, true}, {"e", "f", "", false}}
+	if len(got) != len(want) {
+		t.Fatalf("findOverlaps found %d overlaps, want %d: %v", len(got), len(want), got)
+	}
+	for i, ov := range got {
+		p := pair{a: ov.a.label, b: ov.b.label, expected: ov.expected}
+		if ov.fault != nil {
+			p.fault = ov.fault.f
+		}
+		if p != want[i] {
+			t.Errorf("overlap %d = %+v, want %+v", i, p, want[i])
+		}
+	}
+	if s := got[1].String(); !strings.Contains(s, "during restart-empty") || !strings.Contains(s, "(Release called)") {
+		t.Errorf("evidence %q does not name the fault or how the earlier lease ended", s)
+	}
+}
+
+func TestSoakOverlapExpected(t *testing.T) {
+	var none SoakOptions
+	for f, want := range map[Fault]bool{RestartEmpty: true, ClockJump: true, Restart: false, PauseHolder: false, Stall: false} {
+		if got := none.overlapExpected(f); got != want {
+			t.Errorf("without a Matrix, overlapExpected(%s) = %v, want %v", f, got, want)
+		}
+	}
+	o := SoakOptions{Matrix: Matrix{Stall: {Outcome: Held | LossDetected | Fenced}, RestartEmpty: {Outcome: LossDetected}}}
+	for f, want := range map[Fault]bool{Stall: true, RestartEmpty: false, ClockJump: false} {
+		if got := o.overlapExpected(f); got != want {
+			t.Errorf("with a Matrix, overlapExpected(%s) = %v, want %v", f, got, want)
+		}
+	}
+}
