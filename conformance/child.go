@@ -156,7 +156,13 @@ func (c *childConn) call(m msg) (msg, bool) {
 	}
 }
 
-func wallDeadline(l *dlock.Lease) int64 { return time.Now().Add(time.Until(l.Deadline())).UnixNano() }
+// wallDeadline returns l's Deadline on the wall clock (ns), for the parent to
+// compare with other processes' times. One reading of the clock converts it:
+// time.Now().Add(time.Until(d)) would take two and put it early by the gap.
+func wallDeadline(l *dlock.Lease) int64 {
+	now := time.Now()
+	return now.Add(l.Deadline().Sub(now)).UnixNano()
+}
 
 // increment runs one fenced increment of lease's key through the parent's
 // register: read, think, write. It reports whether both were accepted.

@@ -1,9 +1,12 @@
 package conformance
 
 import (
+	"encoding/json"
+	"io"
 	"math"
 	"strings"
 	"testing"
+	"time"
 )
 
 // A soak lease counts as its holder's until the earliest of Done, its call to
@@ -91,5 +94,64 @@ func TestSoakOverlapExpected(t *testing.T) {
 		if got := o.overlapExpected(f); got != want {
 			t.Errorf("with a Matrix, overlapExpected(%s) = %v, want %v", f, got, want)
 		}
+	}
+}
+
+// A soak locker reports each lease's end with when it called Release, when
+// it saw Done closed, and the Deadline last in effect, which the parent needs
+// to end the lease at its Deadline when it was lost.
+func TestSoakLockerReportsLeaseEnd(t *testing.T) {
+	childIn, parentOut := io.Pipe()
+	parentIn, childOut := io.Pipe()
+	c := newChildConn(childIn, childOut)
+	spec := childSpec{Name: "p", DSN: "mem://" + sanitize(t.Name()), Keys: []string{"k"}, TTL: time.Second,
+		Interval: time.Millisecond, Think: time.Millisecond}
+	errc := make(chan error, 1)
+	go func() {
+		errc <- soakLocker(c, spec, 0)
+		childOut.Close()
+	}()
+	dec, enc := json.NewDecoder(parentIn), json.NewEncoder(parentOut)
+	var grant, end msg
+	for end.T == "" {
+		var m msg
+		if err := dec.Decode(&m); err != nil {
+			t.Fatalf("reading the child's messages: %v", err)
+		}
+		switch {
+		case m.T == "op":
+			if err := enc.Encode(msg{ID: m.ID, OK: true}); err != nil {
+				t.Fatal(err)
+			}
+		case m.T == "grant" && grant.T == "":
+			grant = m
+		case m.T == "end" && m.Lease == grant.Lease:
+			end = m
+		}
+	}
+	parentOut.Close() // stop
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		_, _ = io.Copy(io.Discard, parentIn)
+	}()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	<-drained
+
+	if grant.Deadline <= grant.At-int64(spec.TTL) || grant.Deadline > grant.At+int64(spec.TTL) {
+		t.Errorf("grant at %s reports Deadline %s, want within a TTL after it", wallString(grant.At), wallString(grant.Deadline))
+	}
+	if end.Released == 0 || end.At < end.Released || end.Lost {
+		t.Errorf("end reports Release called %s, Done %s, lost %v (%s); want a Release, then Done, not lost",
+			wallString(end.Released), wallString(end.At), end.Lost, end.Err)
+	}
+	if end.Deadline < grant.Deadline-int64(time.Millisecond) { // the wall clock may be slewed between the two readings
+		t.Errorf("end reports Deadline %s, before the granted one, %s", wallString(end.Deadline), wallString(grant.Deadline))
+	}
+	l := soakLease{ended: true, deadline: end.Deadline, done: end.At, released: end.Released, lost: end.Lost}
+	if at, how := l.until(); at != end.Released {
+		t.Errorf("until = %s (%s), want the Release call, %s", wallString(at), how, wallString(end.Released))
 	}
 }
