@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -45,8 +46,15 @@ func TestSmoke(t *testing.T) {
 			s := be.start(t)
 			for _, r := range runUncontended(t, s.impls, 20) {
 				p50, p99 := pct(r.samples, 50), pct(r.samples, 99)
-				if len(r.samples) != 20 || p50 <= 0 || p50 > p99 || r.total <= 0 {
-					t.Errorf("%s: uncontended: %d samples, p50 %v, p99 %v", r.name, len(r.samples), p50, p99)
+				// A peer's own timeouts may fail a call on a loaded machine
+				// (redsync gives each node a few ms): that is counted and
+				// logged, not failed. dlock's calls must all succeed.
+				want := 20
+				if !isDlock(r.name) {
+					want -= r.errors
+				}
+				if len(r.samples) != want || len(r.samples) == 0 || p50 <= 0 || p50 > p99 || r.total <= 0 {
+					t.Errorf("%s: uncontended: %d samples, %d errors, p50 %v, p99 %v", r.name, len(r.samples), r.errors, p50, p99)
 				}
 			}
 			for _, im := range s.impls {
@@ -55,7 +63,7 @@ func TestSmoke(t *testing.T) {
 				}
 				for _, rotate := range []bool{false, true} {
 					r := runContended(t, im, 4, 12, rotate)
-					if r.grants != 12 || r.overlaps != 0 || r.errors != 0 || len(r.waits) != 12 || (im.reqs != nil && r.reqs <= 0) || (rotate && r.changed != 11) {
+					if r.grants != 12 || r.overlaps != 0 || (isDlock(im.name) && r.errors != 0) || len(r.waits) != 12 || (im.reqs != nil && r.reqs <= 0) || (rotate && r.changed != 11) {
 						t.Errorf("%s: contended (rotate %v): %d grants, %d changed hands, %d overlaps, %d errors, %d waits, %v requests",
 							im.name, rotate, r.grants, r.changed, r.overlaps, r.errors, len(r.waits), r.reqs)
 					}
@@ -78,3 +86,6 @@ func TestSmoke(t *testing.T) {
 		})
 	}
 }
+
+// isDlock tells dlock's implementations from the peers and floors by name.
+func isDlock(name string) bool { return strings.HasPrefix(name, "dlock") }
