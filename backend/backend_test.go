@@ -210,3 +210,20 @@ func TestRedactNested(t *testing.T) {
 		t.Errorf("RedactError broke the chain: %v", re)
 	}
 }
+
+// TestRedactMalformedNested: a nested DSN that does not parse is hidden whole,
+// and its password is still scrubbed from errors.
+func TestRedactMalformedNested(t *testing.T) {
+	inner := "redis://:s3cr3t@h:xx/0" // bad port
+	u, err := backend.ParseDSN("migrate://?from=" + url.QueryEscape(inner) + "&to=etcd://h2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := backend.Redact(u); strings.Contains(r, "s3cr3t") {
+		t.Errorf("Redact = %q: holds the password", r)
+	}
+	e := backend.RedactError(fmt.Errorf("open %s: %w", inner, context.Canceled), u)
+	if strings.Contains(e.Error(), "s3cr3t") {
+		t.Errorf("RedactError = %v: holds the password", e)
+	}
+}

@@ -73,11 +73,14 @@ func redactURL(u *url.URL, depth int) *url.URL {
 				vals[i] = "xxxxx"
 				changed = true
 			case strings.Contains(v, "://"):
-				if inner, err := url.Parse(v); err == nil {
-					if r := redactURL(inner, depth+1).String(); r != v {
-						vals[i] = r
-						changed = true
-					}
+				inner, err := url.Parse(v)
+				if err != nil {
+					// A malformed DSN may still hold a password: hide it whole.
+					vals[i] = "xxxxx"
+					changed = true
+				} else if r := redactURL(inner, depth+1).String(); r != v {
+					vals[i] = r
+					changed = true
 				}
 			}
 		}
@@ -112,6 +115,15 @@ func secrets(u *url.URL, depth int) []string {
 			case strings.Contains(v, "://"):
 				if inner, err := url.Parse(v); err == nil {
 					out = append(out, secrets(inner, depth+1)...)
+				} else if _, rest, ok := strings.Cut(v, "://"); ok {
+					// Malformed: take what sits between the first ':' and
+					// the last '@' of the authority as the password.
+					auth, _, _ := strings.Cut(rest, "/")
+					if at := strings.LastIndex(auth, "@"); at >= 0 {
+						if _, pw, ok := strings.Cut(auth[:at], ":"); ok && pw != "" {
+							out = append(out, pw)
+						}
+					}
 				}
 			}
 		}

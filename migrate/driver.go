@@ -178,6 +178,13 @@ func (d *driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 	if err != nil {
 		return nil, err
 	}
+	// A lock lost while the token was being read (a revoked lease, an
+	// expired session) must not hand the token out.
+	for _, l := range p.leases() {
+		if err := l.Err(); err != nil {
+			return nil, fmt.Errorf("%w: an inner lock was lost while the token was read: %w", backend.ErrNotHeld, err)
+		}
+	}
 	start := time.Now()
 	validity := p.deadline().Sub(start)
 	if validity <= 0 {

@@ -166,9 +166,13 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, k *red
 	}
 	if done, ok := d.releasing.Load(k.Lock); ok {
 		// This driver's release of the key has not reached every node yet:
-		// let it, or it could refuse this grant there. (It takes at most
-		// the node timeout.)
-		<-done.(chan struct{})
+		// let it, or it could refuse this grant there. A slow node gets
+		// until the release's deadline, so do not wait past ctx for it.
+		select {
+		case <-done.(chan struct{}):
+		case <-ctx.Done():
+			return attemptResult{err: ctx.Err(), kind: attemptCancelled}
+		}
 	}
 	start := time.Now()
 	g := d.fanout(ctx, d.nodes, nodeTimeout, func(ctx context.Context, n *node) reply {
