@@ -54,19 +54,9 @@ func (h *faultHarness) Inject(t testing.TB, f conformance.Fault, key string) (he
 	t.Helper()
 	switch f {
 	case conformance.Stall:
-		leader := h.cluster.Leader(t)
-		leader.Pause()
-		return func() {
-			leader.Resume()
-			h.cluster.Leader(t)
-		}
+		return testenv.StallLeader(t, h.cluster.Leader)
 	case conformance.KillLeader:
-		leader := h.cluster.Leader(t)
-		leader.Kill()
-		return func() {
-			leader.Restart() // returns once the member reports itself healthy
-			h.cluster.Leader(t)
-		}
+		return testenv.KillLeader(t, h.cluster.Leader)
 	case conformance.Restart:
 		leader := h.cluster.Leader(t)
 		var follower *testenv.Etcd

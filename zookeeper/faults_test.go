@@ -64,19 +64,9 @@ func (h *faultHarness) Inject(t testing.TB, f conformance.Fault, key string) (he
 	t.Helper()
 	switch f {
 	case conformance.Stall:
-		leader := h.ensemble.Leader(t)
-		leader.Pause()
-		return func() {
-			leader.Resume()
-			h.ensemble.Leader(t)
-		}
+		return testenv.StallLeader(t, h.ensemble.Leader)
 	case conformance.KillLeader:
-		leader := h.ensemble.Leader(t)
-		leader.Kill()
-		return func() {
-			leader.Restart()
-			h.ensemble.Leader(t)
-		}
+		return testenv.KillLeader(t, h.ensemble.Leader)
 	case conformance.Restart:
 		srv := h.holderServer(t, key)
 		srv.Kill()
