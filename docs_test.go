@@ -4,20 +4,15 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 )
 
 // TestExportedNamesDocumented fails for any exported name, in any public
-// package of the module, without a doc comment.
+// package of every module in the repository, without a doc comment.
 func TestExportedNamesDocumented(t *testing.T) {
-	out, err := exec.Command("go", "list", "-f", `{{.Dir}}|{{.ImportPath}}|{{join .GoFiles ","}}`, "./...").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go list: %v\n%s", err, out)
-	}
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+	for _, line := range goListAll(t, `{{.Dir}}|{{.ImportPath}}|{{join .GoFiles ","}}`) {
 		parts := strings.SplitN(line, "|", 3)
 		dir, path, files := parts[0], parts[1], parts[2]
 		if strings.Contains(path, "/internal/") || strings.Contains(path, "/examples/") {

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+
+	"github.com/dlock-go/dlock/backend"
 )
 
 // Sentinel errors. Every error dlock returns is an *Error whose chain contains
@@ -32,8 +34,9 @@ var (
 	ErrInvalidKey = errors.New("invalid key")
 
 	// ErrInvalidOption means an option or DSN parameter has a value that makes no
-	// sense, such as a TTL ≤ 0, or names something unknown.
-	ErrInvalidOption = errors.New("invalid option")
+	// sense, such as a TTL ≤ 0, or names something unknown. It is
+	// backend.ErrInvalidOption, which drivers wrap.
+	ErrInvalidOption = backend.ErrInvalidOption
 
 	// ErrUnknownScheme means Open was given a DSN whose scheme no imported driver
 	// registered. The message lists the registered schemes.

@@ -9,6 +9,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/fencing"
+	_ "github.com/dlock-go/dlock/memlock" // registers mem://
 )
 
 // Open picks a backend by DSN. "mem://" is an in-process backend, always
@@ -23,6 +24,21 @@ func ExampleOpen() {
 	defer locker.Close()
 	fmt.Println("fencing:", locker.Capabilities().Fencing)
 	// Output: fencing: strict
+}
+
+// Capabilities tells an application what the backend's tokens mean, without
+// importing the driver contract (package backend).
+func ExampleCapabilities() {
+	locker, err := dlock.Open(context.Background(), "mem://example-capabilities")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer locker.Close()
+	if locker.Capabilities().Fencing != dlock.FencingStrict {
+		log.Fatal("this job needs tokens that strictly increase whatever the timing")
+	}
+	fmt.Println("strict tokens; expiry decided by the", locker.Capabilities().TimeAuthority, "clock")
+	// Output: strict tokens; expiry decided by the server clock
 }
 
 func ExampleLocker_Acquire() {

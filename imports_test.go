@@ -1,25 +1,84 @@
 package dlock_test
 
 import (
+	"io/fs"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 )
 
-// TestImportRules enforces the import rules of DESIGN.md with go list: the root
-// imports only backend (and internal/memlock); backend only the standard
-// library; drivers never import each other; conformance never imports a driver;
+// modules returns the directory of every Go module in the repository: the
+// root and the nested ones (etcd, migrate, cmd/dlock, examples, bench).
+func modules(t *testing.T) []string {
+	t.Helper()
+	var dirs []string
+	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && path != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") {
+			return filepath.SkipDir
+		}
+		if d.Name() == "go.mod" {
+			dirs = append(dirs, filepath.Dir(path))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dirs) < 6 {
+		t.Fatalf("found the modules %v; want the root and its five nested modules", dirs)
+	}
+	return dirs
+}
+
+// goListAll runs go list -f format ./... in every module of the repository
+// (each on its own, as its users build it) and returns the output lines.
+func goListAll(t *testing.T, format string) []string {
+	t.Helper()
+	var lines []string
+	for _, dir := range modules(t) {
+		cmd := exec.Command("go", "list", "-f", format, "./...")
+		cmd.Dir = dir
+		cmd.Env = append(os.Environ(), "GOWORK=off")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("go list in %s: %v\n%s", dir, err, out)
+		}
+		lines = append(lines, strings.Split(strings.TrimSpace(string(out)), "\n")...)
+	}
+	return lines
+}
+
+// TestRootModuleStaysLean keeps the root module's go.mod free of the heavy
+// modules a user of one driver should never take part in version selection
+// for: the etcd server and its storage, consensus and metrics stacks. They
+// belong to the nested modules (etcd, migrate, cmd/dlock, examples, bench).
+func TestRootModuleStaysLean(t *testing.T) {
+	gomod, err := os.ReadFile("go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, heavy := range []string{"go.etcd.io/", "google.golang.org/grpc", "go.uber.org/zap", "go.opentelemetry.io/otel/sdk", "github.com/prometheus/", "github.com/Shopify/toxiproxy"} {
+		if strings.Contains(string(gomod), heavy) {
+			t.Errorf("the root go.mod requires %s: move the code that needs it to a nested module", heavy)
+		}
+	}
+}
+
+// TestImportRules enforces the import rules of docs/DESIGN.md with go list: the root
+// imports only backend and internal/clock; backend only the
+// standard library; internal/clock only the standard library and x/sys; drivers never import each other; conformance never imports a driver;
 // examples never import internal/.
 func TestImportRules(t *testing.T) {
 	const mod = "github.com/dlock-go/dlock"
-	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}}|{{join .Imports ","}}`, "./...").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go list: %v\n%s", err, out)
-	}
 	drivers := map[string]bool{mod + "/redis": true, mod + "/redlock": true, mod + "/etcd": true,
-		mod + "/zookeeper": true, mod + "/postgres": true, mod + "/internal/memlock": true}
+		mod + "/zookeeper": true, mod + "/postgres": true, mod + "/memlock": true}
 	checked := 0
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+	for _, line := range goListAll(t, `{{.ImportPath}}|{{join .Imports ","}}`) {
 		pkg, imps, _ := strings.Cut(line, "|")
 		var internal []string
 		for _, imp := range strings.Split(imps, ",") {
@@ -31,8 +90,10 @@ func TestImportRules(t *testing.T) {
 			}
 			stdlib := !strings.Contains(strings.SplitN(imp, "/", 2)[0], ".")
 			switch {
-			case pkg == mod && strings.HasPrefix(imp, mod) && imp != mod+"/backend" && imp != mod+"/internal/memlock":
-				t.Errorf("%s imports %s: the root may import only backend and internal/memlock", pkg, imp)
+			case pkg == mod && strings.HasPrefix(imp, mod) && imp != mod+"/backend" && imp != mod+"/internal/clock":
+				t.Errorf("%s imports %s: the root may import only backend and internal/clock (mem:// is registered by importing memlock)", pkg, imp)
+			case pkg == mod+"/internal/clock" && !stdlib && imp != "golang.org/x/sys/unix":
+				t.Errorf("%s imports %s: internal/clock may import only the standard library and x/sys", pkg, imp)
 			case pkg == mod+"/backend" && !stdlib:
 				t.Errorf("%s imports %s: backend may import only the standard library", pkg, imp)
 			case drivers[pkg] && drivers[imp]:
@@ -43,7 +104,7 @@ func TestImportRules(t *testing.T) {
 				t.Errorf("example %s imports %s", pkg, imp)
 			}
 		}
-		if drivers[pkg] && pkg != mod+"/internal/memlock" {
+		if drivers[pkg] && pkg != mod+"/memlock" {
 			for _, imp := range internal {
 				if imp != mod && imp != mod+"/backend" && !strings.HasPrefix(imp, mod+"/internal/") {
 					t.Errorf("driver %s imports %s: drivers import only the root, backend and their client library", pkg, imp)

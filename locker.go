@@ -19,8 +19,8 @@
 //
 //	locker, err := dlock.Open(ctx, "redis://127.0.0.1:6379/0?ttl=10s")
 //
-// The scheme "mem" (an in-process lock, for tests and examples) is always
-// registered. [New] takes a driver built in code.
+// The scheme "mem", an in-process lock for tests and examples, is registered
+// only by importing package memlock. [New] takes a driver built in code.
 //
 // # Leases
 //
@@ -28,8 +28,10 @@
 // the lease ends — released, expired, or lost — and [Lease.Err] says which. A
 // keepalive renews every lease at TTL/3; the first renewal that fails, or cannot
 // finish before [Lease.Deadline], ends the lease. A lease is never believed past
-// the time its backend may have dropped it. [Do] runs a function under a lease and
-// cancels its context the moment the lease is lost.
+// the time its backend may have dropped it: deadlines are measured on a clock
+// that counts a host suspend (CLOCK_BOOTTIME on Linux), so a VM pause or a sleep
+// that outlasts a lease ends it, as the server's own clock does. [Do] runs a
+// function under a lease and cancels its context the moment the lease is lost.
 package dlock
 
 import (
@@ -40,11 +42,11 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock/backend"
-	_ "github.com/dlock-go/dlock/internal/memlock" // registers mem://
+	"github.com/dlock-go/dlock/internal/clock"
 )
 
 // Token is a fencing token: strictly increasing per key across successive
-// grants, on backends whose Capabilities().Fencing is backend.FencingStrict.
+// grants, on backends whose Capabilities().Fencing is FencingStrict.
 // It is never 0 on a backend that fences. Send it with every write to the
 // protected resource, and have the resource reject tokens lower than the
 // highest it has seen (see package fencing).
@@ -65,7 +67,7 @@ type Locker interface {
 	TryAcquire(ctx context.Context, key string, opts ...Option) (*Lease, error)
 
 	// Capabilities says what this backend guarantees.
-	Capabilities() backend.Capabilities
+	Capabilities() Capabilities
 
 	// Close releases every lease the Locker holds, stops its keepalive and
 	// closes the driver. In-flight Acquire calls return ErrClosed. Calls after
@@ -139,6 +141,7 @@ func driverName(d backend.Driver) string {
 // once, over a thin driver.
 type locker struct {
 	drv     backend.Driver
+	clk     clock.Clock // counts a host suspend; every lease deadline is on it
 	name    string
 	caps    backend.Capabilities
 	base    settings
@@ -153,13 +156,20 @@ type locker struct {
 }
 
 func newLocker(d backend.Driver, name string, s settings) *locker {
+	return newLockerClock(d, name, s, clock.System)
+}
+
+// newLockerClock is newLocker with the clock leases count on (tests simulate a
+// host suspend with one that jumps).
+func newLockerClock(d backend.Driver, name string, s settings, clk clock.Clock) *locker {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	l := &locker{
 		drv:     d,
+		clk:     clk,
 		name:    name,
 		caps:    d.Capabilities(),
 		base:    s,
-		sched:   newScheduler(),
+		sched:   newScheduler(clk),
 		closing: ctx,
 		close:   cancel,
 		leases:  map[*Lease]struct{}{},
@@ -167,7 +177,7 @@ func newLocker(d backend.Driver, name string, s settings) *locker {
 	return l
 }
 
-func (l *locker) Capabilities() backend.Capabilities { return l.caps }
+func (l *locker) Capabilities() Capabilities { return l.caps }
 
 func (l *locker) Acquire(ctx context.Context, key string, opts ...Option) (*Lease, error) {
 	return l.acquire(ctx, "acquire", key, true, opts)
@@ -209,11 +219,14 @@ func (l *locker) acquire(ctx context.Context, op, key string, wait bool, opts []
 	}
 
 	called := time.Now()
+	onClock := clock.Offset(l.clk) // Grant.Start is a time.Time; the lease counts on clk
+	lost := new(lossLatch)
 	g, err := l.drv.Acquire(actx, backend.AcquireRequest{
-		Key:   key,
-		Owner: backend.NewOwnerID(),
-		TTL:   s.ttl,
-		Wait:  wait,
+		Key:    key,
+		Owner:  backend.NewOwnerID(),
+		TTL:    s.ttl,
+		Wait:   wait,
+		OnLost: lost.fire,
 	})
 	if err != nil {
 		switch {
@@ -239,7 +252,7 @@ func (l *locker) acquire(ctx context.Context, op, key string, wait bool, opts []
 	if g.Start.IsZero() {
 		g.Start = called
 	}
-	lease := newLease(l, g, s)
+	lease := newLease(l, g, s, onClock(g.Start))
 
 	l.mu.Lock()
 	if l.closed {
@@ -250,6 +263,7 @@ func (l *locker) acquire(ctx context.Context, op, key string, wait bool, opts []
 	l.leases[lease] = struct{}{}
 	l.mu.Unlock()
 	lease.start()
+	lost.attach(lease)
 	return lease, nil
 }
 

@@ -13,7 +13,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
-	"github.com/dlock-go/dlock/internal/memlock"
+	"github.com/dlock-go/dlock/memlock"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -228,7 +228,7 @@ func TestOpenErrors(t *testing.T) {
 		{"mem://?ttl=0s", dlock.ErrInvalidOption, []string{"ttl"}},
 		{"mem://?ttl=banana", dlock.ErrInvalidOption, []string{"ttl"}},
 		{"mem://?autorenew=maybe", dlock.ErrInvalidOption, []string{"autorenew"}},
-		{"mem://?colour=blue", nil, []string{`unknown DSN parameter "colour"`}},
+		{"mem://?colour=blue", dlock.ErrInvalidOption, []string{`unknown DSN parameter "colour"`}},
 		{"", dlock.ErrInvalidOption, []string{"empty DSN"}},
 		{"redis://user:s3cret@host:notaport/0", dlock.ErrInvalidOption, []string{"malformed DSN"}},
 		{"://user:s3cret@host", dlock.ErrInvalidOption, []string{"malformed DSN"}},

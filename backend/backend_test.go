@@ -62,11 +62,17 @@ func TestParams(t *testing.T) {
 	}
 	p.String("extra", "")
 	p.Int("bad", 5, 2, 9)
-	err := p.Done("prefix", "ttl")
+	err := p.Done()
 	if err == nil {
 		t.Fatal("Done: nil error with an unknown parameter")
 	}
-	for _, want := range []string{`"tll"`, `known: prefix, ttl`, `"extra" given 2 times`, `bad="1"`} {
+	if !errors.Is(err, backend.ErrInvalidOption) {
+		t.Errorf("Done error %q does not match ErrInvalidOption", err)
+	}
+	// The known names are those the getters were asked for, absent ones
+	// included, and the portable ones.
+	const known = `known: absent, autorenew, bad, drift, extra, n, on, prefix, ttl)`
+	for _, want := range []string{`"tll"`, known, `"extra" given 2 times`, `bad="1"`} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("Done error %q lacks %q", err, want)
 		}
@@ -74,8 +80,12 @@ func TestParams(t *testing.T) {
 	u2, _ := url.Parse("x://h/?ttl=-1s")
 	p2 := backend.NewParams(u2)
 	p2.Duration("ttl", time.Second)
-	if err := p2.Done(); err == nil || !strings.Contains(err.Error(), "positive duration") {
+	if err := p2.Done(); err == nil || !strings.Contains(err.Error(), "positive duration") || !errors.Is(err, backend.ErrInvalidOption) {
 		t.Errorf("negative duration: %v", err)
+	}
+	u3, _ := url.Parse("x://h/?bogus=1")
+	if err := backend.NewParams(u3).Done(); !errors.Is(err, backend.ErrInvalidOption) || !strings.Contains(err.Error(), `unknown DSN parameter "bogus" (known: autorenew, ttl)`) {
+		t.Errorf("a parameter no getter read: %v", err)
 	}
 }
 

@@ -31,6 +31,11 @@ var (
 	// owner no longer holds the lock: it expired, was deleted behind the driver's
 	// back, or the session that held it ended.
 	ErrNotHeld = errors.New("lock no longer held by this owner")
+
+	// ErrInvalidOption is wrapped by every error about a DSN parameter or
+	// option (Params.Done returns one). It is the same value as
+	// dlock.ErrInvalidOption, so applications match either.
+	ErrInvalidOption = errors.New("invalid option")
 )
 
 // Driver is implemented by each backend. Package dlock serialises nothing on a
@@ -101,6 +106,16 @@ type AcquireRequest struct {
 
 	// Wait selects between one attempt (false) and waiting until granted (true).
 	Wait bool
+
+	// OnLost is set by dlock. A driver that learns the lock granted by this
+	// Acquire is gone before its validity ends (a session expired, a watch saw
+	// the key deleted, the connection holding it died) calls OnLost with the
+	// cause, from whatever goroutine learned it: one watcher serving many
+	// grants needs no goroutine per grant. OnLost never blocks; calls after the
+	// first, and calls for a grant that was never returned, are ignored. It is
+	// the goroutine-free alternative to Grant.Lost: a driver uses one or the
+	// other.
+	OnLost func(cause error)
 }
 
 // Grant is a lock a driver has granted. The driver fills it in; dlock reads it
@@ -128,6 +143,8 @@ type Grant struct {
 	// Lost, if non-nil, is closed by the driver when the backend reports that the
 	// lock is gone before its validity ends (a session-bound backend's session
 	// expired or its connection died). dlock then closes the lease's Done at once.
+	// dlock watches it with one goroutine per lease; a driver that holds many
+	// leases calls AcquireRequest.OnLost instead.
 	Lost <-chan struct{}
 
 	// Data is driver-private state (a session, a node path, a revision).
@@ -217,7 +234,8 @@ type Capabilities struct {
 	PushWait bool
 
 	// LossNotify is true if the backend reports a lost lock as it happens
-	// (Grant.Lost), rather than only at the next refresh or at the deadline.
+	// (AcquireRequest.OnLost or Grant.Lost), rather than only at the next
+	// refresh or at the deadline.
 	LossNotify bool
 }
 

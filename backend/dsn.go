@@ -196,8 +196,9 @@ func SplitHosts(list, defaultPort string) ([]string, error) {
 //
 // Parameters may appear at most once.
 type Params struct {
-	v    url.Values
-	errs []error
+	v     url.Values
+	errs  []error
+	asked []string // every name a getter was asked for, present or not: the known parameters
 }
 
 // NewParams reads the query of u.
@@ -206,6 +207,9 @@ func NewParams(u *url.URL) *Params {
 }
 
 func (p *Params) take(name string) (string, bool) {
+	if !slices.Contains(p.asked, name) {
+		p.asked = append(p.asked, name)
+	}
 	vs, ok := p.v[name]
 	if !ok {
 		return "", false
@@ -290,10 +294,19 @@ func (p *Params) Rest() url.Values {
 	return r
 }
 
-// Done returns an error describing every malformed parameter and every
-// parameter that was never read, naming them (values are not repeated: they may
-// be secrets). known lists the parameters the driver accepts, for the message.
-func (p *Params) Done(known ...string) error {
+// PortableParams are the DSN parameters package dlock reads for every backend
+// before the driver sees the DSN. Done names them among the known parameters.
+var PortableParams = []string{"ttl", "autorenew"}
+
+// Done returns nil if every parameter was well formed and read. Otherwise it
+// returns an error wrapping ErrInvalidOption that describes every malformed
+// parameter and every parameter that was never read, naming them (values are
+// not repeated: they may be secrets), and listing the known ones: every name
+// a getter was asked for, and PortableParams.
+//
+// Call it after the driver's last getter (and after Rest, for a driver that
+// hands the remaining parameters on to its client library).
+func (p *Params) Done() error {
 	errs := p.errs
 	if len(p.v) > 0 {
 		unknown := make([]string, 0, len(p.v))
@@ -306,13 +319,17 @@ func (p *Params) Done(known ...string) error {
 			msg += "s"
 		}
 		msg += " " + strings.Join(quoteAll(unknown), ", ")
-		if len(known) > 0 {
-			known = slices.Sorted(slices.Values(known))
-			msg += " (known: " + strings.Join(known, ", ") + ")"
-		}
+		known := slices.Sorted(slices.Values(append(slices.Clone(p.asked), PortableParams...)))
+		msg += " (known: " + strings.Join(slices.Compact(known), ", ") + ")"
 		errs = append(errs, errors.New(msg))
 	}
-	return errors.Join(errs...)
+	switch len(errs) {
+	case 0:
+		return nil
+	case 1:
+		return fmt.Errorf("%w: %w", ErrInvalidOption, errs[0])
+	}
+	return fmt.Errorf("%w: %w", ErrInvalidOption, errors.Join(errs...))
 }
 
 func quoteAll(s []string) []string {

@@ -1,109 +1,3 @@
-// Package etcd is dlock's driver for etcd v3, through go.etcd.io/etcd/client/v3.
-// Importing it registers the DSN schemes "etcd" and "etcds" (TLS) with
-// dlock.Open:
-//
-//	import _ "github.com/dlock-go/dlock/etcd"
-//
-//	locker, err := dlock.Open(ctx, "etcd://10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379/locks?ttl=10s")
-//
-// To use a *clientv3.Client built in code, call [New] or [NewDriver].
-//
-// # What is guaranteed
-//
-// etcd is a Raft cluster: a lock survives the loss of a minority of its
-// members, and a granted lock is committed to a majority before anyone is told.
-//
-// A lock is a key attached to an etcd lease. The server deletes the key when
-// the lease expires, on its own clock: a holder that stops renewing loses the
-// lock after its TTL. Each grant has its own lease (a lease is reused by later
-// grants of the same driver once released, never shared by two grants at once),
-// so a lease that is not renewed — auto-renew off, a paused or crashed process —
-// really expires.
-//
-// The fencing token is the create revision of the holder's key: etcd's
-// cluster-wide revision, which strictly increases with every write and
-// survives restarts, leader changes and compaction. Tokens therefore strictly
-// increase per key across every grant, release, expiry and failover
-// ([backend.FencingStrict]).
-//
-// Waiters queue in the order their keys were created and each watches only its
-// predecessor's key ([backend.Capabilities] FIFO and PushWait; no thundering
-// herd). A watch is started in sync with the server (not from a past revision,
-// which etcd serves from a catch-up loop that runs every 100ms), and the
-// predecessor is checked again once the watch is in place, so no deletion is
-// missed and a hand-off takes a few round trips, not 100ms. (etcd before 3.5,
-// such as Debian 12's 3.4, still puts some of those watches on the slow path
-// under heavy write load; against such a cluster a waiter opens a second watch
-// a round trip after the first.) A waiter renews its own lease every TTL/3, so
-// a long wait keeps its place in the queue; if its lease is lost anyway,
-// Acquire returns an error.
-//
-// Refresh renews the lease (one keep-alive request) and checks that the
-// holder's key is still there with its create revision. Release deletes the key
-// in a transaction conditional on that create revision, so a stale or retried
-// release can never delete a newer holder's key: it reports the loss instead
-// (dlock.ErrLeaseLost). Validity is counted from the moment the grant or
-// keep-alive request was sent, less backend.DriftAllowance, on the monotonic
-// clock; dlock ends the lease at that deadline unless a renewal succeeds.
-// Besides, a held key is watched (from 20ms after the grant, so short leases
-// cost no watch), and its deletion — lease expired or revoked, key deleted
-// by hand — closes Grant.Lost at once (LossNotify). clientv3's Session.Done is
-// not used: it can fire late under a partition.
-//
-// # TTLs
-//
-// etcd lease TTLs are whole seconds with a server minimum (2s with the default
-// election timeout of 1s). The driver rounds a TTL up to whole seconds; the
-// server may raise it to its minimum; the lease's deadline is computed from
-// the TTL the server granted, so it is never shorter than asked for and never
-// longer than the truth. A TTL ≤ 0 is an error (clientv3 would silently make
-// it 60s).
-//
-// A lease survives the loss of the cluster's leader only if it can be renewed
-// in time: the last renewal may be TTL/3 old when the leader fails, and
-// electing a new one takes 2–3s with etcd's default 1s election timeout. Keep
-// two thirds of the TTL above that: at least 5s by default (dlock's default
-// TTL is 15s).
-//
-// # Key layout and interoperability
-//
-// For dlock key K and prefix P (default "/dlock"), the lock's name is
-//
-//	P/E(K)
-//
-// where E escapes '%', '/', the control bytes 0x00–0x1F and 0x7F as "%XX"
-// (upper-case hex, as in URLs) and keeps every other byte, so that the mapping
-// is injective and the name has no '/' of its own: "jobs/nightly" becomes
-// "/dlock/jobs%2Fnightly" ([LockName]). Holders and waiters are the keys
-//
-//	P/E(K)/<lease ID in hex>
-//
-// each attached to its lease; the one with the lowest create revision holds
-// the lock. This is exactly the layout of etcd's own concurrency.Mutex and of
-// `etcdctl lock`, so dlock clients, `etcdctl lock /dlock/jobs%2Fnightly` and
-// Go programs using concurrency.NewMutex(session, "/dlock/jobs%2Fnightly")
-// exclude each other and queue together. Two drivers on one cluster must not
-// use nested prefixes (such as "/a" and "/a/b"), or their lock names can
-// overlap.
-//
-// # DSN
-//
-//	etcd://[user:password@]host[:port][,host[:port]...][/prefix][?param=value&...]
-//	etcds://...   the same over TLS
-//
-// A host without a port uses 2379. (Go's URL parser wants a port on the last
-// host if any host has one, and takes at most one IPv6 literal; for more, build
-// the client in code and use NewDriver.) The path is the prefix (default "/dlock", a
-// trailing '/' is dropped): "etcd://h:2379/locks" uses "/locks". User and
-// password enable etcd authentication. Parameters read by the driver:
-//
-//	dial-timeout     bound on connecting to the cluster (default 5s)
-//	request-timeout  bound on each request (default 5s; see Options.RequestTimeout)
-//	ca               etcds: file of PEM CA certificates (default: the system's)
-//	cert, key        etcds: files of the PEM client certificate and its key
-//
-// Parameters read by dlock for every backend: "ttl" and "autorenew". Any other
-// parameter is an error. Errors never contain the password.
 package etcd
 
 import (
@@ -367,7 +261,7 @@ func parseDSN(u *url.URL) (clientv3.Config, Options, error) {
 	}
 	cfg.DialTimeout = p.Duration("dial-timeout", DefaultDialTimeout)
 	ca, cert, key := p.String("ca", ""), p.String("cert", ""), p.String("key", "")
-	if err := p.Done("dial-timeout", "request-timeout", "ca", "cert", "key", "ttl", "autorenew"); err != nil {
+	if err := p.Done(); err != nil {
 		return cfg, o, err
 	}
 	if u.Opaque != "" {

@@ -642,3 +642,15 @@ func TestNewDriverErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// Waiters counts the keys queued behind key's holder.
+func (h *harness) Waiters(t testing.TB, key string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := h.raw.Get(ctx, etcd.LockName(testPrefix, key)+"/", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatalf("Waiters(%q): %v", key, err)
+	}
+	return max(int(resp.Count)-1, 0)
+}

@@ -46,8 +46,8 @@ type pair struct {
 func open(ctx context.Context, u *url.URL) (_ backend.Driver, err error) {
 	p := backend.NewParams(u)
 	fromDSN, toDSN, mode := p.String("from", ""), p.String("to", ""), p.String("mode", ModeMigrate)
-	if err := p.Done("from", "to", "mode", "ttl", "autorenew"); err != nil {
-		return nil, fmt.Errorf("%w: %w", dlock.ErrInvalidOption, err)
+	if err := p.Done(); err != nil {
+		return nil, err
 	}
 	if u.Host != "" || strings.Trim(u.Path, "/") != "" || u.Opaque != "" || u.User != nil {
 		return nil, fmt.Errorf("%w: a migrate DSN has no host or path: migrate://?from=OLD&to=NEW[&mode=new], with OLD and NEW URL-escaped", dlock.ErrInvalidOption)

@@ -24,7 +24,7 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 	}
 	rest := p.Rest()
 	if err := p.Done(); err != nil {
-		return nil, fmt.Errorf("%w: %w", dlock.ErrInvalidOption, err)
+		return nil, err
 	}
 	if o.Prefix == "" {
 		return nil, fmt.Errorf("%w: parameter prefix is empty (omit it for the default %q)", dlock.ErrInvalidOption, DefaultPrefix)

@@ -1,7 +1,7 @@
 // Command migrate walks a small fleet through a Redis → etcd migration, as
 // docs/MIGRATING.md describes it, against real servers:
 //
-//	go run ./examples/migrate -redis redis://127.0.0.1:6379/0 -etcd etcd://127.0.0.1:2379
+//	cd examples && go run ./migrate -redis redis://127.0.0.1:6379/0 -etcd etcd://127.0.0.1:2379
 //
 // Workers deposit into one account that checks fencing tokens (a
 // fencing.Guard), each under the lock "account/42". The program goes through

@@ -13,10 +13,10 @@
 // free ports, logs off), so nothing needs to be installed. -dsn runs the same
 // story on any backend instead.
 //
-//	go run ./examples/quickstart                        # embedded etcd, no servers to install
-//	go run ./examples/quickstart -dsn mem://            # dlock's in-process reference backend
-//	go run ./examples/quickstart -dsn redis://127.0.0.1:6379/0
-//	go run ./examples/quickstart -dsn etcd://127.0.0.1:2379/locks
+//	cd examples && go run ./quickstart                  # embedded etcd, no servers to install
+//	cd examples && go run ./quickstart -dsn mem://      # dlock's in-process reference backend
+//	cd examples && go run ./quickstart -dsn redis://127.0.0.1:6379/0
+//	cd examples && go run ./quickstart -dsn etcd://127.0.0.1:2379/locks
 package main
 
 import (
@@ -35,7 +35,8 @@ import (
 	"github.com/dlock-go/dlock"
 	_ "github.com/dlock-go/dlock/etcd" // registers etcd:// and etcds://
 	"github.com/dlock-go/dlock/fencing"
-	_ "github.com/dlock-go/dlock/redis" // registers redis:// and rediss://
+	_ "github.com/dlock-go/dlock/memlock" // registers mem:// (in-process, for -dsn mem://)
+	_ "github.com/dlock-go/dlock/redis"   // registers redis:// and rediss://
 )
 
 func main() {

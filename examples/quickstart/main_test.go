@@ -12,7 +12,7 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // The quickstart's own invariants (a stale write rejected, no deposit lost)
-// are checked by run; this runs it as `go run ./examples/quickstart` would —
+// are checked by run; this runs it as `cd examples && go run ./quickstart` would —
 // on its embedded etcd server, and on the in-process mem:// backend — with
 // short TTLs.
 func TestQuickstart(t *testing.T) {

@@ -1,12 +1,8 @@
 package testenv
 
 import (
-	"bufio"
 	"context"
-	"encoding/binary"
-	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -18,6 +14,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // Postgres is a private PostgreSQL cluster the test owns, started by
@@ -406,143 +404,58 @@ func postgresReady(ctx context.Context, addr string, pid int) error {
 	return nil
 }
 
-// pgConn is a minimal PostgreSQL protocol client (startup with trust
-// authentication and the simple query protocol), so that this package needs
-// no driver.
+// pgConn is a pgx connection as the user postgres, database postgres, with
+// the simple query protocol (so that it also works through PgBouncer in
+// transaction mode), for readiness probes and tests.
 type pgConn struct {
-	conn       net.Conn
-	rd         *bufio.Reader
+	conn       *pgx.Conn
+	ctx        context.Context // bounds every exchange until close
 	backendPID int
-	unblocked  chan struct{}
-	stop       func() bool
 }
 
 // dialPostgres connects to addr as the user postgres, database postgres.
 // ctx bounds and can cancel every exchange until close.
 func dialPostgres(ctx context.Context, addr string) (*pgConn, error) {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "tcp", addr)
+	cfg, err := pgx.ParseConfig("postgres://postgres@" + addr + "/postgres?sslmode=disable&connect_timeout=5")
 	if err != nil {
 		return nil, err
 	}
-	if dl, ok := ctx.Deadline(); ok {
-		_ = conn.SetDeadline(dl)
-	}
-	c := &pgConn{conn: conn, rd: bufio.NewReader(conn), unblocked: make(chan struct{})}
-	// A blocked read cannot see ctx: cut it short with a past deadline.
-	c.stop = context.AfterFunc(ctx, func() {
-		defer close(c.unblocked)
-		_ = conn.SetDeadline(time.Now())
-	})
-	var body []byte
-	body = binary.BigEndian.AppendUint32(body, 3<<16) // protocol 3.0
-	for _, s := range []string{"user", "postgres", "database", "postgres", ""} {
-		body = append(body, s...)
-		body = append(body, 0)
-	}
-	msg := binary.BigEndian.AppendUint32(nil, uint32(4+len(body)))
-	if _, err := conn.Write(append(msg, body...)); err != nil {
-		c.close()
+	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
 		return nil, err
 	}
-	for {
-		typ, payload, err := c.read()
-		if err != nil {
-			c.close()
-			return nil, err
-		}
-		switch typ {
-		case 'R':
-			if len(payload) < 4 || binary.BigEndian.Uint32(payload) != 0 {
-				c.close()
-				return nil, errors.New("server asks for authentication; want trust")
-			}
-		case 'K':
-			if len(payload) >= 4 {
-				c.backendPID = int(binary.BigEndian.Uint32(payload))
-			}
-		case 'E':
-			c.close()
-			return nil, pgError(payload)
-		case 'Z':
-			return c, nil
-		}
-	}
+	return &pgConn{conn: conn, ctx: ctx, backendPID: int(conn.PgConn().PID())}, nil
 }
 
-// read reads one backend message.
-func (c *pgConn) read() (byte, []byte, error) {
-	var hdr [5]byte
-	if _, err := io.ReadFull(c.rd, hdr[:]); err != nil {
-		return 0, nil, err
-	}
-	n := int(binary.BigEndian.Uint32(hdr[1:]))
-	if n < 4 || n > 1<<24 {
-		return 0, nil, fmt.Errorf("bad message length %d", n)
-	}
-	payload := make([]byte, n-4)
-	if _, err := io.ReadFull(c.rd, payload); err != nil {
-		return 0, nil, err
-	}
-	return hdr[0], payload, nil
-}
-
-// query runs sql with the simple query protocol and returns the first column
-// of every row, NULL as "".
+// query runs sql and returns the first column of every row as text, NULL as
+// "".
 func (c *pgConn) query(sql string) ([]string, error) {
-	msg := append([]byte{'Q', 0, 0, 0, 0}, sql...)
-	msg = append(msg, 0)
-	binary.BigEndian.PutUint32(msg[1:], uint32(len(msg)-1))
-	if _, err := c.conn.Write(msg); err != nil {
+	rows, err := c.conn.Query(c.ctx, sql)
+	if err != nil {
 		return nil, err
 	}
-	var rows []string
-	var qerr error
-	for {
-		typ, payload, err := c.read()
+	defer rows.Close()
+	var out []string
+	for rows.Next() {
+		vals, err := rows.Values()
 		if err != nil {
 			return nil, err
 		}
-		switch typ {
-		case 'D':
-			if len(payload) >= 6 {
-				n := int32(binary.BigEndian.Uint32(payload[2:]))
-				if n < 0 {
-					rows = append(rows, "")
-				} else if 6+int(n) <= len(payload) {
-					rows = append(rows, string(payload[6:6+n]))
-				}
-			}
-		case 'E':
-			qerr = pgError(payload)
-		case 'Z':
-			return rows, qerr
+		v := ""
+		if len(vals) > 0 && vals[0] != nil {
+			v = fmt.Sprint(vals[0])
 		}
+		out = append(out, v)
 	}
+	return out, rows.Err()
 }
 
 // close ends the session and the connection.
 func (c *pgConn) close() {
-	_, _ = c.conn.Write([]byte{'X', 0, 0, 0, 4})
-	_ = c.conn.Close()
-	if !c.stop() {
-		<-c.unblocked
-	}
-}
-
-// pgError renders an ErrorResponse's severity, code and message.
-func pgError(payload []byte) error {
-	fields := map[byte]string{}
-	for len(payload) > 1 {
-		typ := payload[0]
-		end := slices.Index(payload[1:], 0)
-		if end < 0 {
-			break
-		}
-		fields[typ] = string(payload[1 : 1+end])
-		payload = payload[2+end:]
-	}
-	return fmt.Errorf("%s: %s (SQLSTATE %s)", fields['S'], fields['M'], fields['C'])
+	ctx, cancel := context.WithTimeout(context.Background(), postgresProbeTimeout)
+	defer cancel()
+	_ = c.conn.Close(ctx)
 }
 
 // PgBouncer is a pgbouncer the test owns, in front of a Postgres, started by

@@ -1,36 +1,32 @@
 package testenv
 
 import (
-	"context"
-	"fmt"
-	"strings"
+	"net"
 	"sync"
-	"sync/atomic"
 	"testing"
-
-	toxiproxy "github.com/Shopify/toxiproxy/v2"
-	"github.com/Shopify/toxiproxy/v2/stream"
-	"github.com/Shopify/toxiproxy/v2/toxics"
-	"github.com/rs/zerolog"
+	"time"
 )
 
-// Proxy is a TCP proxy between clients and one server, started by StartProxy:
-// Toxiproxy (github.com/Shopify/toxiproxy/v2) used as a library, in process,
-// with no API server. It can break the path in two ways, Blackhole and Cut,
-// and Heal it. Its methods are safe for concurrent use.
+// Proxy is a TCP proxy between clients and one server, started by
+// StartProxy, written on the standard library alone (a fault-injection
+// library such as Toxiproxy would bring its metrics and logging stacks into
+// the go.mod of dlock's root module, and so into every user's version
+// selection). It can break the path in two ways, Blackhole and Cut, and Heal
+// it. Its methods are safe for concurrent use.
 //
 // The proxy dials the server when it accepts a client, so the server sees
 // one connection per client connection, and sees it close when either the
 // client or the proxy (Cut) closes it.
 type Proxy struct {
-	p        *toxiproxy.Proxy
 	addr     string
 	upstream string
-	guard    *guardState
+	wg       sync.WaitGroup // the accept loops and every link's pumps
 
-	mu    sync.Mutex // serializes Blackhole, Cut, Heal and the cleanup
+	mu    sync.Mutex // serializes Blackhole, Cut, Heal, the cleanup and the state below
 	state proxyState
-	hold  *holdState // the blackhole's state while it is in place
+	ln    net.Listener       // nil while Cut or stopped
+	links map[*link]struct{} // the connections through the proxy
+	open  chan struct{}      // closed while bytes flow; open (blocking) while blackholed
 }
 
 type proxyState int
@@ -42,39 +38,128 @@ const (
 	proxyStopped
 )
 
-// proxyServer is the Toxiproxy "API server" that proxies need for their
-// logger and metrics; no HTTP server is started. Its logger discards
-// everything and it collects no metrics.
-var proxyServer = toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
+// link is one client connection and the server connection dialed for it.
+type link struct {
+	client, server net.Conn
+	once           sync.Once
+	closed         chan struct{} // closed by close
+}
 
-// proxySeq numbers proxies, to name them and their blackholes.
-var proxySeq atomic.Int64
+func (l *link) close() {
+	l.once.Do(func() {
+		close(l.closed)
+		_ = l.client.Close()
+		_ = l.server.Close()
+	})
+}
+
+// flowing is a closed channel: the open state of the gate.
+var flowing = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
+
+// proxyDialTimeout bounds the dial to the server for one accepted client.
+const proxyDialTimeout = 5 * time.Second
 
 // StartProxy starts a Proxy on a free 127.0.0.1 port that forwards every
 // connection to upstream ("host:port"), and stops it in t.Cleanup (closing
 // every connection through it). It fails the test if it cannot listen.
 func StartProxy(t testing.TB, upstream string) *Proxy {
 	t.Helper()
-	n := proxySeq.Add(1)
-	p := toxiproxy.NewProxy(proxyServer, fmt.Sprintf("dlock-testenv-%d", n), "127.0.0.1:0", upstream)
-	g := newGuardState(n)
-	for _, dir := range []string{"upstream", "downstream"} {
-		body := fmt.Sprintf(`{"name":%q,"type":%q,"stream":%q,"toxicity":1,"attributes":{"id":%d}}`,
-			"guard_"+dir, guardToxicType, dir, n)
-		if _, err := p.Toxics.AddToxicJson(strings.NewReader(body)); err != nil {
-			g.release()
-			t.Fatalf("testenv: StartProxy(%s): adding the %s guard: %v", upstream, dir, err)
-		}
-	}
-	if err := p.Start(); err != nil {
-		g.release()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
 		t.Fatalf("testenv: StartProxy(%s): %v", upstream, err)
 	}
-	// Start has rewritten p.Listen to the port it got; Heal after Cut
-	// listens on that port again. Read it while no goroutine writes it.
-	px := &Proxy{p: p, addr: p.Listen, upstream: upstream, guard: g}
-	t.Cleanup(px.stop)
-	return px
+	p := &Proxy{addr: ln.Addr().String(), upstream: upstream, links: map[*link]struct{}{}, open: flowing}
+	p.serve(ln)
+	t.Cleanup(p.stop)
+	return p
+}
+
+// serve runs an accept loop on ln; p.mu is held or p is not shared yet.
+func (p *Proxy) serve(ln net.Listener) {
+	p.ln = ln
+	p.wg.Add(1)
+	go func() { // owned by p: ends when ln is closed (Cut, stop)
+		defer p.wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.DialTimeout("tcp", p.upstream, proxyDialTimeout)
+			if err != nil {
+				_ = c.Close() // the server is down: so is the path
+				continue
+			}
+			l := &link{client: c, server: s, closed: make(chan struct{})}
+			p.mu.Lock()
+			if p.ln != ln { // Cut or stopped since the accept
+				p.mu.Unlock()
+				l.close()
+				continue
+			}
+			p.links[l] = struct{}{}
+			p.wg.Add(2)
+			p.mu.Unlock()
+			go p.pump(l, s, c) // owned by p, through l: ends when l closes
+			go p.pump(l, c, s)
+		}
+	}()
+}
+
+// pump copies src to dst. Each chunk read waits at the gate before it is
+// written, so a blackhole holds it (and, as the pump reads no more, TCP flow
+// control stops the sender); the end of src is held the same way, then
+// closes the link: each side sees the other close, as TCP would deliver it.
+func (p *Proxy) pump(l *link, dst, src net.Conn) {
+	defer p.wg.Done()
+	defer p.forget(l)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			if !p.pass(l) {
+				return
+			}
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			p.pass(l) // a close is held by a blackhole too
+			return
+		}
+	}
+}
+
+// pass waits until bytes may flow, and reports false if the link closed
+// meanwhile (Cut, stop).
+func (p *Proxy) pass(l *link) bool {
+	for {
+		p.mu.Lock()
+		gate := p.open
+		p.mu.Unlock()
+		select {
+		case <-l.closed:
+			return false
+		case <-gate:
+			// The gate may have been replaced (a new Blackhole) between the
+			// read above and now; look again unless it is still the same.
+			p.mu.Lock()
+			same := p.open == gate
+			p.mu.Unlock()
+			if same {
+				return true
+			}
+		}
+	}
+}
+
+// forget closes l and drops it from the proxy's set.
+func (p *Proxy) forget(l *link) {
+	l.close()
+	p.mu.Lock()
+	delete(p.links, l)
+	p.mu.Unlock()
 }
 
 // Addr returns the address clients connect to, "127.0.0.1:PORT". It stays
@@ -100,21 +185,11 @@ func (p *Proxy) Blackhole(t testing.TB) {
 	case proxyBlackholed:
 		return
 	case proxyCut:
-		p.restart(t)
+		p.listenAgain(t, "Blackhole")
 	case proxyStopped:
 		t.Fatalf("testenv: Blackhole: proxy %s is stopped", p.addr)
 	}
-	h := newHoldState()
-	for _, dir := range []string{"upstream", "downstream"} {
-		body := fmt.Sprintf(`{"name":%q,"type":%q,"stream":%q,"toxicity":1,"attributes":{"id":%d}}`,
-			"blackhole_"+dir, holdToxicType, dir, h.id)
-		if _, err := p.p.Toxics.AddToxicJson(strings.NewReader(body)); err != nil {
-			h.release()
-			p.removeToxics()
-			t.Fatalf("testenv: Blackhole %s: adding the %s toxic: %v", p.addr, dir, err)
-		}
-	}
-	p.hold = h
+	p.open = make(chan struct{})
 	p.state = proxyBlackholed
 }
 
@@ -132,23 +207,23 @@ func (p *Proxy) Cut(t testing.TB) {
 	case proxyStopped:
 		t.Fatalf("testenv: Cut: proxy %s is stopped", p.addr)
 	}
-	p.close()
+	p.closeLocked()
 	p.state = proxyCut
 }
 
-// close stops the listener and closes every connection, dropping what a
-// blackhole holds, and removes the blackhole.
-func (p *Proxy) close() {
-	if p.hold != nil {
-		// The blackhole toxics now discard what they hold and read, so
-		// that every pipeline goroutine can see its connection close.
-		p.hold.drop()
+// closeLocked stops listening and closes every link, dropping what a
+// blackhole holds; the gate is open again for whatever comes next.
+func (p *Proxy) closeLocked() {
+	if p.ln != nil {
+		_ = p.ln.Close()
+		p.ln = nil
 	}
-	p.p.Stop()
-	if p.hold != nil {
-		p.removeToxics()
-		p.hold.release()
-		p.hold = nil
+	for l := range p.links {
+		l.close()
+	}
+	if p.open != flowing {
+		close(p.open)
+		p.open = flowing
 	}
 }
 
@@ -162,46 +237,37 @@ func (p *Proxy) Heal(t testing.TB) {
 	defer p.mu.Unlock()
 	switch p.state {
 	case proxyBlackholed:
-		p.removeToxics()
-		p.hold.release()
-		p.hold = nil
+		close(p.open)
+		p.open = flowing
 	case proxyCut:
-		p.restart(t)
+		p.listenAgain(t, "Heal")
 	case proxyStopped:
 		t.Fatalf("testenv: Heal: proxy %s is stopped", p.addr)
 	}
 	p.state = proxyOpen
 }
 
-// restart listens again after a Cut.
-func (p *Proxy) restart(t testing.TB) {
+// listenAgain listens on the proxy's address after a Cut; p.mu is held.
+func (p *Proxy) listenAgain(t testing.TB, op string) {
 	t.Helper()
-	if err := p.p.Start(); err != nil {
-		t.Fatalf("testenv: Heal: proxy %s cannot listen again: %v", p.addr, err)
+	ln, err := net.Listen("tcp", p.addr)
+	if err != nil {
+		t.Fatalf("testenv: %s: proxy %s cannot listen again: %v", op, p.addr, err)
 	}
+	p.serve(ln)
 	p.state = proxyOpen
 }
 
-// removeToxics removes the blackhole toxics (those that exist).
-func (p *Proxy) removeToxics() {
-	for _, dir := range []string{"upstream", "downstream"} {
-		// ErrToxicNotFound only, when adding failed half way.
-		_ = p.p.Toxics.RemoveToxic(context.Background(), "blackhole_"+dir)
-	}
-}
-
-// stop is the cleanup: it closes everything for good, and lets the guards
-// discard what no writer will take any more, so that every pipeline
-// goroutine ends.
+// stop is the cleanup: it closes everything for good and waits for every
+// goroutine of the proxy.
 func (p *Proxy) stop() {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	if p.state != proxyStopped {
-		p.guard.stop()
-		p.close()
-		p.guard.release()
+		p.closeLocked()
 		p.state = proxyStopped
 	}
+	p.mu.Unlock()
+	p.wg.Wait()
 }
 
 // Proxies is a set of proxies broken and healed together: the path from one
@@ -251,185 +317,3 @@ func (ps Proxies) Heal(t testing.TB) {
 		p.Heal(t)
 	}
 }
-
-// holdToxicType is the Toxiproxy toxic type of a blackhole.
-const holdToxicType = "dlock_testenv_hold"
-
-func init() { toxics.Register(holdToxicType, new(holdToxic)) }
-
-// holdToxic passes nothing and closes nothing: it does not read its input,
-// so the toxic before it in the pipeline blocks, then the proxy stops
-// reading the socket, and TCP flow control stops the sender. Removing it
-// (Heal) lets the held bytes through. Toxiproxy's own timeout toxic with
-// timeout 0 drops the bytes instead, and closes the connection when it is
-// removed, which is not a partition that heals.
-//
-// Toxiproxy creates toxics from JSON, so the toxic finds its Proxy's state
-// through the ID it is created with.
-type holdToxic struct {
-	ID int64 `json:"id"`
-}
-
-// Pipe holds the stream until the toxic is interrupted (removed), or, once
-// the state's drop channel is closed (Cut), discards it until it ends.
-func (h *holdToxic) Pipe(stub *toxics.ToxicStub) {
-	st := lookupHoldState(h.ID)
-	if st == nil { // released: the blackhole is being removed
-		<-stub.Interrupt
-		return
-	}
-	select {
-	case <-stub.Interrupt:
-		return
-	case <-st.dropped:
-	}
-	for {
-		select {
-		case <-stub.Interrupt:
-			return
-		case c := <-stub.Input:
-			if c == nil {
-				stub.Close()
-				return
-			}
-		}
-	}
-}
-
-// holdState is shared by the two toxics of one blackhole.
-type holdState struct {
-	id      int64
-	dropped chan struct{} // closed by drop
-}
-
-var holdStates sync.Map // int64 → *holdState
-
-var holdSeq atomic.Int64
-
-func newHoldState() *holdState {
-	h := &holdState{id: holdSeq.Add(1), dropped: make(chan struct{})}
-	holdStates.Store(h.id, h)
-	return h
-}
-
-func lookupHoldState(id int64) *holdState {
-	if v, ok := holdStates.Load(id); ok {
-		return v.(*holdState)
-	}
-	return nil
-}
-
-func (h *holdState) drop()    { close(h.dropped) }
-func (h *holdState) release() { holdStates.Delete(h.id) }
-
-// guardToxicType is the Toxiproxy toxic type of a guard.
-const guardToxicType = "dlock_testenv_guard"
-
-func init() { toxics.Register(guardToxicType, new(guardToxic)) }
-
-// guardToxic passes everything through, like Toxiproxy's hidden noop toxic,
-// but never blocks for good. Every proxy has one in each direction, first in
-// the chain after the noop toxic, so it is the stage that hands the data to
-// the goroutine writing it out (or to a blackhole). That goroutine ends when
-// its connection fails (a server that closed the connection while the
-// client was still sending), and Toxiproxy's own stages then block forever
-// on their next chunk: a goroutine leak, and a hang of the next Blackhole or
-// Heal, which interrupts that stage and waits for it. The guard instead
-// returns at once when interrupted, keeping the chunk it could not hand on
-// for its next run (per-connection state), and once the proxy is stopped it
-// discards everything until its input ends.
-type guardToxic struct {
-	ID int64 `json:"id"`
-}
-
-// guardPending is the per-connection state of a guard: the chunk it could
-// not hand on before it was interrupted.
-type guardPending struct {
-	chunk *stream.StreamChunk
-}
-
-// NewState implements toxics.StatefulToxic.
-func (g *guardToxic) NewState() interface{} { return new(guardPending) }
-
-// Pipe implements toxics.Toxic.
-func (g *guardToxic) Pipe(stub *toxics.ToxicStub) {
-	pending, _ := stub.State.(*guardPending)
-	if pending == nil {
-		pending = new(guardPending)
-	}
-	var stopped <-chan struct{}
-	if st := lookupGuardState(g.ID); st != nil {
-		stopped = st.stopped
-	} else {
-		stopped = closedChan // released: the proxy is stopped
-	}
-	for {
-		if c := pending.chunk; c != nil {
-			select {
-			case stub.Output <- c:
-				pending.chunk = nil
-			case <-stub.Interrupt:
-				return // c stays pending
-			case <-stopped:
-				pending.chunk = nil
-				g.drain(stub)
-				return
-			}
-		}
-		select {
-		case <-stub.Interrupt:
-			return
-		case <-stopped:
-			g.drain(stub)
-			return
-		case c := <-stub.Input:
-			if c == nil {
-				stub.Close()
-				return
-			}
-			pending.chunk = c
-		}
-	}
-}
-
-// drain discards the input until it ends (or the guard is interrupted).
-func (g *guardToxic) drain(stub *toxics.ToxicStub) {
-	for {
-		select {
-		case <-stub.Interrupt:
-			return
-		case c := <-stub.Input:
-			if c == nil {
-				stub.Close()
-				return
-			}
-		}
-	}
-}
-
-// closedChan is a closed channel.
-var closedChan = func() chan struct{} { c := make(chan struct{}); close(c); return c }()
-
-// guardState is shared by the two guards of one proxy.
-type guardState struct {
-	id      int64
-	stopped chan struct{} // closed by stop
-}
-
-var guardStates sync.Map // int64 → *guardState
-
-func newGuardState(id int64) *guardState {
-	g := &guardState{id: id, stopped: make(chan struct{})}
-	guardStates.Store(id, g)
-	return g
-}
-
-func lookupGuardState(id int64) *guardState {
-	if v, ok := guardStates.Load(id); ok {
-		return v.(*guardState)
-	}
-	return nil
-}
-
-func (g *guardState) stop()    { close(g.stopped) }
-func (g *guardState) release() { guardStates.Delete(g.id) }

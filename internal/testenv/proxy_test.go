@@ -10,9 +10,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/Shopify/toxiproxy/v2/stream"
-	"github.com/Shopify/toxiproxy/v2/toxics"
 )
 
 // respConn is one raw RESP connection that stays open across commands.
@@ -259,67 +256,4 @@ func TestProxies(t *testing.T) {
 	}
 	// Left blackholed: the cleanup must still stop everything (goleak in
 	// TestMain checks that the pipeline goroutines ended).
-}
-
-// The guard never blocks for good: with nobody reading its output (the
-// writer's connection failed), an interrupt still stops it at once, the
-// chunk it holds is handed on in its next run, and once the proxy is stopped
-// it discards its input until the input ends.
-func TestGuardToxicNeverBlocks(t *testing.T) {
-	const id = -1 // not a real proxy's
-	g := newGuardState(id)
-	defer g.release()
-	toxic := &toxics.ToxicWrapper{Toxic: &guardToxic{ID: id}, Type: guardToxicType, Toxicity: 1}
-	in := make(chan *stream.StreamChunk)
-	out := make(chan *stream.StreamChunk)
-	stub := toxics.NewToxicStub(in, out)
-	stub.State = (&guardToxic{}).NewState()
-	run := func() chan struct{} {
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			stub.Run(toxic)
-		}()
-		return done
-	}
-
-	done := run()
-	in <- &stream.StreamChunk{Data: []byte("a")} // taken, but nobody reads out
-	interrupted := make(chan bool, 1)
-	go func() { interrupted <- stub.InterruptToxic() }()
-	select {
-	case ok := <-interrupted:
-		if !ok {
-			t.Fatal("InterruptToxic: the stub is closed")
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the guard did not stop on interrupt while its output was blocked")
-	}
-	<-done
-
-	// The next run hands the kept chunk on first.
-	done = run()
-	select {
-	case c := <-out:
-		if string(c.Data) != "a" {
-			t.Fatalf("first chunk after the interrupt: %q, want a", c.Data)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("the kept chunk was not handed on")
-	}
-
-	// Stopped: it discards what it reads, even with nobody reading out,
-	// and ends with its input.
-	in <- &stream.StreamChunk{Data: []byte("b")}
-	g.stop()
-	in <- &stream.StreamChunk{Data: []byte("c")}
-	close(in)
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the stopped guard did not end with its input")
-	}
-	if _, ok := <-out; ok {
-		t.Fatal("the stopped guard handed on a chunk")
-	}
 }

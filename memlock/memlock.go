@@ -1,10 +1,25 @@
-// Package memlock is dlock's in-process reference driver, registered as the DSN
-// scheme "mem". Lockers opened on the same "mem://NAME" share one lock space (a
-// Store) for the life of the process; "mem://" is the store named "".
+// Package memlock is dlock's in-process driver, for tests, examples and
+// benchmarks. It is NOT a distributed lock: it excludes goroutines of one
+// process only. Two processes that each open "mem://jobs" get two separate
+// lock spaces and exclude nothing — never configure it in production.
 //
-// It claims every capability a driver can have except fault tolerance — strict
-// tokens, FIFO hand-off, push-based waiting, immediate loss notification — so
-// that the conformance suite, which proves every claim, tests itself on it.
+// Importing the package registers the DSN scheme "mem"; nothing else does
+// (dlock's root package does not), so a stray DLOCK_DSN=mem://x in a
+// deployment fails to open with dlock.ErrUnknownScheme unless the program
+// imports memlock on purpose:
+//
+//	import _ "github.com/dlock-go/dlock/memlock"
+//
+//	locker, err := dlock.Open(ctx, "mem://tests")
+//
+// Lockers opened on the same "mem://NAME" share one lock space (a Store) for
+// the life of the process; "mem://" is the store named "". NewStore makes a
+// private one, and Store.NewDriver a driver for dlock.New.
+//
+// It claims every capability a driver can have except fault tolerance —
+// strict tokens, FIFO hand-off, push-based waiting, immediate loss
+// notification — so that the conformance suite, which proves every claim,
+// tests itself on it: it is the reference implementation of the contract.
 package memlock
 
 import (
@@ -67,6 +82,13 @@ type waiter struct {
 	owner string
 	ttl   time.Duration
 	grant chan *backend.Grant // buffered(1): the hand-off
+}
+
+// Waiters returns how many Acquire calls wait for key.
+func (s *Store) Waiters(key string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.queues[key])
 }
 
 // NewStore returns an empty, private store.

@@ -1,0 +1,24 @@
+// Package etcd is dlock's driver for etcd v3, through go.etcd.io/etcd/client/v3.
+// Importing it registers the DSN schemes "etcd" and "etcds" (TLS) with
+// dlock.Open:
+//
+//	import _ "github.com/dlock-go/dlock/etcd"
+//
+//	locker, err := dlock.Open(ctx, "etcd://10.0.0.1:2379,10.0.0.2:2379,10.0.0.3:2379/locks?ttl=10s")
+//
+// To use a *clientv3.Client built in code, call [New] or [NewDriver].
+//
+// A lock is a key attached to an etcd lease, in the layout of etcd's own
+// concurrency.Mutex and `etcdctl lock` ([LockName]), so they exclude each
+// other and queue together. The fencing token is the key's create revision:
+// strictly increasing per key whatever the timing ([backend.FencingStrict]).
+// Waiters queue FIFO and each watches only its predecessor; a held key is
+// watched too, so its loss ends the lease at once. The lock survives the loss
+// of a minority of members; keep the TTL at 5s or more (default 15s) so that a
+// lease survives a leader election.
+//
+// DSN: etcd://[user:password@]host[:port][,host[:port]...][/prefix], with the
+// parameters dial-timeout and request-timeout (5s each), and ca, cert and key
+// (PEM files) for etcds. docs/etcd.md in the repository has the whole
+// write-up: guarantees, TTLs, key layout, and the DSN in detail.
+package etcd

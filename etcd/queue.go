@@ -1,0 +1,352 @@
+// Acquire: the queue of keys under a lock name, and waiting for one's turn.
+
+package etcd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/dlock-go/dlock/backend"
+)
+
+// errWaiterGone means a waiting Acquire's own key vanished: its lease expired
+// or was revoked while it waited, or someone deleted the key.
+var errWaiterGone = errors.New("the waiting request's key is gone (its lease expired or was revoked)")
+
+// grant is the driver-private state of a backend.Grant (its Data).
+type grant struct {
+	key  string // the holder's etcd key: LockName + "/" + lease ID in hex
+	name string // LockName + "/": the queue's prefix
+	rev  int64  // the key's create revision: the token
+	ls   *lease
+
+	lost     chan struct{}
+	lostOnce sync.Once
+	watch    *time.Timer // starts the loss watcher lossWatchDelay after the grant
+
+	mu         sync.Mutex // guards ls.since and the fields below
+	released   bool
+	refreshing int                // Refresh calls in flight
+	stopWatch  context.CancelFunc // ends the loss watcher, once started
+}
+
+// markLost closes lost, unless the grant was released meanwhile.
+func (g *grant) markLost() {
+	g.mu.Lock()
+	released := g.released
+	g.mu.Unlock()
+	if !released {
+		g.lostOnce.Do(func() { close(g.lost) })
+	}
+}
+
+// reqCtx bounds one request by the driver's request timeout.
+func (d *Driver) reqCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, d.timeout)
+}
+
+// Acquire implements backend.Driver.
+//
+// TryAcquire (req.Wait false) is one transaction that creates the holder's
+// key only if no key exists under the lock's name: a held lock leaves nothing
+// behind. Acquire creates the key unconditionally (joining the queue) and, if
+// an older key exists, watches the next older one until it is deleted, renewing
+// its own lease meanwhile. If ctx ends, or anything fails after the key may
+// have been created, the key's lease is revoked, which deletes the key.
+func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*backend.Grant, error) {
+	ls, err := d.takeLease(ctx, req.TTL)
+	if err != nil {
+		return nil, err
+	}
+	g, err := d.enqueue(ctx, req, ls)
+	if err != nil && isLeaseNotFound(err) {
+		// An idle lease expired or was revoked behind our back: it has no key.
+		// Try once more with a new one.
+		if ls, err = d.grantLease(ctx, ls.ask); err != nil {
+			return nil, err
+		}
+		g, err = d.enqueue(ctx, req, ls)
+	}
+	for req.Wait && errors.Is(err, errWaiterGone) && ctx.Err() == nil {
+		// The waiting key's lease was revoked or expired behind its back
+		// (an old leader resuming from a pause revokes leases it saw
+		// expire: etcd issue 15247). A waiter holds nothing: queue again,
+		// at the back, with a new lease, and keep waiting until ctx ends.
+		if ls, err = d.grantLease(ctx, ls.ask); err != nil {
+			return nil, err
+		}
+		g, err = d.enqueue(ctx, req, ls)
+	}
+	return g, err
+}
+
+// enqueue makes one attempt with ls, and waits if req.Wait.
+func (d *Driver) enqueue(ctx context.Context, req backend.AcquireRequest, ls *lease) (*backend.Grant, error) {
+	name := LockName(d.prefix, req.Key) + "/"
+	key := name + strconv.FormatInt(int64(ls.id), 16)
+	put := clientv3.OpPut(key, req.Owner, clientv3.WithLease(ls.id))
+	rctx, cancel := d.reqCtx(ctx)
+	var resp *clientv3.TxnResponse
+	var err error
+	if !req.Wait {
+		resp, err = d.cli.Txn(rctx).
+			If(clientv3.Compare(clientv3.CreateRevision(name), "=", 0).WithPrefix()).
+			Then(put).
+			Commit()
+	} else {
+		// The put runs first, so the newest two keys are ours and our
+		// predecessor's (if any).
+		resp, err = d.cli.Txn(rctx).
+			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+			Then(put, clientv3.OpGet(name, clientv3.WithPrefix(),
+				clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(2))).
+			Commit()
+	}
+	cancel()
+	if err != nil {
+		if isLeaseNotFound(err) {
+			return nil, err // nothing was written
+		}
+		// The key may have been created: revoking the lease deletes it.
+		d.revoke(ls)
+		return nil, fmt.Errorf("acquire %s: %w", name, err)
+	}
+	if !resp.Succeeded {
+		if !req.Wait {
+			d.putLease(ls)
+			return nil, backend.ErrHeld
+		}
+		d.revoke(ls)
+		return nil, fmt.Errorf("acquire %s: key %s already exists", name, key)
+	}
+	g := &grant{key: key, name: name, rev: resp.Header.Revision, ls: ls, lost: make(chan struct{})}
+	if req.Wait {
+		kvs := resp.Responses[1].GetResponseRange().Kvs
+		if len(kvs) == 0 || kvs[0].CreateRevision != g.rev {
+			d.revoke(ls)
+			return nil, fmt.Errorf("acquire %s: our key is not the newest in the queue", name)
+		}
+		if len(kvs) == 2 {
+			pred := kvs[1]
+			if err := d.waitTurn(ctx, g, string(pred.Key), pred.CreateRevision, resp.Header.Revision); err != nil {
+				// Leave no key behind, whether queued or granted meanwhile.
+				d.revoke(ls)
+				if ctx.Err() != nil {
+					return nil, ctx.Err()
+				}
+				return nil, fmt.Errorf("acquire %s: %w", name, err)
+			}
+		}
+	}
+	return d.granted(req, g)
+}
+
+// granted schedules the loss watcher of g and returns the backend grant.
+func (d *Driver) granted(req backend.AcquireRequest, g *grant) (*backend.Grant, error) {
+	d.mu.Lock()
+	closed := d.closed
+	d.mu.Unlock()
+	if closed {
+		d.revoke(g.ls)
+		return nil, errClosed
+	}
+	// Start is now: a waiter became the holder when its predecessor's key
+	// was deleted, after its lease's last renewal, and the lease's start is
+	// not when the lock became this owner's. The validity is what is left of
+	// the lease's, so the deadline is the lease's all the same.
+	g.mu.Lock()
+	since, ttl := g.ls.since, g.ls.ttl
+	g.mu.Unlock()
+	now := time.Now()
+	validity := ttl - backend.DriftAllowance(ttl) - now.Sub(since)
+	if validity <= 0 {
+		d.revoke(g.ls)
+		return nil, fmt.Errorf("acquire %s: the request's lease (renewed %v ago, TTL %v) ran out while it waited", g.name, now.Sub(since).Round(time.Millisecond), ttl)
+	}
+	// A timer, not a goroutine: a lease released within lossWatchDelay costs
+	// neither a goroutine nor a watch.
+	g.watch = time.AfterFunc(lossWatchDelay, func() { d.startLossWatch(g) })
+	return &backend.Grant{
+		Key:      req.Key,
+		Owner:    req.Owner,
+		Token:    uint64(g.rev),
+		Start:    now,
+		Validity: validity,
+		Lost:     g.lost,
+		Data:     g,
+	}, nil
+}
+
+// waitTurn waits until g's key is the oldest under its lock name, starting
+// with pred (create revision predRev), which existed at revision seen.
+func (d *Driver) waitTurn(ctx context.Context, g *grant, pred string, predRev, seen int64) error {
+	var bo backend.Backoff
+	for {
+		if pred != "" {
+			err := d.awaitDelete(ctx, g, pred, predRev, seen)
+			switch {
+			case ctx.Err() != nil:
+				return ctx.Err()
+			case errors.Is(err, errWaiterGone):
+				return err
+			case err != nil:
+				// A watch cancelled (no leader, compaction) or a failed
+				// renewal: look again after a pause.
+				if err := backend.Sleep(ctx, bo.Next()); err != nil {
+					return err
+				}
+			}
+		}
+		if d.renewIn(g) <= 0 {
+			if err := d.renewWaiting(ctx, g); errors.Is(err, errWaiterGone) {
+				return err
+			}
+		}
+		rctx, cancel := d.reqCtx(ctx)
+		resp, err := d.cli.Txn(rctx).Then(
+			clientv3.OpGet(g.name, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(g.rev-1))...),
+			clientv3.OpGet(g.key, clientv3.WithKeysOnly()),
+		).Commit()
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			pred = ""
+			if err := backend.Sleep(ctx, bo.Next()); err != nil {
+				return err
+			}
+			continue
+		}
+		if mine := resp.Responses[1].GetResponseRange().Kvs; len(mine) == 0 || mine[0].CreateRevision != g.rev {
+			return errWaiterGone
+		}
+		older := resp.Responses[0].GetResponseRange().Kvs
+		if len(older) == 0 {
+			return nil
+		}
+		pred, predRev, seen = string(older[0].Key), older[0].CreateRevision, resp.Header.Revision
+		bo.Reset()
+	}
+}
+
+// awaitDelete returns nil once key (create revision rev), which existed at
+// revision seen, is deleted. While it waits it renews renew's lease, if renew
+// is not nil. An empty key returns nil at once.
+//
+// The watch starts at the server's current revision, so that etcd serves it
+// from its synced watcher group (a watch from a past revision waits for a
+// catch-up loop that runs every 100ms). If the server's revision has moved
+// past seen by the time the watch is in place, the key is read again: a
+// deletion in between would not reach the watch.
+//
+// On etcd servers before 3.5, a waiter (renew != nil) also opens a second
+// watch, on its own gRPC stream, once the first is in place. Those servers
+// turn "from the current revision" into "from the revision before the
+// request" and register the watch a moment later; when a write lands in
+// between, which under heavy write load happens to about 2% of watches, the
+// watch is served by the 100ms catch-up loop after all. The second watch,
+// registered a round trip later, makes a hand-off that waits for that loop a
+// rare event (both must be hit). The first watch alone guarantees that no
+// deletion is missed.
+func (d *Driver) awaitDelete(ctx context.Context, renew *grant, key string, rev, seen int64) error {
+	if key == "" {
+		return nil
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	if renew != nil {
+		// Waiters' watches: ask the member to cancel them when it loses the
+		// leader, so a partitioned member cannot stall a waiter silently. (It
+		// also keeps them on a gRPC stream apart from loss watches.)
+		wctx = clientv3.WithRequireLeader(wctx)
+	}
+	opts := []clientv3.OpOption{clientv3.WithCreatedNotify(), clientv3.WithFilterPut()}
+	wch := d.cli.Watch(wctx, key, opts...)
+	var second clientv3.WatchChan // nil until the first watch is in place
+
+	var timer *time.Timer
+	var timerC <-chan time.Time
+	if renew != nil {
+		timer = time.NewTimer(d.renewIn(renew))
+		defer timer.Stop()
+		timerC = timer.C
+	}
+	for {
+		var wr clientv3.WatchResponse
+		var ok, first bool
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-timerC:
+			if err := d.renewWaiting(ctx, renew); err != nil {
+				return err
+			}
+			timer.Reset(d.renewIn(renew))
+			continue
+		case wr, ok = <-wch:
+			first = true
+		case wr, ok = <-second:
+		}
+		if !ok {
+			if !first {
+				second = nil // the first watch still stands
+				continue
+			}
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return errors.New("watch closed")
+		}
+		if err := wr.Err(); err != nil || wr.Canceled {
+			if !first {
+				second = nil
+				continue
+			}
+			if err == nil {
+				err = errors.New("cancelled by the server")
+			}
+			return fmt.Errorf("watch %s: %w", key, err)
+		}
+		if wr.Created {
+			if !first {
+				continue
+			}
+			if wr.Header.Revision > seen {
+				gone, err := d.deleted(ctx, key, rev)
+				if err != nil || gone {
+					return err
+				}
+			}
+			if renew != nil && d.legacyWatch() {
+				second = d.cli.Watch(metadata.AppendToOutgoingContext(wctx, "dlock-watch", "second"), key, opts...)
+			}
+			continue
+		}
+		for _, ev := range wr.Events {
+			if ev.Type == mvccpb.DELETE {
+				return nil
+			}
+		}
+	}
+}
+
+// deleted reads key and reports whether its incarnation of create revision
+// rev is gone.
+func (d *Driver) deleted(ctx context.Context, key string, rev int64) (bool, error) {
+	rctx, cancel := d.reqCtx(ctx)
+	defer cancel()
+	resp, err := d.cli.Get(rctx, key, clientv3.WithKeysOnly())
+	if err != nil {
+		return false, err
+	}
+	return len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != rev, nil
+}

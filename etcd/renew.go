@@ -1,0 +1,180 @@
+// Refresh and Release, and the retries of transient errors they share.
+
+package etcd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/dlock-go/dlock/backend"
+)
+
+// Refresh implements backend.Driver: it renews the grant's lease with one
+// keep-alive request and then checks that the holder's key still exists with
+// its create revision. The lease keeps the TTL it was granted with; ttl is not
+// used. Transport failures and timeouts (a member down, a leader election) are
+// retried, on whichever member answers, until ctx is done; dlock bounds ctx by
+// the lease's deadline. A lease or key that is gone returns ErrNotHeld.
+func (d *Driver) Refresh(ctx context.Context, bg *backend.Grant, _ time.Duration) (time.Duration, error) {
+	g, ok := bg.Data.(*grant)
+	if !ok {
+		return 0, fmt.Errorf("grant of another driver (%T)", bg.Data)
+	}
+	g.mu.Lock()
+	if g.released {
+		g.mu.Unlock()
+		return 0, backend.ErrNotHeld
+	}
+	g.refreshing++
+	g.mu.Unlock()
+	defer func() {
+		g.mu.Lock()
+		g.refreshing--
+		g.mu.Unlock()
+	}()
+
+	var start time.Time
+	var resp *clientv3.LeaseKeepAliveResponse
+	err := d.retry(ctx, func(ctx context.Context) (err error) {
+		start = time.Now()
+		resp, err = d.cli.KeepAliveOnce(ctx, g.ls.id)
+		return err
+	})
+	if err != nil {
+		if isLeaseNotFound(err) {
+			g.markLost()
+			return 0, fmt.Errorf("lease %x expired or was revoked: %w", int64(g.ls.id), backend.ErrNotHeld)
+		}
+		return 0, fmt.Errorf("renew lease %x: %w", int64(g.ls.id), err)
+	}
+	ttl := time.Duration(resp.TTL) * time.Second
+	g.mu.Lock()
+	g.ls.since, g.ls.ttl = start, ttl
+	g.mu.Unlock()
+
+	var gone bool
+	err = d.retry(ctx, func(ctx context.Context) (err error) {
+		gone, err = d.deleted(ctx, g.key, g.rev)
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("check key %s: %w", g.key, err)
+	}
+	if gone {
+		g.markLost()
+		return 0, fmt.Errorf("key %s was deleted: %w", g.key, backend.ErrNotHeld)
+	}
+	return ttl - backend.DriftAllowance(ttl), nil
+}
+
+// retry calls f until it succeeds, fails with an error that is not a
+// transport failure, or ctx is done. Each attempt is bounded by a share of
+// the time ctx has left (at most the request timeout), so an attempt stuck on
+// a paused or partitioned member leaves time for another.
+func (d *Driver) retry(ctx context.Context, f func(context.Context) error) error {
+	var bo backend.Backoff
+	for {
+		limit := d.timeout
+		if dl, ok := ctx.Deadline(); ok {
+			limit = min(limit, max(time.Until(dl)/3, 200*time.Millisecond))
+		}
+		actx, cancel := context.WithTimeout(ctx, limit)
+		err := f(actx)
+		cancel()
+		if err == nil || ctx.Err() != nil || !transient(err) {
+			if err != nil && ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+				err = fmt.Errorf("%w (%w)", ctx.Err(), err)
+			}
+			return err
+		}
+		if err := backend.Sleep(ctx, bo.Next()); err != nil {
+			return err
+		}
+	}
+}
+
+// transient reports whether err is worth another attempt: a timeout of the
+// attempt, or a member that is unreachable or has no leader.
+func transient(err error) bool {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	if s, ok := status.FromError(err); ok {
+		switch s.Code() {
+		case codes.Unavailable, codes.DeadlineExceeded, codes.Internal:
+			return true
+		case codes.Unknown:
+			// A member that cannot finish a request in time answers with
+			// its context's error, which gRPC sends as Unknown: seen on
+			// keep-alives during a leader election. Retry it like a timeout.
+			return s.Message() == context.DeadlineExceeded.Error()
+		}
+	}
+	var ee rpctypes.EtcdError
+	if errors.As(err, &ee) {
+		switch ee.Code() {
+		case codes.Unavailable, codes.DeadlineExceeded:
+			return true
+		}
+	}
+	return false
+}
+
+// Release implements backend.Driver: one transaction deletes the holder's
+// key if its create revision is still the grant's, so it can never delete a
+// newer holder's key; otherwise it returns ErrNotHeld. The lease is then kept
+// for reuse, or revoked if the release failed or the key was gone.
+func (d *Driver) Release(ctx context.Context, bg *backend.Grant) error {
+	g, ok := bg.Data.(*grant)
+	if !ok {
+		return fmt.Errorf("grant of another driver (%T)", bg.Data)
+	}
+	g.mu.Lock()
+	if g.released {
+		g.mu.Unlock()
+		return backend.ErrNotHeld
+	}
+	g.released = true
+	busy := g.refreshing > 0
+	stopWatch := g.stopWatch
+	g.mu.Unlock()
+	g.watch.Stop()
+	if stopWatch != nil {
+		stopWatch()
+	}
+	select {
+	case <-g.lost:
+		busy = true // the lease may be gone; never reuse it
+	default:
+	}
+
+	rctx, cancel := d.reqCtx(ctx)
+	resp, err := d.cli.Txn(rctx).
+		If(clientv3.Compare(clientv3.CreateRevision(g.key), "=", g.rev)).
+		Then(clientv3.OpDelete(g.key)).
+		Commit()
+	cancel()
+	switch {
+	case err != nil:
+		// Whether the delete happened is unknown: revoking the lease deletes
+		// the key if it is still there.
+		d.revoke(g.ls)
+		return fmt.Errorf("release %s: %w", g.key, err)
+	case !resp.Succeeded:
+		d.revokeLater(g.ls)
+		return fmt.Errorf("key %s is gone (lease expired or revoked, or key deleted): %w", g.key, backend.ErrNotHeld)
+	case busy:
+		// A refresh in flight could renew the lease after another grant took it.
+		d.revokeLater(g.ls)
+	default:
+		d.putLease(g.ls)
+	}
+	return nil
+}

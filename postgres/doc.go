@@ -1,0 +1,21 @@
+// Package postgres is dlock's driver for PostgreSQL session advisory locks,
+// with a durable fence counter. Importing it registers the DSN schemes
+// "postgres" and "postgresql" with dlock.Open:
+//
+//	import _ "github.com/dlock-go/dlock/postgres"
+//
+//	locker, err := dlock.Open(ctx, "postgres://app:secret@db:5432/app?ttl=15s")
+//
+// To lock through a *pgxpool.Pool you already have, call [New] or [NewDriver].
+// It needs PostgreSQL 14 or later (for idle_session_timeout).
+//
+// A lock is a session advisory lock held on a connection pinned to the lease,
+// whose idle_session_timeout is the TTL, so the server frees the lock of a
+// silent holder. The token is a per-key counter in a table (default
+// dlock_fence), incremented in the statement that takes the lock and so as
+// durable as the database ([backend.FencingStrict]). Waiting happens in the
+// server and is cancelled with ctx; the end of the session is read off the
+// idle connection at once. Transaction-pooling proxies are refused
+// ([ErrTransactionPooling]). docs/postgres.md in the repository has the whole
+// write-up: connections, keys and their SQL equivalent, tokens, PgBouncer.
+package postgres
