@@ -36,27 +36,39 @@ type Lease struct {
 	ctx    context.Context // cancelled, with Err as cause, when the lease ends
 	cancel context.CancelCauseFunc
 
-	mu        sync.Mutex
-	state     leaseState
-	err       error
-	deadline  time.Time // monotonic; the lease is known held before it
-	nextRenew time.Time
-	renewing  bool
+	mu         sync.Mutex
+	state      leaseState
+	err        error
+	deadline   time.Duration // on locker.clk, which counts a host suspend; the lease is known held before it
+	deadlineAt time.Time     // deadline as a time.Time, as of the last grant or renewal
+	nextRenew  time.Duration // on locker.clk
+	renewing   bool
 }
 
-func newLease(l *locker, g *backend.Grant, s settings) *Lease {
+// newLease makes the lease for g, whose Start is start on the locker's clock.
+func newLease(l *locker, g *backend.Grant, s settings, start time.Duration) *Lease {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	lease := &Lease{
-		locker:   l,
-		grant:    g,
-		set:      s,
-		ctx:      ctx,
-		cancel:   cancel,
-		deadline: g.Start.Add(g.Validity),
+		locker: l,
+		grant:  g,
+		set:    s,
+		ctx:    ctx,
+		cancel: cancel,
 	}
-	lease.nextRenew = g.Start.Add(renewInterval(s.ttl, g.Validity))
+	lease.setDeadlineLocked(start, g.Validity)
 	return lease
 }
+
+// setDeadlineLocked records a grant or renewal sent at start (on the locker's
+// clock) with validity v.
+func (l *Lease) setDeadlineLocked(start, v time.Duration) {
+	l.deadline = start + v
+	l.deadlineAt = time.Now().Add(l.deadline - l.locker.clk.Now())
+	l.nextRenew = start + renewInterval(l.set.ttl, v)
+}
+
+// errDeadlinePassed is the cause of a lease that ran out of time.
+var errDeadlinePassed = errors.New("deadline passed without a successful renewal")
 
 // renewInterval is the time from a grant or renewal's start to the next
 // renewal: a third of the TTL, or of the validity if that is shorter, so two
@@ -80,6 +92,45 @@ func (l *Lease) start() {
 	}
 }
 
+// lossLatch carries a driver's AcquireRequest.OnLost call to the lease, which
+// does not exist yet while the driver is granting: a loss reported before the
+// lease is attached ends it the moment it is.
+type lossLatch struct {
+	mu    sync.Mutex
+	lease *Lease
+	cause error // non-nil once fired
+}
+
+func (x *lossLatch) fire(cause error) {
+	if cause == nil {
+		cause = errBackendLost
+	}
+	x.mu.Lock()
+	if x.cause != nil {
+		x.mu.Unlock()
+		return
+	}
+	x.cause = cause
+	lease := x.lease
+	x.mu.Unlock()
+	if lease != nil {
+		lease.lose(fmt.Errorf("backend reported the lock gone: %w", cause))
+	}
+}
+
+func (x *lossLatch) attach(l *Lease) {
+	x.mu.Lock()
+	x.lease = l
+	cause := x.cause
+	x.mu.Unlock()
+	if cause != nil {
+		l.lose(fmt.Errorf("backend reported the lock gone: %w", cause))
+	}
+}
+
+// errBackendLost is the cause of a loss a driver reported without one.
+var errBackendLost = errors.New("session ended")
+
 // Key returns the lock's key.
 func (l *Lease) Key() string { return l.grant.Key }
 
@@ -87,15 +138,35 @@ func (l *Lease) Key() string { return l.grant.Key }
 // for what it guarantees on this backend.
 func (l *Lease) Token() Token { return Token(l.grant.Token) }
 
+// Granted returns the local time read just before the request that won the
+// grant was sent (backend.Grant.Start), or, for a waiter woken by a watch,
+// the moment its driver learned it holds the lock: about when the lock became
+// this lease's, and earlier than Acquire returned by up to a round trip. A
+// checker that orders two holders uses it as the later holder's start, so a
+// deadline overstated by less than a round trip is still caught.
+func (l *Lease) Granted() time.Time { return l.grant.Start }
+
 // Deadline returns the local time before which the lease is known to be held:
 // the start of the latest successful grant or renewal request (the moment it was
 // sent, not answered) plus the validity the backend granted, less an allowance
-// for clock drift. The lease ends no later than this, unless renewed. It is
-// computed on the monotonic clock, so wall-clock jumps do not move it.
+// for clock drift. The lease ends no later than this, unless renewed.
+//
+// It is measured on a clock that counts time the host spends suspended
+// (CLOCK_BOOTTIME on Linux), as the lock server's own clock does, and is
+// immune to wall-clock jumps: after a VM pause or a sleep, Deadline moves
+// earlier by the suspend, and a lease whose deadline passed meanwhile reports
+// it at once through Err, and through Done at the Locker's next wake-up
+// (within a second).
 func (l *Lease) Deadline() time.Time {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.deadline
+	d, at := l.deadline, l.deadlineAt
+	l.mu.Unlock()
+	// Without a suspend since the last renewal, now+left equals at to within
+	// the time between the two readings; keep at, so that repeated calls agree.
+	if now := time.Now().Add(d - l.locker.clk.Now()); now.Before(at.Add(-time.Millisecond)) {
+		return now
+	}
+	return at
 }
 
 // Done returns a channel that is closed when the lease ends: released, expired
@@ -104,11 +175,32 @@ func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 
 // Err returns nil while the lease is held. After Done is closed it returns an
 // error matching ErrReleased if the holder released it, or ErrLeaseLost
-// (wrapping the cause) if it was lost.
+// (wrapping the cause) if it was lost. A lease whose Deadline has passed is
+// lost: Err ends it then and there, without waiting for the Locker's
+// keepalive to notice.
 func (l *Lease) Err() error {
+	l.expireIfPast()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.err
+}
+
+// expireIfPast ends a held lease whose deadline has passed. Once Close has
+// begun it only ends the lease: Close waits for its scheduler's goroutines,
+// and no clean-up release may be started under it.
+func (l *Lease) expireIfPast() {
+	l.mu.Lock()
+	past := l.state == held && l.locker.clk.Now() >= l.deadline
+	l.mu.Unlock()
+	if !past {
+		return
+	}
+	if l.locker.enter() {
+		defer l.locker.inflight.Done()
+		l.lose(errDeadlinePassed)
+	} else if l.end(held, withKind(ErrLeaseLost, errDeadlinePassed)) {
+		l.locker.sched.unschedule(l)
+	}
 }
 
 // Refresh extends the lease by its TTL now, for use when auto-renew is off (it
@@ -124,7 +216,7 @@ func (l *Lease) Refresh(ctx context.Context) error {
 		return l.heldErrOr("refresh", ErrClosed)
 	}
 	defer l.locker.inflight.Done()
-	start := time.Now()
+	start := l.locker.clk.Now()
 	v, err := l.locker.drv.Refresh(ctx, l.grant, l.set.ttl)
 	if err != nil {
 		if errors.Is(err, backend.ErrNotHeld) {
@@ -142,6 +234,7 @@ func (l *Lease) Refresh(ctx context.Context) error {
 
 // heldErr returns nil if the lease is held, else the error for op.
 func (l *Lease) heldErr(op string) error {
+	l.expireIfPast()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	switch l.state {
@@ -165,17 +258,19 @@ func (l *Lease) heldErrOr(op string, err error) error {
 	return l.locker.errorf(op, l.Key(), err)
 }
 
-// renewed records a successful renewal sent at start with validity v.
-func (l *Lease) renewed(start time.Time, v time.Duration) {
+// renewed records a successful renewal sent at start (on the locker's clock)
+// with validity v.
+func (l *Lease) renewed(start, v time.Duration) {
 	l.mu.Lock()
 	if l.state != held {
 		l.mu.Unlock()
 		return
 	}
-	if d := start.Add(v); d.After(l.deadline) {
-		l.deadline = d
+	if start+v > l.deadline {
+		l.setDeadlineLocked(start, v)
+	} else {
+		l.nextRenew = start + renewInterval(l.set.ttl, v)
 	}
-	l.nextRenew = start.Add(renewInterval(l.set.ttl, v))
 	next := l.nextEventLocked()
 	l.mu.Unlock()
 	l.locker.sched.schedule(l, next)
@@ -197,6 +292,10 @@ func (l *Lease) Release(ctx context.Context) error {
 		return l.heldErrOr("release", ErrClosed)
 	}
 	defer l.locker.inflight.Done()
+	// A lease whose deadline has passed is lost, whether or not the keepalive
+	// has noticed yet (a process resumed after a pause releases at once): the
+	// caller must learn that exclusivity may have broken.
+	l.expireIfPast()
 	l.mu.Lock()
 	if l.state != held {
 		l.mu.Unlock()
@@ -278,33 +377,35 @@ func (l *Lease) end(from leaseState, err error) bool {
 	return true
 }
 
-// nextEvent is when the scheduler must next look at the lease.
-func (l *Lease) nextEvent() time.Time {
+// nextEvent is when (on the locker's clock) the scheduler must next look at
+// the lease.
+func (l *Lease) nextEvent() time.Duration {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.nextEventLocked()
 }
 
-func (l *Lease) nextEventLocked() time.Time {
-	if l.set.autoRenew && !l.renewing && l.nextRenew.Before(l.deadline) {
+func (l *Lease) nextEventLocked() time.Duration {
+	if l.set.autoRenew && !l.renewing && l.nextRenew < l.deadline {
 		return l.nextRenew
 	}
 	return l.deadline
 }
 
-// tick is called by the scheduler at or after the lease's next event.
-func (l *Lease) tick(now time.Time) {
+// tick is called by the scheduler at or after the lease's next event; now is
+// on the locker's clock.
+func (l *Lease) tick(now time.Duration) {
 	l.mu.Lock()
 	if l.state != held {
 		l.mu.Unlock()
 		return
 	}
-	if !now.Before(l.deadline) {
+	if now >= l.deadline {
 		l.mu.Unlock()
-		l.lose(errors.New("deadline passed without a successful renewal"))
+		l.lose(errDeadlinePassed)
 		return
 	}
-	renew := l.set.autoRenew && !l.renewing && !now.Before(l.nextRenew)
+	renew := l.set.autoRenew && !l.renewing && now >= l.nextRenew
 	if renew {
 		l.renewing = true
 	}
@@ -318,11 +419,14 @@ func (l *Lease) tick(now time.Time) {
 	}
 }
 
-// autoRenew runs one keepalive renewal, which must finish before deadline.
-func (l *Lease) autoRenew(deadline time.Time) {
-	ctx, cancel := context.WithDeadline(l.ctx, deadline)
+// autoRenew runs one keepalive renewal, which must finish before deadline (on
+// the locker's clock). The scheduler ends the lease at the deadline whatever
+// the renewal's ctx says; the ctx's deadline, on Go's timers, only stops a
+// renewal that could no longer help.
+func (l *Lease) autoRenew(deadline time.Duration) {
+	start := l.locker.clk.Now()
+	ctx, cancel := context.WithTimeout(l.ctx, deadline-start)
 	defer cancel()
-	start := time.Now()
 	v, err := l.locker.drv.Refresh(ctx, l.grant, l.set.ttl)
 	l.mu.Lock()
 	l.renewing = false

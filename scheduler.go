@@ -2,8 +2,11 @@ package dlock
 
 import (
 	"container/heap"
+	"math"
 	"sync"
 	"time"
+
+	"github.com/dlock-go/dlock/internal/clock"
 )
 
 // scheduler is a Locker's one keepalive loop. It keeps every live lease in a
@@ -11,25 +14,40 @@ import (
 // its deadline) and calls Lease.tick when that time comes. Renewals themselves
 // run in short-lived goroutines it owns, so one slow backend call never delays
 // another lease's deadline. stop waits for all of them.
+//
+// Times are readings of clk, which counts a host suspend (see package
+// internal/clock). Go's timers do not, so while any lease is live the loop
+// never sleeps longer than clock.MaxSleep before reading clk again: after a
+// resume, a lease whose deadline passed during the suspend ends at the first
+// wake-up.
 type scheduler struct {
+	clk   clock.Clock
 	mu    sync.Mutex
 	items map[*Lease]*schedItem
 	queue schedHeap
-	armed time.Time     // when the loop's timer fires next; zero while the loop is busy
+	armed time.Duration // when the loop's timer fires next, on clk; idle while the loop is busy
 	wake  chan struct{} // buffered(1): an event earlier than armed was added
 	quit  chan struct{}
 	wg    sync.WaitGroup // the loop, renewals, loss watchers, clean-up releases
 	once  sync.Once
+
+	armedHook func(sleep time.Duration) // tests: called each time the loop goes to sleep
 }
 
 type schedItem struct {
 	lease *Lease
-	when  time.Time
+	when  time.Duration // on clk
 	index int
 }
 
-func newScheduler() *scheduler {
+// idle is the armed value while the loop is busy: every schedule call must then
+// be seen by the loop's next pass.
+const idle time.Duration = -1
+
+func newScheduler(clk clock.Clock) *scheduler {
 	s := &scheduler{
+		clk:   clk,
+		armed: idle,
 		items: map[*Lease]*schedItem{},
 		wake:  make(chan struct{}, 1),
 		quit:  make(chan struct{}),
@@ -40,7 +58,7 @@ func newScheduler() *scheduler {
 }
 
 // schedule sets (or moves) the lease's next event.
-func (s *scheduler) schedule(l *Lease, when time.Time) {
+func (s *scheduler) schedule(l *Lease, when time.Duration) {
 	s.mu.Lock()
 	it, ok := s.items[l]
 	if ok {
@@ -54,9 +72,9 @@ func (s *scheduler) schedule(l *Lease, when time.Time) {
 	// Wake the loop only if its timer would fire too late for this event. In a
 	// steady acquire/release loop no event is earlier than the armed timer, so
 	// scheduling costs no goroutine switch.
-	early := !s.armed.IsZero() && when.Before(s.armed)
+	early := s.armed != idle && when < s.armed
 	if early {
-		s.armed = time.Time{}
+		s.armed = idle
 	}
 	s.mu.Unlock()
 	if early {
@@ -98,28 +116,37 @@ func (s *scheduler) loop() {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
-		now := time.Now()
+		now := s.clk.Now()
 		var due []*Lease
 		s.mu.Lock()
-		for len(s.queue) > 0 && !s.queue[0].when.After(now) {
+		for len(s.queue) > 0 && s.queue[0].when <= now {
 			it := heap.Pop(&s.queue).(*schedItem)
 			delete(s.items, it.lease)
 			due = append(due, it.lease)
 		}
-		s.armed = time.Time{} // busy: every schedule call until re-armed must not be missed
+		s.armed = idle // busy: every schedule call until re-armed must not be missed
 		s.mu.Unlock()
 		for _, l := range due {
 			l.tick(now) // reschedules the lease if it is still held
 		}
 
+		// With nothing queued, sleep until woken; otherwise until the next
+		// event, but never longer than MaxSleep, so that a suspend (which Go's
+		// timer does not count) is noticed soon after the host resumes.
 		s.mu.Lock()
-		next := time.Now().Add(time.Hour)
+		now = s.clk.Now()
+		sleep, armed := time.Hour, time.Duration(math.MaxInt64)
 		if len(s.queue) > 0 {
-			next = s.queue[0].when
+			sleep = min(max(s.queue[0].when-now, 0), clock.MaxSleep)
+			armed = now + sleep
 		}
-		s.armed = next
+		s.armed = armed
+		hook := s.armedHook
 		s.mu.Unlock()
-		timer.Reset(max(time.Until(next), 0))
+		if hook != nil {
+			hook(sleep)
+		}
+		timer.Reset(sleep)
 		select {
 		case <-timer.C:
 		case <-s.wake:
@@ -133,7 +160,7 @@ func (s *scheduler) loop() {
 type schedHeap []*schedItem
 
 func (h schedHeap) Len() int           { return len(h) }
-func (h schedHeap) Less(i, j int) bool { return h[i].when.Before(h[j].when) }
+func (h schedHeap) Less(i, j int) bool { return h[i].when < h[j].when }
 func (h schedHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
 	h[i].index = i

@@ -304,7 +304,12 @@ func (s *suite) testTryAcquireHeld(t *testing.T) {
 // grant.
 func (s *suite) testWakesAfterRelease(t *testing.T) {
 	ctx := s.ctx(t)
-	a, b := s.locker(t), s.locker(t)
+	a := s.locker(t)
+	b := s.locker(t)
+	if sp, ok := s.h.(SlowPoller); ok {
+		b = sp.NewSlowPollLocker(t) // only a push can wake it within the bound
+		t.Cleanup(func() { _ = b.Close() })
+	}
 	k := key(t)
 	const ttl = 60 * time.Second
 	lease := mustAcquire(t, ctx, a, k, dlock.WithTTL(ttl))
@@ -315,9 +320,21 @@ func (s *suite) testWakesAfterRelease(t *testing.T) {
 		waited, werr = b.Acquire(ctx, k, dlock.WithTTL(ttl))
 		got <- time.Now()
 	}()
-	// No API tells when b has started waiting; give it time to. If it has not,
-	// it simply acquires after the release, which the bound below still covers.
-	time.Sleep(200 * time.Millisecond)
+	if wc, ok := s.h.(WaiterCounter); ok {
+		// The backend itself says b is waiting: a release now must wake it.
+		deadline := time.Now().Add(10 * time.Second)
+		for wc.Waiters(t, k) < 1 {
+			if time.Now().After(deadline) {
+				t.Fatalf("the backend never saw the waiter on %q", k)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	} else {
+		// No signal from the backend: give b a moment. If it has not begun
+		// waiting, it acquires after the release, and the bound proves less.
+		t.Log("harness has no WaiterCounter: the waiter is given 200ms to start waiting")
+		time.Sleep(200 * time.Millisecond)
+	}
 	select {
 	case <-got:
 		t.Fatalf("Acquire returned while the lock was held: %v", werr)
@@ -333,7 +350,7 @@ func (s *suite) testWakesAfterRelease(t *testing.T) {
 	d := at.Sub(released)
 	bound := 3 * time.Second // a fallback poll may be needed without push waits
 	if s.caps.PushWait {
-		bound = time.Second
+		bound = PushWaitBound
 	}
 	t.Logf("release → waiting Acquire granted: %v", d)
 	if d > bound {
@@ -491,7 +508,10 @@ func (s *suite) testHolderVanishes(t *testing.T) {
 	}
 	deadline := gone.Deadline()
 	lease := mustAcquire(t, ctx, b, k)
-	granted := time.Now()
+	// The new tenure began when the winning request was sent, not when
+	// Acquire returned: a deadline overstated by less than that round trip
+	// must still fail.
+	granted := lease.Granted()
 	defer mustRelease(t, lease)
 	// The safety property of a lease lock: nobody else is granted the lock
 	// before the old holder's lease has ended by its own clock.
@@ -776,33 +796,55 @@ func (s *suite) testPausedHolder(t *testing.T) {
 	k := key(t)
 	var storage fencing.Guard
 	resource := "file:" + k
+	var contents string // what the storage holds, written only through the Guard
+	write := func(tok dlock.Token, v string) error {
+		return storage.Do(resource, tok, func() error { contents = v; return nil })
+	}
 
+	// A holds the lock and writes. Then it pauses: it renews nothing (a
+	// stopped process's keepalive does not run either).
 	leaseA := mustAcquire(t, ctx, a, k, dlock.WithTTL(s.ttl), dlock.WithAutoRenew(false))
 	tokA := leaseA.Token()
-	if err := storage.Do(resource, tokA, nil); err != nil {
-		t.Fatalf("A's first write: %v", err)
+	if err := write(tokA, "A1"); err != nil {
+		t.Fatalf("A's write while it held the lock: %v", err)
 	}
-	// A pauses. B waits for the lock and gets it once A's lease has expired.
-	leaseB := mustAcquire(t, ctx, b, k)
-	defer mustRelease(t, leaseB)
-	tokB := leaseB.Token()
-	if tokB <= tokA {
-		t.Fatalf("B's token %d is not above A's %d", tokB, tokA)
+	// B waits for the lock meanwhile.
+	type result struct {
+		lease *dlock.Lease
+		err   error
 	}
-	if err := storage.Do(resource, tokB, nil); err != nil {
-		t.Fatalf("B's write: %v", err)
-	}
-	// A wakes up, still believing it holds the lock, and writes.
-	err := storage.Do(resource, tokA, func() error {
-		t.Error("A's stale write reached the storage")
-		return nil
-	})
-	if !errors.Is(err, fencing.ErrStaleToken) {
-		t.Fatalf("A's late write with token %d after B's %d: %v, want ErrStaleToken", tokA, tokB, err)
-	}
-	// And A's lease tells the truth, if A looks.
-	waitDone(t, leaseA, time.Second, "paused holder's lease")
+	got := make(chan result, 1)
+	go func() {
+		lease, err := b.Acquire(ctx, k)
+		got <- result{lease, err}
+	}()
+	// A's lease is lost while A is paused, and says so to anyone who looks:
+	// Done closes, by A's own clock, no later than the backend can grant the
+	// lock to B.
+	waitDone(t, leaseA, s.waitBound(), "paused holder's lease")
 	if !errors.Is(leaseA.Err(), dlock.ErrLeaseLost) {
-		t.Errorf("paused holder's Err() = %v, want ErrLeaseLost", leaseA.Err())
+		t.Fatalf("paused holder's Err() = %v, want ErrLeaseLost", leaseA.Err())
+	}
+	r := <-got
+	if r.err != nil {
+		t.Fatalf("B's Acquire after A's lease was lost: %v", r.err)
+	}
+	leaseB := r.lease
+	defer mustRelease(t, leaseB)
+	if leaseB.Granted().Before(leaseA.Deadline()) {
+		t.Fatalf("B was granted %v before the paused holder's deadline", leaseA.Deadline().Sub(leaseB.Granted()))
+	}
+	tokB := leaseB.Token()
+	if err := write(tokB, "B1"); err != nil {
+		t.Fatalf("B's write with token %d: %v", tokB, err)
+	}
+	// A wakes up and, without looking at its lease, writes with its old
+	// token: the Guard must refuse it, and the storage keep B's write.
+	err := write(tokA, "A2 (stale)")
+	if !errors.Is(err, fencing.ErrStaleToken) {
+		t.Fatalf("the paused holder's write with token %d after B's %d: %v, want ErrStaleToken", tokA, tokB, err)
+	}
+	if contents != "B1" {
+		t.Fatalf("storage holds %q after the paused holder's write, want B's %q", contents, "B1")
 	}
 }

@@ -8,7 +8,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance"
-	"github.com/dlock-go/dlock/internal/memlock"
+	"github.com/dlock-go/dlock/memlock"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -40,3 +40,6 @@ func TestConformance(t *testing.T) {
 func BenchmarkConformance(b *testing.B) {
 	conformance.RunBenchmarks(b, memHarness{store: memlock.NewStore()})
 }
+
+// Waiters counts key's queue in the store.
+func (h memHarness) Waiters(_ testing.TB, key string) int { return h.store.Waiters(key) }

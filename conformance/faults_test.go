@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
-	"github.com/dlock-go/dlock/internal/memlock"
+	"github.com/dlock-go/dlock/memlock"
 )
 
 // Two increments from the same value, both accepted, are a lost update:

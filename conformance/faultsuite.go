@@ -139,6 +139,58 @@ func RunFaults(t *testing.T, h FaultHarness, m Matrix) {
 		exp := m[f]
 		t.Run(string(f), func(t *testing.T) { fs.runCell(t, f, exp) })
 	}
+	t.Run("WaiterRidesOutRestart", fs.waiterRidesOutRestart)
+}
+
+// waiterRidesOutRestart holds every driver to the Locker contract's word
+// that Acquire waits until granted or its ctx is done: a waiter waiting
+// while the servers restart (or, for a cluster, its leader is killed) keeps
+// waiting through the outage, whatever errors its requests meet, and is
+// granted once the lock is free again.
+func (fs *faultSuite) waiterRidesOutRestart(t *testing.T) {
+	var f Fault
+	for _, c := range []Fault{Restart, RestartEmpty, KillLeader} {
+		if slices.Contains(fs.h.ServerFaults(), c) {
+			f = c
+			break
+		}
+	}
+	if f == "" {
+		t.Skipf("the %s harness can neither restart its servers nor kill a leader", fs.h.Deployment())
+	}
+	ctx := context.Background()
+	k := key(t)
+	a, b := fs.h.NewLocker(t), fs.h.NewLocker(t)
+	held, err := a.Acquire(ctx, k, dlock.WithTTL(fs.ttl))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 20*fs.ttl+30*time.Second+fs.failover)
+	defer cancel()
+	type result struct {
+		lease *dlock.Lease
+		err   error
+	}
+	got := make(chan result, 1)
+	go func() { // owned by the test: it reads got before returning
+		lease, err := b.Acquire(wctx, k, dlock.WithTTL(fs.ttl))
+		got <- result{lease, err}
+	}()
+	heal := fs.h.Inject(t, f, k)
+	// The outage lasts two TTLs, so that the waiter's attempts (at least
+	// every poll interval where it polls) meet it, whatever the driver.
+	sleepUntil(time.Now().Add(2 * fs.ttl))
+	heal()
+	// The holder lets go (its lease may have been lost with the servers'
+	// state, then the release says so): the lock is free either way.
+	_ = held.Release(ctx)
+	r := <-got
+	if r.err != nil {
+		t.Fatalf("a waiting Acquire across %s returned %v; it must wait until granted or its ctx ends", f, r.err)
+	}
+	if err := r.lease.Release(ctx); err != nil {
+		t.Errorf("release after the restart: %v", err)
+	}
 }
 
 type faultSuite struct {
@@ -399,7 +451,8 @@ type contender struct {
 	granted chan struct{}
 	mu      sync.Mutex
 	token   dlock.Token
-	grantAt int64
+	grantAt int64 // when its Acquire returned
+	sentAt  int64 // when its winning request was sent (Lease.Granted)
 	stop    func() error
 }
 
@@ -419,7 +472,7 @@ func (fs *faultSuite) startContender(t *testing.T, k string, reg *register, boun
 			}
 			ref := leaseRef{Label: "contender", Token: lease.Token(), Granted: time.Now().UnixNano()}
 			c.mu.Lock()
-			c.token, c.grantAt = ref.Token, ref.Granted
+			c.token, c.grantAt, c.sentAt = ref.Token, ref.Granted, lease.Granted().UnixNano()
 			c.mu.Unlock()
 			close(c.granted)
 			for lease.Err() == nil && ctx.Err() == nil {
@@ -564,7 +617,7 @@ func (fs *faultSuite) trial(t *testing.T, f Fault) trialResult {
 	tokH, endAt, lost, endErr, deadline, relAt := hv.token, hv.endAt, hv.lost, hv.endErr, hv.deadline, hv.relAt
 	hv.mu.Unlock()
 	c.mu.Lock()
-	tokC, g := c.token, c.grantAt
+	tokC, g, sent := c.token, c.grantAt, c.sentAt
 	c.mu.Unlock()
 	// The holder's lease counts until the earliest of: Done closed, its
 	// Deadline (if lost), its call to Release.
@@ -580,6 +633,18 @@ func (fs *faultSuite) trial(t *testing.T, f Fault) trialResult {
 	res.latency = -1
 	if lost {
 		res.latency = time.Duration(until - faultAt.UnixNano())
+	}
+	// After a lost lease the contender's tenure counts from when its winning
+	// request was sent (Lease.Granted), up to a round trip before its Acquire
+	// returned: the holder's Deadline claims the servers could not grant the
+	// lock before it, and one overstated by less than that round trip must
+	// read as an overlap, not as a detected loss. Not for a request sent
+	// while the fault was in effect, though: a stalled server or a broken
+	// link holds it for as long as the fault lasts, and it was granted when
+	// it got through, not when it was sent. After a release, the tenure
+	// counts from when Acquire returned: the release let the contender in.
+	if lost && g != 0 && sent != 0 && (sent < faultAt.UnixNano() || sent > healedAt.UnixNano()) {
+		g = sent
 	}
 	linErr := reg.checkLinearizable(t)
 	res.outcome = classify(lost, until, g, stale > 0 || linErr != nil)

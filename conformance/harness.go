@@ -57,3 +57,27 @@ type ShortTTLer interface {
 // DefaultShortTTL is the TTL the suite gives leases in tests that wait for an
 // expiry, unless the Harness implements ShortTTLer.
 const DefaultShortTTL = 1 * time.Second
+
+// WaiterCounter is an optional interface on a Harness: Waiters reports how
+// many clients the backend knows to be waiting for key (subscribers to its
+// release channel, queued nodes or keys, sessions blocked on its advisory
+// lock). The push-wait test waits for it to see the waiter before it
+// releases, so the waiter is known to be waiting; without it, the test gives
+// the waiter a moment and says the proof is weaker.
+type WaiterCounter interface {
+	Waiters(t testing.TB, key string) int
+}
+
+// SlowPoller is an optional interface on a Harness whose driver falls back
+// to polling while it waits (Redis, Redlock): NewSlowPollLocker returns a
+// locker whose polling interval is far above PushWaitBound, so only a
+// push-based wake-up can meet the bound.
+type SlowPoller interface {
+	NewSlowPollLocker(t testing.TB) dlock.Locker
+}
+
+// PushWaitBound is how soon after a release a known waiter must be granted
+// the lock on a backend that claims Capabilities().PushWait: well below any
+// polling fallback (dlock's default poll interval is 0.5–1s, and the suite
+// raises it further through SlowPoller).
+const PushWaitBound = 250 * time.Millisecond

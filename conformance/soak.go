@@ -92,6 +92,7 @@ type soakLease struct {
 	key      string
 	token    dlock.Token
 	grant    int64 // when the holder's Acquire returned
+	sent     int64 // when its winning request was sent (Lease.Granted); 0: unknown
 	deadline int64 // the lease's Deadline: as granted, then the last one in effect, reported with its end
 	done     int64 // when the holder saw Done closed
 	released int64 // when the holder called Release
@@ -124,8 +125,66 @@ func (l *soakLease) until() (at int64, how string) {
 // (wall ns).
 type soakFault struct {
 	f             Fault
-	child         int
+	child         int    // the child process a link fault or PauseHolder hit
+	key           string // the key a ClockJump hit
 	start, healed int64
+}
+
+// explains reports whether f can have caused an overlap in which b was
+// granted while a still counted as its holder's: f was in effect between a's
+// grant and b's (allowing tail after the heal, see findOverlaps), and it hit
+// what a's lease depended on. A fault of one child's link or process (a
+// partition, a disconnect, a pause) explains only overlaps whose earlier
+// lease that child held; a clock jump only those on the key it hit; a fault
+// of the servers themselves (restart, stall, leader loss) any.
+func (f *soakFault) explains(a, b *soakLease, tail time.Duration) bool {
+	if !(f.healed > a.grant && f.start <= b.grant && b.grant <= f.healed+int64(tail)) {
+		return false
+	}
+	switch {
+	case isLinkFault(f.f) || f.f == PauseHolder:
+		return childOf(a.label) == f.child
+	case f.f == ClockJump:
+		return a.key == f.key
+	}
+	return true
+}
+
+// childOf returns the index of the child process a soak lease's label names
+// ("p<i>.g<g>#<seq>"), or -1.
+func childOf(label string) int {
+	rest, ok := strings.CutPrefix(label, "p")
+	if !ok {
+		return -1
+	}
+	n, _, _ := strings.Cut(rest, ".")
+	i, err := strconv.Atoi(n)
+	if err != nil {
+		return -1
+	}
+	return i
+}
+
+// startAfter returns when b's tenure counts as begun, for the overlap check
+// against a, an earlier lease of the same key. After a lease that was lost,
+// it is when b's winning request was sent (Lease.Granted): a's Deadline
+// claims the server could not grant the lock before it, and a deadline
+// overstated by less than b's round trip must still be caught — unless the
+// request was sent while a fault was in effect, which may have held it up
+// (a stalled server, a paused child) until long after it was sent. After a
+// lease its holder released, it is when b's Acquire returned: the release is
+// what let b in, and b's request may have been on its way (a retry) while a
+// was being released.
+func (b *soakLease) startAfter(a *soakLease, faults []soakFault) int64 {
+	if !a.lost || b.sent == 0 {
+		return b.grant
+	}
+	for _, f := range faults {
+		if f.start <= b.sent && b.sent <= f.healed {
+			return b.grant
+		}
+	}
+	return b.sent
 }
 
 // soakOverlap is a pair of leases of one key where b was granted before a
@@ -220,7 +279,7 @@ func Soak(t *testing.T, h FaultHarness, o SoakOptions) {
 				mu.Lock()
 				switch m.T {
 				case "grant":
-					leases[m.Lease] = &soakLease{label: m.Lease, key: m.Key, token: m.Token, grant: m.At, deadline: m.Deadline}
+					leases[m.Lease] = &soakLease{label: m.Lease, key: m.Key, token: m.Token, grant: m.At, sent: m.Granted, deadline: m.Deadline}
 					select {
 					case grantCh <- struct{}{}:
 					default:
@@ -277,6 +336,7 @@ func Soak(t *testing.T, h FaultHarness, o SoakOptions) {
 		}
 		f := faults[rand.IntN(len(faults))]
 		i := rand.IntN(len(children))
+		k := "" // the key a server fault was aimed at
 		faultAt := time.Now()
 		switch {
 		case isLinkFault(f):
@@ -292,14 +352,15 @@ func Soak(t *testing.T, h FaultHarness, o SoakOptions) {
 			sleepUntil(faultAt.Add(2 * ttl))
 			children[i].resume(t)
 		default:
-			heal := h.Inject(t, f, heldKey(&mu, leases, keys))
+			k = heldKey(&mu, leases, keys)
+			heal := h.Inject(t, f, k)
 			if lasting(f) {
 				sleepUntil(faultAt.Add(2 * ttl))
 			}
 			heal()
 		}
 		injected = append(injected, string(f))
-		windows = append(windows, soakFault{f: f, child: i, start: faultAt.UnixNano(), healed: time.Now().UnixNano()})
+		windows = append(windows, soakFault{f: f, child: i, key: k, start: faultAt.UnixNano(), healed: time.Now().UnixNano()})
 		t.Logf("%s: %s (child p%d) injected, healed after %v", time.Since(start).Round(time.Millisecond), f, i, time.Since(faultAt).Round(time.Millisecond))
 		// Liveness: a fresh grant within the bound after heal.
 		select {
@@ -387,11 +448,13 @@ func heldKey(mu *sync.Mutex, leases map[string]*soakLease, keys []string) string
 // findOverlaps returns the pairs of leases of one key where the later was
 // granted (its Acquire returned) before the earlier stopped counting as its
 // holder's (see soakLease.until), in grant order. An overlap is attributed to
-// the first fault that could have caused it: one healed after the earlier
-// lease's grant, that started no later than the later lease's grant, and that
-// was healed no more than tail before it (a lock lost with a server's state is
-// granted again after the heal, until the old holder's next renewal fails).
-// It is expected if expected(fault) says so.
+// a fault that could have caused it (see soakFault.explains): one healed
+// after the earlier lease's grant, that started no later than the later
+// lease's grant, that was healed no more than tail before it (a lock lost
+// with a server's state is granted again after the heal, until the old
+// holder's next renewal fails), and that hit the earlier lease's child, its
+// key, or the servers. Among those, one that expected says may overlap is
+// preferred; an overlap no fault explains has none.
 func findOverlaps(leases map[string]*soakLease, faults []soakFault, tail time.Duration, expected func(Fault) bool) []soakOverlap {
 	byKey := map[string][]*soakLease{}
 	for _, l := range leases {
@@ -405,26 +468,21 @@ func findOverlaps(leases map[string]*soakLease, faults []soakFault, tail time.Du
 		for i, a := range ls {
 			until, _ := a.until()
 			for _, b := range ls[i+1:] {
-				if b.grant >= until {
-					break
+				if b.startAfter(a, faults) >= until {
+					if b.grant >= until {
+						break // later leases were granted later still
+					}
+					continue
 				}
 				ov := soakOverlap{a: a, b: b}
 				for j := range faults {
 					f := &faults[j]
-					if f.healed > a.grant && f.start <= b.grant && b.grant <= f.healed+int64(tail) {
-						ov.fault = f
-						break
+					if !f.explains(a, b, tail) {
+						continue
 					}
-				}
-				if ov.fault != nil {
-					for j := range faults { // prefer a fault expected to overlap among those that fit
-						f := &faults[j]
-						if f.healed > a.grant && f.start <= b.grant && b.grant <= f.healed+int64(tail) && expected(f.f) {
-							ov.fault = f
-							break
-						}
+					if ov.fault == nil || expected(f.f) && !ov.expected { // prefer a fault expected to overlap
+						ov.fault, ov.expected = f, expected(f.f)
 					}
-					ov.expected = expected(ov.fault.f)
 				}
 				out = append(out, ov)
 			}

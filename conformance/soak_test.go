@@ -40,23 +40,44 @@ func TestFindOverlaps(t *testing.T) {
 		l.ended = l.ended || l.done != 0
 		leases[l.label] = &l
 	}
-	add(soakLease{label: "a", key: "k", grant: 10, deadline: 100, done: 21, released: 20})
-	add(soakLease{label: "b", key: "k", grant: 20, deadline: 100, done: 31, released: 30}) // after a's Release: none
-	add(soakLease{label: "c", key: "k", grant: 25, deadline: 100, done: 41, released: 40}) // before b's Release: one, during restart-empty
+	// Labels name the child process: p<i>.g<g>#<seq>.
+	add(soakLease{label: "p0.g0#1", key: "k", grant: 10, deadline: 100, done: 21, released: 20})
+	add(soakLease{label: "p0.g0#2", key: "k", grant: 20, deadline: 100, done: 31, released: 30}) // after #1's Release: none
+	add(soakLease{label: "p2.g0#1", key: "k", grant: 25, deadline: 100, done: 41, released: 40}) // before p0#2's Release: one, during restart-empty
 	// Paused past its Deadline: lost at 60 though Done closed at 200.
-	add(soakLease{label: "d", key: "k", grant: 50, deadline: 60, done: 200, released: 190, lost: true})
-	add(soakLease{label: "e", key: "k", grant: 70, deadline: 160, done: 151, released: 150})  // after d's Deadline: none
-	add(soakLease{label: "f", key: "k", grant: 140, deadline: 300, done: 301, released: 300}) // before e's Release: one, during no fault
-	add(soakLease{label: "g", key: "j", grant: 26, deadline: 90, done: 28, released: 27})     // another key
-	add(soakLease{label: "h", key: "i", grant: 400, deadline: 500})                           // never reported its end
-	add(soakLease{label: "x", key: "i", grant: 600, deadline: 700, done: 601, released: 600}) // after h's Deadline, but h never ended: one, during pause-holder
+	add(soakLease{label: "p1.g0#1", key: "k", grant: 50, deadline: 60, done: 200, released: 190, lost: true})
+	add(soakLease{label: "p2.g0#2", key: "k", grant: 70, deadline: 160, done: 151, released: 150})  // after p1's Deadline: none
+	add(soakLease{label: "p0.g0#3", key: "k", grant: 140, deadline: 300, done: 301, released: 300}) // before p2#2's Release: one, during no fault
+	add(soakLease{label: "p0.g1#1", key: "j", grant: 26, deadline: 90, done: 28, released: 27})     // another key
+	add(soakLease{label: "p1.g1#1", key: "i", grant: 400, deadline: 500})                           // never reported its end
+	add(soakLease{label: "p2.g1#1", key: "i", grant: 600, deadline: 700, done: 601, released: 600}) // after p1's Deadline, but p1 never ended: one, during pause-holder of p1
+	// An overlap during a pause of another child than the earlier lease's:
+	// the pause cannot have caused it.
+	add(soakLease{label: "p0.g2#1", key: "m", grant: 1000, deadline: 1100, done: 1051, released: 1050})
+	add(soakLease{label: "p1.g2#1", key: "m", grant: 1040, deadline: 1140, done: 1101, released: 1100})
+	// A clock jump on key n explains an overlap on n, not one on o.
+	add(soakLease{label: "p0.g3#1", key: "n", grant: 2000, deadline: 2100, done: 2051, released: 2050})
+	add(soakLease{label: "p1.g3#1", key: "n", grant: 2030, deadline: 2130, done: 2101, released: 2100})
+	add(soakLease{label: "p0.g4#1", key: "o", grant: 2000, deadline: 2100, done: 2051, released: 2050})
+	add(soakLease{label: "p1.g4#1", key: "o", grant: 2030, deadline: 2130, done: 2101, released: 2100})
+	// After a release, b's tenure counts from when its Acquire returned (its
+	// request may have been in flight during the release): none. After a
+	// lost lease, from when b's winning request was sent: a Deadline
+	// overstated by less than b's round trip is an overlap.
+	add(soakLease{label: "p0.g5#1", key: "q", grant: 3000, deadline: 3100, done: 3051, released: 3050})
+	add(soakLease{label: "p1.g5#1", key: "q", grant: 3052, sent: 3049, deadline: 3150, done: 3101, released: 3100})
+	add(soakLease{label: "p0.g6#1", key: "r", grant: 3000, deadline: 3050, done: 3200, released: 3190, lost: true})
+	add(soakLease{label: "p1.g6#1", key: "r", grant: 3052, sent: 3048, deadline: 3150, done: 3101, released: 3100})
 	faults := []soakFault{
 		{f: RestartEmpty, child: 0, start: 22, healed: 24},
 		{f: PauseHolder, child: 1, start: 500, healed: 590},
+		{f: PauseHolder, child: 2, start: 1010, healed: 1030},
+		{f: ClockJump, child: 0, key: "n", start: 2010, healed: 2020},
 	}
 	o := SoakOptions{Matrix: Matrix{
 		RestartEmpty: {Outcome: LossDetected | Fenced},
-		PauseHolder:  {Outcome: LossDetected},
+		PauseHolder:  {Outcome: LossDetected | Fenced},
+		ClockJump:    {Outcome: LossDetected | Fenced},
 	}}
 	got := findOverlaps(leases, faults, 20, o.overlapExpected)
 	type pair struct {
@@ -64,7 +85,15 @@ func TestFindOverlaps(t *testing.T) {
 		fault    Fault
 		expected bool
 	}
-	want := []pair{{"h", "x", PauseHolder, false}, {"b", "c", RestartEmpty, true}, {"e", "f", "", false}}
+	want := []pair{
+		{"p1.g1#1", "p2.g1#1", PauseHolder, true},
+		{"p0.g0#2", "p2.g0#1", RestartEmpty, true},
+		{"p2.g0#2", "p0.g0#3", "", false},
+		{"p0.g2#1", "p1.g2#1", "", false}, // the pause hit p2, not p0
+		{"p0.g3#1", "p1.g3#1", ClockJump, true},
+		{"p0.g4#1", "p1.g4#1", "", false}, // the jump hit key n, not o
+		{"p0.g6#1", "p1.g6#1", "", false}, // sent 2 before the lost lease's Deadline
+	}
 	if len(got) != len(want) {
 		t.Fatalf("findOverlaps found %d overlaps, want %d: %v", len(got), len(want), got)
 	}

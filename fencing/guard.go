@@ -6,8 +6,11 @@
 // write with a lower one: that write comes from a holder whose lease ended
 // (it paused, or its network was slow) after a newer holder had already
 // written. Checking and writing must be one atomic step at the resource; Guard
-// does both under one mutex for in-process state. SQL, Redis and HTTP guards
-// follow the same rule.
+// does both under one mutex for in-process state; SQLGuard does both in one
+// conditional UPDATE, for any database/sql database. A guard of your own (a
+// Redis script, an HTTP precondition) must follow the same rule: compare and
+// write in one atomic step, accept a token equal to or above the highest seen,
+// reject a lower one.
 package fencing
 
 import (

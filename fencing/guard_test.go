@@ -8,6 +8,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/fencing"
+	_ "github.com/dlock-go/dlock/memlock" // registers mem://
 )
 
 func TestGuardRejectsOlderTokens(t *testing.T) {

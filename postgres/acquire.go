@@ -85,6 +85,11 @@ func serverDown(err error) bool {
 // acquireOn runs the acquire on p's connection. retry reports a connection
 // that died under the request, which another connection may try again. On
 // error the caller closes the connection, except after ErrHeld.
+// waitedAfter is how long an acquire statement must take before the driver
+// takes it to have waited for the lock (an uncontended one takes a round
+// trip, well under a millisecond on a LAN).
+const waitedAfter = 10 * time.Millisecond
+
 func (d *Driver) acquireOn(ctx context.Context, p *pin, req backend.AcquireRequest, ms int64, validity time.Duration) (g *backend.Grant, retry bool, err error) {
 	stmt := d.sql.tryLock
 	if req.Wait {
@@ -151,8 +156,10 @@ func (d *Driver) acquireOn(ctx context.Context, p *pin, req backend.AcquireReque
 	}
 	// A grant that waited: the server's idle timer started when the lock was
 	// granted, long after the request was sent. Restart the clock with a ping
-	// rather than count the wait against the lease.
-	if elapsed := time.Since(start); elapsed > req.TTL/10 {
+	// rather than count the wait against the lease; the grant's Start is then
+	// after the lock became this session's, as Grant.Start says for a waiter,
+	// not the moment the blocking request was sent.
+	if elapsed := time.Since(start); elapsed > min(req.TTL/10, waitedAfter) {
 		start = time.Now()
 		// Not cut short by ctx (that would break the connection, and leave
 		// the lock to be freed only once the server notices): checked after.

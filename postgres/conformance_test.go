@@ -77,3 +77,9 @@ func connect(t testing.TB, ctx context.Context, srv *testenv.Postgres) *pgx.Conn
 func TestConformance(t *testing.T) {
 	conformance.Run(t, newHarness(t))
 }
+
+// Waiters counts the sessions waiting for key's advisory lock.
+func (h *harness) Waiters(t testing.TB, key string) int {
+	t.Helper()
+	return waiters(t, h.srv, key)
+}

@@ -7,6 +7,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -28,6 +29,16 @@ type pin struct {
 	lostOnce sync.Once
 
 	mu chan struct{} // holds one token while the connection is in use
+
+	// abandoned is set by a release that gave up waiting for mu (its ctx
+	// ended behind a slow refresh): nobody will release the lease again, so
+	// whoever holds mu next destroys the connection as it unlocks. Set
+	// before the releaser's last try for mu, read under mu: one of the two
+	// always sees the other, and the connection is given up exactly once.
+	abandoned atomic.Bool
+
+	// Test hook: called by refresh with mu held, before the ping.
+	refreshing func()
 
 	// Guarded by mu.
 	pc         *pgxpool.Conn // nil once released to the pool or closed
@@ -54,7 +65,27 @@ func (p *pin) lock(ctx context.Context) error {
 	}
 }
 
-func (p *pin) unlock() { <-p.mu }
+// unlock gives mu back; if the lease was abandoned meanwhile, it first gives
+// the connection up (closing it ends the session and frees the lock).
+func (p *pin) unlock() {
+	if p.abandoned.Load() && p.pc != nil {
+		p.destroy()
+	}
+	<-p.mu
+}
+
+// abandon is what a release does when its ctx ends before it gets mu: it
+// leaves the connection to the holder of mu, or takes mu itself if it came
+// free, so that the connection is destroyed exactly once whatever the
+// interleaving.
+func (p *pin) abandon() {
+	p.abandoned.Store(true)
+	select {
+	case p.mu <- struct{}{}:
+		p.unlock()
+	default: // busy: its holder sees abandoned when it unlocks
+	}
+}
 
 func (p *pin) markLost() { p.lostOnce.Do(func() { close(p.lost) }) }
 
@@ -202,6 +233,9 @@ func (p *pin) refresh(ctx context.Context, ttl time.Duration) (time.Duration, er
 	if err := p.usable(); err != nil {
 		return 0, err
 	}
+	if p.refreshing != nil {
+		p.refreshing()
+	}
 	v, err := p.ping(ctx, ttl)
 	if err != nil {
 		return 0, err
@@ -216,6 +250,10 @@ func (p *pin) refresh(ctx context.Context, ttl time.Duration) (time.Duration, er
 // closed.
 func (p *pin) release(ctx context.Context) error {
 	if err := p.lock(ctx); err != nil {
+		// A refresh (or the idle watcher's start) holds the connection. The
+		// caller will not release this lease again: the connection must not
+		// outlive it in the holder's hands.
+		p.abandon()
 		return err
 	}
 	defer p.unlock()

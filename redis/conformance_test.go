@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -41,8 +42,14 @@ func newHarnessDial(t testing.TB, dial func() goredis.UniversalClient) *harness 
 
 func (h *harness) NewLocker(t testing.TB) dlock.Locker {
 	t.Helper()
+	return h.lockerWith(t, h.opts)
+}
+
+// lockerWith is NewLocker with the driver options opts.
+func (h *harness) lockerWith(t testing.TB, opts *redis.Options) dlock.Locker {
+	t.Helper()
 	client := h.dial()
-	l, err := redis.New(client, h.opts)
+	l, err := redis.New(client, opts)
 	if err != nil {
 		t.Fatalf("redis.New: %v", err)
 	}
@@ -87,4 +94,31 @@ func TestConformance(t *testing.T) {
 
 func BenchmarkConformance(b *testing.B) {
 	conformance.RunBenchmarks(b, newHarness(b))
+}
+
+// Waiters counts the subscribers to key's release channel: the waiters.
+func (h *harness) Waiters(t testing.TB, key string) int {
+	t.Helper()
+	prefix := redis.DefaultPrefix
+	if h.opts != nil && h.opts.Prefix != "" {
+		prefix = h.opts.Prefix
+	}
+	ch := redis.ReleaseChannel(prefix, key)
+	m, err := h.raw.PubSubNumSub(context.Background(), ch).Result()
+	if err != nil {
+		t.Fatalf("PUBSUB NUMSUB %s: %v", ch, err)
+	}
+	return int(m[ch])
+}
+
+// NewSlowPollLocker is NewLocker with a 30s polling fallback: only the
+// release message can wake its waiters within conformance.PushWaitBound.
+func (h *harness) NewSlowPollLocker(t testing.TB) dlock.Locker {
+	t.Helper()
+	o := redis.Options{}
+	if h.opts != nil {
+		o = *h.opts
+	}
+	o.PollInterval = 30 * time.Second
+	return h.lockerWith(t, &o)
 }

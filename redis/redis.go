@@ -1,147 +1,3 @@
-// Package redis is dlock's driver for a single Redis server, a master with
-// replicas behind Redis Sentinel, or a Redis Cluster. Importing it registers
-// the DSN schemes "redis", "redis+sentinel" and "redis+cluster", and their TLS
-// forms "rediss", "rediss+sentinel" and "rediss+cluster", with dlock.Open:
-//
-//	import _ "github.com/dlock-go/dlock/redis"
-//
-//	locker, err := dlock.Open(ctx, "redis://user:secret@127.0.0.1:6379/0?ttl=10s&prefix=myapp:")
-//	locker, err := dlock.Open(ctx, "redis+sentinel://s1:26379,s2:26379,s3:26379/mymaster?min_replicas=1")
-//	locker, err := dlock.Open(ctx, "redis+cluster://n1:6379,n2:6379,n3:6379")
-//
-// To use a client built in code (custom TLS, Sentinel credentials), call
-// [New] or [NewDriver] with any go-redis UniversalClient, or [OpenUniversal]
-// with go-redis UniversalOptions.
-//
-// # What is guaranteed
-//
-// A lock is the key [LockKey], set with SET NX PX to the lease's random owner
-// id; refresh and release are Lua scripts that act only if the key still holds
-// that owner id, so a stale client can never extend or delete someone else's
-// lock. The Redis server expires the key on its own clock.
-//
-// Fencing tokens are strict ([backend.FencingStrict]): every grant increments
-// a per-key counter ([FenceKey]) in the same script that sets the lock, and the
-// token is that counter floored at the server's clock (TIME, in microseconds).
-// Tokens therefore strictly increase per key across every grant, release,
-// expiry and restart, under this one assumption: if the counter is lost or set
-// back — a restart without persistence or from an older RDB snapshot, a
-// FLUSHALL, eviction of the counter under an allkeys-* maxmemory policy — the
-// server's wall clock must not have stepped back below the last token issued.
-// A token is never far above the clock it was issued at (the counter rises by
-// one per grant, the clock by one per µs), so in practice: the clock must not
-// step back across the loss. With persistence (appendonly yes, appendfsync
-// always) the counter survives a restart and no clock assumption is needed.
-// The same floor covers a failover to a replica whose copy of the counter lags,
-// provided the new master's clock is not behind the old master's by more than
-// the failover took.
-//
-// Mutual exclusion holds as long as the one Redis server keeps its data. A
-// single Redis is not fault tolerant: a restart without persistence, or a
-// failover to a replica that had not yet received the SET (replication is
-// asynchronous; see Replication below), forgets the lock, and another client
-// can then take it while the first still believes it holds it. Tokens still
-// increase across that (the new grant's token is higher), so a resource that
-// checks tokens (package fencing) rejects the stale holder's writes. Redis's
-// own lock documentation adds the restart rule: a server restarted without
-// persistence must stay down at least as long as the longest lock TTL, so
-// that every lock it forgot has expired anyway.
-//
-// # Topologies
-//
-// Single server (redis://): one source of truth; loses locks when it
-// restarts without persistence.
-//
-// Sentinel (redis+sentinel://): go-redis's failover client asks the sentinels
-// for the master and follows failovers. Replication is asynchronous, so a
-// failover can lose a lock the master granted but had not yet sent to the
-// replica; the tests reproduce this (TestFailoverWithoutWaitLosesLock). Set
-// min_replicas to narrow the window.
-//
-// Cluster (redis+cluster://): each key lives on the master owning its slot.
-// The lock, its fencing counter and its release channel share one hash tag,
-// so every script touches one slot. Release messages reach waiters through
-// Redis Cluster's PUBLISH, which every node forwards to its subscribers.
-// Each slot's master is a single point of truth, as above: Cluster is not
-// Redlock.
-//
-// # Replication
-//
-// With min_replicas=N ([Options.MinReplicas]) every acquire and refresh is
-// followed, on the same connection, by WAIT N wait_timeout; if fewer than N
-// replicas acknowledge the write in time the acquire fails with
-// [ErrTooFewReplicas] and the lock is released, and a refresh fails with the
-// same error. WAIT only proves that N replicas had received the write when it
-// returned. It is not consensus: Redis may still promote a replica that did
-// not (Sentinel and Cluster pick the replica with the highest replication
-// offset among those reachable, not necessarily one that acknowledged), a
-// replica restarted without persistence may forget it, and a partitioned old
-// master keeps accepting writes until it notices. In the tested scenario (one
-// replica, the master killed right after the acquire) the lock survives the
-// failover. Capabilities do not change: FaultTolerant stays false.
-//
-// # Server configuration checks
-//
-// Open and OpenUniversal read maxmemory, maxmemory-policy, appendonly and
-// appendfsync from every master with CONFIG GET ([Driver.CheckServer]).
-// With a memory limit, any maxmemory-policy but noeviction can evict the
-// lock (volatile-* policies evict keys with a TTL, as the lock key has) and
-// allkeys-* also the fencing counter: by default a warning is logged
-// ([Options.Logger]); checks=error makes Open fail with [ErrUnsafeConfig];
-// checks=off skips the check. A server that does not fsync every write is
-// noted at level Debug with the restart rule; it is never an error, since
-// the fencing counter is floored at the server's clock. Where CONFIG is
-// renamed or denied (many managed services), nothing is checked and a Debug
-// note says so.
-//
-// Waiting is push-based: a waiter subscribes to the key's release channel
-// ([ReleaseChannel]) on one pub/sub connection the driver shares among all its
-// waiters, and tries again when a release is announced. A lock that expires is
-// not announced, and a message can be lost on a reconnect; so a waiter also
-// tries again when the holder's remaining TTL runs out, and at the latest after
-// a jittered poll interval ([Options.PollInterval]). Waiters are not granted in
-// arrival order (FIFO is false).
-//
-// # Key layout
-//
-// Every name the driver uses for a dlock key is built from the configured
-// prefix (default "dlock:") and the key's hash tag: the key with '%', '{' and
-// '}' percent-encoded as "%25", "%7B" and "%7D" (see [HashTag]). For the key
-// "jobs/nightly":
-//
-//	dlock:{jobs/nightly}            the lock: owner id, with the lease's TTL
-//	dlock:{jobs/nightly}:fence      the fencing counter, no TTL
-//	dlock:{jobs/nightly}:released   the pub/sub channel announcing releases
-//
-// The braces make the escaped key the Redis Cluster hash tag, so the lock and
-// its counter always live in one slot (no CROSSSLOT error, one script), and the
-// encoding keeps the mapping injective: two different keys never share a lock.
-// A prefix must not contain '{' or '}'.
-//
-// Fencing counters are never deleted: one small string per key ever locked.
-//
-// # DSN
-//
-//	redis://[user:password@]host[:port][/db][?param=value&...]
-//	redis+sentinel://[user:password@]s1[:26379],s2,.../mastername[/db][?...]
-//	redis+cluster://[user:password@]n1[:6379],n2,...[?...]
-//	rediss://, rediss+sentinel://, rediss+cluster://   the same over TLS
-//
-// In a Sentinel DSN the hosts are the sentinels and the user and password are
-// those of the master and replicas; the sentinels are contacted without
-// credentials (use OpenUniversal or New for sentinels with a password). In a
-// Cluster DSN the hosts are seed nodes.
-//
-// Parameters read by the driver: "prefix" (default "dlock:"); "poll", the
-// longest a waiter goes between attempts (default 1s); "min_replicas"
-// (default 0: no WAIT) and "wait_timeout" (default 100ms), see Replication;
-// "checks" ("warn", the default, "error" or "off"), see Server configuration
-// checks. Parameters read by dlock for every backend: "ttl" and "autorenew".
-// Every other parameter goes to go-redis's ParseURL, ParseFailoverURL or
-// ParseClusterURL (dial_timeout, read_timeout, pool_size, …), which reject
-// those they do not know. Errors never contain the password. A client opened
-// from a DSN bounds every command by its ctx's deadline (go-redis's
-// ContextTimeoutEnabled), as well as by read_timeout and write_timeout.
 package redis
 
 import (
@@ -344,7 +200,7 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 	}
 	rest := p.Rest()
 	if err := p.Done(); err != nil {
-		return nil, fmt.Errorf("%w: %w", dlock.ErrInvalidOption, err)
+		return nil, err
 	}
 	if o.Prefix == "" {
 		return nil, fmt.Errorf("%w: parameter prefix is empty (omit it for the default %q)", dlock.ErrInvalidOption, DefaultPrefix)
@@ -446,7 +302,10 @@ func (d *Driver) keys(g *backend.Grant) *rediscore.Keys {
 // held and req.Wait is set, it subscribes to the key's release channel, waits
 // for the subscription to be confirmed, and tries again after every release
 // message, when the holder's TTL runs out, and at least every poll interval,
-// until granted or ctx is done.
+// until granted or ctx is done. A waiting Acquire rides out transient errors
+// (the server down or restarting, loading, failing over; see
+// rediscore.Transient), trying again with jittered exponential backoff up to
+// the poll interval; any other error ends it.
 func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*backend.Grant, error) {
 	if d.closed.Load() {
 		return nil, errClosed
@@ -457,13 +316,15 @@ func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 	}
 	k := rediscore.KeysFor(d.prefix, req.Key)
 	g, pttl, err := d.attempt(ctx, req, k, ms, validity)
-	if err != nil || g != nil {
-		return g, err
-	}
-	if !req.Wait {
+	switch {
+	case g != nil:
+		return g, nil
+	case err != nil && (!req.Wait || !rediscore.Transient(err) || ctx.Err() != nil):
+		return nil, waitEnded(ctx, err)
+	case !req.Wait:
 		return nil, heldError(pttl)
 	}
-	return d.wait(ctx, req, k, ms, validity, pttl)
+	return d.wait(ctx, req, k, ms, validity, pttl, err)
 }
 
 // heldError is ErrHeld, with the holder's remaining TTL when known.
@@ -474,7 +335,9 @@ func heldError(pttl time.Duration) error {
 	return fmt.Errorf("%w (its TTL ends in %v unless renewed)", backend.ErrHeld, pttl)
 }
 
-func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *rediscore.Keys, ms int64, validity, pttl time.Duration) (*backend.Grant, error) {
+// wait is Acquire's waiting loop; lastErr is the first attempt's error, if it
+// was transient.
+func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *rediscore.Keys, ms int64, validity, pttl time.Duration, lastErr error) (*backend.Grant, error) {
 	wake, ready := make(chan struct{}, 1), make(chan struct{}, 1)
 	w, err := d.mux.Subscribe(k.Channel, wake, ready)
 	if err != nil {
@@ -486,35 +349,69 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *redisc
 	// Try again only once the subscription is active, so a release between
 	// the attempt and the subscription cannot go unnoticed; but never wait
 	// for the confirmation longer than a poll.
-	timer := time.NewTimer(d.nextWait(pttl))
+	backoff := backend.Backoff{Min: 10 * time.Millisecond, Max: d.poll}
+	next := d.nextWait(pttl)
+	if lastErr != nil {
+		next = backoff.Next()
+	}
+	timer := time.NewTimer(next)
 	defer timer.Stop()
 	select {
 	case <-ready:
 	case <-timer.C:
 	case <-ctx.Done():
-		return nil, ctx.Err()
+		return nil, waitEnded(ctx, lastErr)
 	case <-d.mux.Done():
 		return nil, errClosed
 	}
 	for {
 		var g *backend.Grant
 		g, pttl, err = d.attempt(ctx, req, k, ms, validity)
-		if err != nil {
-			return nil, err
-		}
-		if g != nil {
+		switch {
+		case g != nil:
 			granted = true
 			return g, nil
+		case err == nil:
+			lastErr = nil
+			backoff.Reset()
+			next = d.nextWait(pttl)
+		case ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
+			// ctx is ending (the attempt saw its deadline a moment before
+			// ctx.Err does): report that, with the outage if there was one.
+			<-ctx.Done()
+			return nil, waitEnded(ctx, lastErr)
+		case rediscore.Transient(err):
+			// The server is down, restarting or failing over: keep waiting.
+			// (A release message may be missed meanwhile; the backoff, at
+			// most a poll interval, tries again regardless.)
+			lastErr = err
+			next = backoff.Next()
+		default:
+			return nil, waitEnded(ctx, err)
 		}
-		timer.Reset(d.nextWait(pttl))
+		timer.Reset(next)
 		select {
 		case <-wake:
 		case <-timer.C:
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return nil, waitEnded(ctx, lastErr)
 		case <-d.mux.Done():
 			return nil, errClosed
 		}
+	}
+}
+
+// waitEnded is the error of a wait that ends with ctx done (or with err, if
+// ctx is not done): ctx's error, naming the transient error the waiter was
+// riding out, if any.
+func waitEnded(ctx context.Context, err error) error {
+	switch cerr := ctx.Err(); {
+	case cerr == nil:
+		return err
+	case err == nil || errors.Is(err, cerr):
+		return cerr
+	default:
+		return fmt.Errorf("%w (while the server was unreachable: %w)", cerr, err)
 	}
 }
 

@@ -647,6 +647,59 @@ func TestWaiterSurvivesRestart(t *testing.T) {
 	release(t, r.lease)
 }
 
+// TestWaiterRidesOutOutage: a waiting Acquire keeps waiting while the server
+// is down (its attempts fail with "connection refused"), and is granted once
+// the server is back and the lock is free — as on every other backend. The
+// old holder's key died with the server, which kept no persistence.
+func TestWaiterRidesOutOutage(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	a := openLocker(t, srv, "")
+	b := openLocker(t, srv, "poll=50ms") // attempts every 50ms: several fall in the outage
+	ctx := testCtx(t)
+	const key = "wake/outage"
+	if _, err := a.Acquire(ctx, key, dlock.WithTTL(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	got := waitingAcquire(ctx, b, key)
+	srv.Kill()
+	select {
+	case r := <-got:
+		t.Fatalf("waiting Acquire returned during the outage: %v", r.err)
+	case <-time.After(3 * time.Second): // the outage: longer than go-redis retries one command
+	}
+	srv.Restart()
+	select {
+	case r := <-got:
+		if r.err != nil {
+			t.Fatalf("waiting Acquire across the outage: %v", r.err)
+		}
+		release(t, r.lease)
+	case <-time.After(10 * time.Second):
+		t.Fatal("waiter not granted within 10s of the server's return")
+	}
+}
+
+// TestWaiterOutageThenCtxEnds: a waiter whose ctx ends while the server is
+// down returns ctx's error (matching ErrNotAcquired), not the outage's.
+func TestWaiterOutageThenCtxEnds(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	a := openLocker(t, srv, "")
+	b := openLocker(t, srv, "poll=50ms")
+	const key = "wake/outage-ctx"
+	if _, err := a.Acquire(testCtx(t), key, dlock.WithTTL(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(testCtx(t), 700*time.Millisecond)
+	defer cancel()
+	got := waitingAcquire(ctx, b, key)
+	srv.Kill()
+	r := <-got
+	if !errors.Is(r.err, dlock.ErrNotAcquired) || !errors.Is(r.err, context.DeadlineExceeded) {
+		t.Fatalf("waiter whose ctx ended during an outage: %v, want ErrNotAcquired and DeadlineExceeded", r.err)
+	}
+	srv.Restart()
+}
+
 // TestManyLocalWaiters: goroutines of one Locker waiting on one key share one
 // subscription and are woken one at a time; every one gets the lock, in far
 // less time than a poll each.

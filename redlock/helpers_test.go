@@ -200,3 +200,33 @@ func (h *harness) Expire(t testing.TB, key string) {
 		t.Fatalf("Expire(%q): the lock key existed on %d nodes, fewer than a quorum", key, total)
 	}
 }
+
+// Waiters reports 1 when a quorum of nodes has a subscriber to key's release
+// channel (the waiter subscribes on every node), else 0.
+func (h *harness) Waiters(t testing.TB, key string) int {
+	t.Helper()
+	ch := redlock.ReleaseChannel(redlock.DefaultPrefix, key)
+	n := 0
+	for i := range h.c.nodes {
+		if numSub(t, h.c, i, ch) > 0 {
+			n++
+		}
+	}
+	if n >= len(h.c.nodes)/2+1 {
+		return 1
+	}
+	return 0
+}
+
+// NewSlowPollLocker is NewLocker with a 30s polling fallback: only the
+// release messages can wake its waiters within conformance.PushWaitBound.
+func (h *harness) NewSlowPollLocker(t testing.TB) dlock.Locker {
+	t.Helper()
+	clients := h.c.clients(t)
+	l, err := redlock.New(context.Background(), clients, &redlock.Options{NodeTimeout: 400 * time.Millisecond, PollInterval: 30 * time.Second})
+	if err != nil {
+		t.Fatalf("redlock.New: %v", err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	return l
+}

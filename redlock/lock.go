@@ -20,6 +20,9 @@ type grantData struct {
 	// quorum was reached. Release waits for them, so that a late acquire
 	// cannot set the lock on a node after the release has passed it.
 	pending *sync.WaitGroup
+	// ttl is the lock keys' TTL: a key set by this grant is gone from every
+	// node by ttl after its last extension.
+	ttl time.Duration
 }
 
 func (d *Driver) grantData(g *backend.Grant) *grantData {
@@ -62,8 +65,11 @@ type attemptResult struct {
 // of subscriptions is confirmed, and tries again after every release message,
 // when enough holders' TTLs have run out, and at least every poll interval;
 // after a split vote or a failed round it tries again after a random delay. A
-// waiting Acquire gives up with an error matching ErrNoQuorum after five
-// rounds in a row in which fewer than a quorum of nodes answered.
+// waiting Acquire rides out rounds in which fewer than a quorum of nodes
+// answered for a transient reason (nodes down, restarting, loading; see
+// rediscore.Transient) until ctx is done; a round whose node errors are all
+// of another kind (wrong password, no permission) ends it with an error
+// matching ErrNoQuorum.
 func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*backend.Grant, error) {
 	if d.closed.Load() {
 		return nil, errClosed
@@ -87,7 +93,6 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *redisc
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	backoff := backend.Backoff{Min: d.retryDelay, Max: d.poll}
-	failedRounds := 0
 	splits := 0 // split votes in a row
 	for {
 		var wake <-chan struct{}
@@ -99,7 +104,6 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *redisc
 			// of nodes, which overlaps ours, so a release between the
 			// attempt and the subscriptions cannot go unnoticed. Never wait
 			// for the confirmations longer than a poll.
-			failedRounds = 0
 			var err error
 			if w, err = d.subscribe(k.Channel); err != nil {
 				return nil, err
@@ -109,7 +113,7 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *redisc
 			}
 		case a.kind == attemptHeld && !a.split:
 			// One holder: wait for its release, or its TTL.
-			failedRounds, splits = 0, 0
+			splits = 0
 			backoff.Reset()
 			wake = w.wake
 			delay = backend.Jitter(d.poll)
@@ -120,15 +124,16 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *redisc
 			// A split vote: fall out of step with the other contenders,
 			// deaf to the release messages their give-backs send. The
 			// plurality winner of the first split in a row goes at once.
-			failedRounds = 0
 			splits++
 			if !a.first || splits > 1 {
 				delay = backoff.Next()
 			}
 		default:
+			// Too few nodes answered. Nodes down or restarting come back:
+			// keep waiting, as Acquire promises, until ctx ends.
+			// (A quorum that granted too late is a matter of timing: try again.)
 			splits = 0
-			failedRounds++
-			if failedRounds >= failedRoundsLimit {
+			if a.kind == attemptNoQuorum && !rediscore.Transient(a.err) {
 				return nil, a.err
 			}
 			delay = backoff.Next()
@@ -139,6 +144,9 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *redisc
 			case <-wake:
 			case <-timer.C:
 			case <-ctx.Done():
+				if a.kind == attemptNoQuorum || a.kind == attemptSlow {
+					return nil, fmt.Errorf("%w (while too few nodes answered: %w)", ctx.Err(), a.err)
+				}
 				return nil, ctx.Err()
 			case <-d.quit:
 				return nil, errClosed
@@ -216,7 +224,7 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, k *red
 			Token:    uint64(token),
 			Start:    start,
 			Validity: validity,
-			Data:     &grantData{keys: k, pending: g.pending},
+			Data:     &grantData{keys: k, pending: g.pending, ttl: req.TTL},
 		}}
 	}
 
@@ -363,8 +371,11 @@ func (d *Driver) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duratio
 // attempt on the key waits for them). Each node gets until ctx's deadline
 // when that is later than the node timeout. It returns an error matching
 // backend.ErrNotHeld if enough nodes no longer held it for g's owner to make a
-// quorum impossible; else one matching ErrNoQuorum. Nodes that fail keep the
-// lock until its TTL runs out.
+// quorum impossible; else one matching ErrNoQuorum. The release of the key on
+// nodes that failed (down, restarting) goes on in the background until it
+// succeeds or the key's TTL has run out there (see finishRelease), so a node
+// that comes back with the key (from its append-only file) does not keep
+// others out for the rest of the TTL.
 func (d *Driver) Release(ctx context.Context, g *backend.Grant) error {
 	if d.closed.Load() {
 		return errClosed
@@ -387,19 +398,16 @@ func (d *Driver) Release(ctx context.Context, g *backend.Grant) error {
 	if dl, ok := ctx.Deadline(); ok && time.Until(dl) > timeout {
 		timeout = time.Until(dl)
 	}
-	t := d.fanout(ctx, d.nodes, timeout, func(ctx context.Context, n *node) reply {
-		v, err := rediscore.Release.Run(ctx, n.client, []string{k.Lock, k.Fence}, g.Owner, k.Channel, token).Int64()
-		switch {
-		case err != nil:
-			return failure(fmt.Errorf("release script: %w", err))
-		case v == 1:
-			return reply{out: granted}
-		}
-		return reply{out: refused}
-	}, func() {
+	op := releaseOp(g.Owner, k, token)
+	gt := d.fanout(ctx, d.nodes, timeout, op, func() {
 		close(finished)
 		d.releasing.CompareAndDelete(k.Lock, finished)
-	}).collect(func(t *tally) bool { return t.granted >= d.quorum })
+	})
+	// A copy: finishRelease goes on collecting into gt's tally.
+	res := *gt.collect(func(t *tally) bool { return t.granted >= d.quorum })
+	res.replies = slices.Clone(res.replies)
+	t := &res
+	d.finishRelease(gt, op, gd.ttl)
 	switch {
 	case t.granted >= d.quorum:
 		return nil
@@ -407,6 +415,76 @@ func (d *Driver) Release(ctx context.Context, g *backend.Grant) error {
 		return fmt.Errorf("%w on %d of %d nodes: %w", backend.ErrNotHeld, t.refused, len(d.nodes), d.causes(t, errNodeNotHeld))
 	}
 	return d.noQuorum("released", t, errNodeNotHeld)
+}
+
+// releaseOp is the release script for one node: owner-checked DEL, the
+// release announcement, the fence counter raised to token.
+func releaseOp(owner string, k *rediscore.Keys, token string) func(context.Context, *node) reply {
+	return func(ctx context.Context, n *node) reply {
+		v, err := rediscore.Release.Run(ctx, n.client, []string{k.Lock, k.Fence}, owner, k.Channel, token).Int64()
+		switch {
+		case err != nil:
+			return failure(fmt.Errorf("release script: %w", err))
+		case v == 1:
+			return reply{out: granted}
+		}
+		return reply{out: refused}
+	}
+}
+
+// closeGrace bounds the last try Close lets a background release make.
+const closeGrace = 2 * time.Second
+
+// finishRelease completes a release on the nodes where it failed: a node
+// that was down or restarting may still hold the key (or get it back from
+// its append-only file), and would keep every other client out until the
+// key's TTL. It retries those nodes with backoff until each has answered, or
+// ttl has passed (the key has expired there by then whatever happens), or
+// the driver closes (then it makes a last try, bounded by closeGrace). It
+// runs in the background only where a node's request was still running or
+// failed; a release every node answered costs nothing more.
+func (d *Driver) finishRelease(gt *gather, op func(context.Context, *node) reply, ttl time.Duration) {
+	if gt.left == 0 && gt.tally.failed == 0 {
+		return
+	}
+	d.finishMu.Lock()
+	if d.noFinish { // Close is waiting for the others; this one is too late
+		d.finishMu.Unlock()
+		return
+	}
+	d.finishing.Add(1)
+	d.finishMu.Unlock()
+	go func() {
+		defer d.finishing.Done()
+		until := time.Now().Add(ttl)
+		retry := failedNodes(gt.collect(nil))
+		b := backend.Backoff{Min: d.retryDelay, Max: d.poll}
+		timer := time.NewTimer(0)
+		defer timer.Stop()
+		<-timer.C
+		for len(retry) > 0 && time.Now().Before(until) {
+			timeout := d.nodeTimeout
+			timer.Reset(b.Next())
+			select {
+			case <-timer.C:
+			case <-d.quit:
+				timeout = closeGrace
+				until = time.Now() // this pass is the last
+			}
+			retry = failedNodes(d.fanout(context.Background(), retry, max(timeout, time.Second), op, nil).collect(nil))
+		}
+	}()
+}
+
+// failedNodes lists the nodes whose reply in t failed.
+func failedNodes(t *tally) []*node {
+	var ns []*node
+	for _, r := range t.replies {
+		if r.out == failed {
+			ns = append(ns, r.node)
+		}
+	}
+	return ns
 }
 
 // waiting is one waiting Acquire's subscriptions to a key's release channel,

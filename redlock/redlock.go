@@ -1,130 +1,3 @@
-// Package redlock is dlock's driver for Redlock: one lock held on a quorum of
-// N independent Redis masters, as the algorithm's authors specify it
-// (https://redis.io/docs/latest/develop/use/patterns/distributed-locks/).
-// Importing it registers the DSN schemes "redlock" and "redlocks" (TLS) with
-// dlock.Open:
-//
-//	import _ "github.com/dlock-go/dlock/redlock"
-//
-//	locker, err := dlock.Open(ctx, "redlock://h1:6379,h2:6379,h3:6379,h4:6379,h5:6379?ttl=10s")
-//
-// To use go-redis clients built in code (a different password or TLS
-// configuration per node, IPv6 literals), call [New] or [NewDriver].
-//
-// # The algorithm
-//
-// To acquire, the driver records the time, then sends the acquire script of
-// the single-Redis driver (SET NX PX with a random owner id, plus a fencing
-// counter) to all N nodes in parallel, each request bounded by a timeout much
-// shorter than the TTL ([Options.NodeTimeout]). The lock is granted only if a
-// quorum of N/2+1 nodes granted it and time is left: validity = TTL − elapsed
-// − drift > 0, where drift = TTL × factor + 2 ms ([Options.DriftFactor], 0.01
-// by default). The lease's deadline is the recorded start time plus TTL −
-// drift, so the time the requests took is never counted as held time. If the
-// quorum or the time is missing, the driver releases the lock on every node
-// that may hold it — those that granted it and those that did not answer. If
-// the caller waits, it tries again: after a random delay
-// ([Options.RetryDelay]) if the vote was split between contenders or nodes
-// failed, or, if one other owner holds the lock on a quorum, when that owner's
-// release is announced or its TTL runs out. A waiting Acquire gives up with
-// [ErrNoQuorum] after five rounds in a row in which fewer than a quorum of
-// nodes answered.
-//
-// A refresh extends the lock (an owner-checked PEXPIRE) on all nodes in
-// parallel and succeeds only if a quorum extended it within the validity,
-// measured from the refresh's own send time; otherwise the lease ends. A
-// release deletes the lock (owner-checked) on all nodes. Per-node errors are
-// collected (go-multierror) and named by host:port in the error: which nodes
-// failed, and why.
-//
-// Waiting is push-based: a waiter subscribes to the key's release channel on
-// every node, and any release message makes it try again; so do the holder's
-// TTL running out and, at the latest, a jittered poll ([Options.PollInterval]).
-// Waiters are not served in arrival order (FIFO is false).
-//
-// # What is guaranteed, and what is not
-//
-// Redlock's safety rests on timing assumptions: bounded network delay, bounded
-// process pauses, and bounded clock drift between the client and the nodes
-// (the drift allowance). The client's clock decides validity
-// (TimeAuthority client). When an assumption fails, two clients can hold the
-// lock at once, and this package's tests reproduce both of Martin Kleppmann's
-// scenarios to keep this documentation honest:
-//
-//   - A node forgets a lock early — its clock jumps forward, or it restarts
-//     without persistence — and a second client gets a quorum that includes
-//     it. Both believe they hold the lock until the first client's next
-//     refresh, which then fails (at most TTL/3 later with auto-renew).
-//   - The holder pauses (GC, VM, SIGSTOP) past its validity. Another client
-//     takes the lock; the first wakes and, having checked its lease before the
-//     pause, writes.
-//
-// The fencing token is the maximum, over the quorum that granted the lock, of
-// the per-node counters of the single-Redis driver, each floored at its node's
-// clock (TIME, in µs). Every refresh and release writes the token back into
-// the counter of each node it reaches, so a later quorum, which overlaps that
-// one, counts from above it. Capabilities report
-// [backend.FencingTimingDependent]: tokens increase across grants in a healthy
-// deployment, and they are never 0, but they can go backwards when
-//
-//   - a lease ends by expiry without ever having been refreshed (its holder
-//     crashed or paused: nothing wrote its token back), and a node in its
-//     quorum but not in the next one has a clock ahead of the next quorum's
-//     clocks by more than the time between the two grants — at least the
-//     TTL less the drift allowance; or
-//   - a node loses its counter — it restarts without persistence or from an
-//     older snapshot, or evicts keys under an allkeys-* maxmemory policy — and
-//     its clock is behind the newest token, and it is the only member of the
-//     next quorum that had seen that token; or
-//   - two clients hold the lock at once (the scenarios above): their tokens
-//     are then ordered by the nodes' clocks, not by the order of the grants.
-//
-// In Kleppmann's first scenario the second client's token is higher when the
-// clocks agree, so a resource that checks tokens (package fencing) rejects the
-// first client's writes once the second has written; with the first client's
-// quorum holding a node whose clock runs ahead, the second client's token can
-// be lower and it is the newer holder that is rejected. In the second scenario
-// the paused holder's token is lower and its late write is rejected, provided
-// the new holder wrote first. A strictly increasing token needs consensus: use
-// etcd, ZooKeeper or PostgreSQL where that matters.
-//
-// # Operating it
-//
-// The algorithm's authors require of the nodes:
-//
-//   - They are independent masters: no replication between them, not shards
-//     of one Redis Cluster (that is a single point of truth; the driver
-//     refuses a cluster-enabled node, a replica and a Sentinel), and not one
-//     server listed twice (refused by run_id).
-//   - A node must not forget locks on restart: run it with appendonly yes and
-//     appendfsync always, or keep a restarted node out of service for at least
-//     the longest TTL in use ("delayed restart").
-//   - Clocks run at about the same rate everywhere (the drift allowance covers
-//     1% by default); do not step them (ntpd slewing is fine, manual or large
-//     jumps are not).
-//   - Use N = 5 (or 3): the lock survives the loss of N − (N/2+1) nodes.
-//
-// # Key layout
-//
-// Each node holds the same names as the single-Redis driver's, under the
-// configured prefix (default "dlock:"): "<prefix>{<tag>}" the lock,
-// "<prefix>{<tag>}:fence" the fencing counter, "<prefix>{<tag>}:released" the
-// release channel, where the tag is the key with '%', '{' and '}'
-// percent-encoded.
-//
-// # DSN
-//
-//	redlock://[user:password@]host1[:port],host2[:port],...[/db][?param=value&...]
-//	redlocks://...   the same over TLS to every node
-//
-// The user and password apply to every node; the port defaults to 6379; an
-// IPv6 literal cannot appear in a list of hosts (use a host name, or
-// NewDriver). Parameters read by the driver: "drift" (the drift factor, default
-// 0.01), "node_timeout" (default 100ms), "retry_delay" (default 10ms), "poll"
-// (default 1s) and "prefix" (default "dlock:"). Parameters read by dlock for
-// every backend: "ttl" and "autorenew". Every other parameter goes to
-// go-redis's ParseURL for every node (dial_timeout, pool_size, …), which
-// rejects those it does not know. Errors never contain the password.
 package redlock
 
 import (
@@ -177,11 +50,6 @@ const (
 	minDriftFactor = 0.001
 	maxDriftFactor = 0.5
 )
-
-// failedRoundsLimit is how many attempts in a row a waiting Acquire makes
-// when a quorum cannot be reached for another reason than a holder (nodes
-// down, too slow), before it returns the error.
-const failedRoundsLimit = 5
 
 // checkTimeout bounds the check of one node (INFO) when the driver is built.
 const checkTimeout = 5 * time.Second
@@ -303,9 +171,12 @@ type Driver struct {
 	secret      *url.URL // the DSN, to keep its password out of errors; may be nil
 
 	closed    atomic.Bool
-	quit      chan struct{} // closed by Close
-	workers   *workers      // run the node requests
-	releasing sync.Map      // lock key → chan struct{}, closed once a release has reached every node
+	quit      chan struct{}  // closed by Close
+	workers   *workers       // run the node requests
+	releasing sync.Map       // lock key → chan struct{}, closed once a release has reached every node
+	finishing sync.WaitGroup // releases completing on nodes that failed (see finishRelease)
+	finishMu  sync.Mutex     // guards noFinish; orders finishing.Add before Close's Wait
+	noFinish  bool           // set by Close: no finishRelease starts any more
 }
 
 var (
@@ -524,6 +395,10 @@ func (d *Driver) Close() error {
 		return errClosed
 	}
 	close(d.quit)
+	d.finishMu.Lock()
+	d.noFinish = true
+	d.finishMu.Unlock()
+	d.finishing.Wait() // they make a last try, bounded by closeGrace
 	d.closeMuxes()
 	d.workers.stop()
 	if !d.owned {

@@ -68,3 +68,37 @@ func TestWaiterWokenByPublish(t *testing.T) {
 		release(t, r.lease)
 	}
 }
+
+// TestWaiterRidesOutMajorityOutage: a waiting Acquire keeps waiting while a
+// majority of the nodes is down (no quorum can answer), however long the
+// outage lasts, and is granted once they are back. The holder's keys died
+// with them (no persistence), so the lock is free on a quorum afterwards.
+func TestWaiterRidesOutMajorityOutage(t *testing.T) {
+	c := startCluster(t, 3)
+	a := c.open(t, "")
+	b := c.open(t, "poll=50ms&retry_delay=5ms")
+	ctx := testCtx(t)
+	const key = "wake/majority-outage"
+	if _, err := a.Acquire(ctx, key, dlock.WithTTL(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	got := waitingAcquire(ctx, b, key)
+	c.nodes[0].Kill()
+	c.nodes[1].Kill()
+	select {
+	case r := <-got:
+		t.Fatalf("waiting Acquire returned while a majority was down: %v", r.err)
+	case <-time.After(3 * time.Second): // the outage: many failed rounds
+	}
+	c.nodes[0].Restart()
+	c.nodes[1].Restart()
+	select {
+	case r := <-got:
+		if r.err != nil {
+			t.Fatalf("waiting Acquire across the outage: %v", r.err)
+		}
+		release(t, r.lease)
+	case <-time.After(15 * time.Second):
+		t.Fatal("waiter not granted within 15s of the nodes' return")
+	}
+}

@@ -121,14 +121,14 @@ func (h *harness) nodes(t testing.TB, key string) []string {
 	if _, err := h.admin.Sync(path); err != nil && !errors.Is(err, zk.ErrNoNode) {
 		t.Fatalf("sync %s: %v", path, err)
 	}
-	children, _, err := h.admin.Children(path)
+	children, st, err := h.admin.Children(path)
 	if errors.Is(err, zk.ErrNoNode) {
 		return nil
 	}
 	if err != nil {
 		t.Fatalf("children of %q: %v", key, err)
 	}
-	return zookeeper.SortedLocks(children)
+	return zookeeper.SortedLocks(children, st.Cversion)
 }
 
 // Expire makes the servers end the session of key's holder, as if it had
@@ -173,4 +173,10 @@ func TestConformance(t *testing.T) {
 func TestConformanceEnsemble(t *testing.T) {
 	e := testenv.StartZooKeeperEnsemble(t, 3)
 	conformance.Run(t, newHarness(t, e.Addrs(), shortSession))
+}
+
+// Waiters counts the lock nodes queued behind key's holder.
+func (h *harness) Waiters(t testing.TB, key string) int {
+	t.Helper()
+	return max(len(h.nodes(t, key))-1, 0)
 }

@@ -1,5 +1,7 @@
 package zookeeper
 
+import "time"
+
 // Test hooks for the tests of package zookeeper_test. They work on drivers
 // that own their connection (Dial, dlock.Open).
 
@@ -54,3 +56,43 @@ func DropArmed(d *Driver) bool {
 
 // SortedLocks returns the lock nodes among children in queue order.
 var SortedLocks = sortedLocks
+
+// Opcodes of the requests RecordOps sees.
+const (
+	OpExists       = 3
+	OpGetData      = 4
+	OpDelete       = 2
+	OpSync         = 9
+	OpGetChildren2 = 12
+	OpMulti        = opMulti
+)
+
+// RecordOps starts recording the opcodes of the requests d sends (pings
+// excepted); SentOps returns them and starts over.
+func RecordOps(d *Driver) {
+	d.wireMu.Lock()
+	d.recordOps, d.sentOps = true, nil
+	d.wireMu.Unlock()
+}
+
+// SentOps returns the opcodes recorded since RecordOps or the last SentOps.
+func SentOps(d *Driver) []int32 {
+	d.wireMu.Lock()
+	defer d.wireMu.Unlock()
+	ops := d.sentOps
+	d.sentOps = nil
+	return ops
+}
+
+// LastAck returns when (a reading of the driver's suspend-aware clock) the
+// leader last confirmed d's current session alive, as the session-loss rule
+// counts it.
+func LastAck(d *Driver) time.Duration {
+	c := d.sess.current()
+	if c == nil {
+		return 0
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.lastAck
+}

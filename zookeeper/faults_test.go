@@ -128,7 +128,7 @@ var zookeeperMatrix = conformance.Matrix{
 	conformance.Disconnect: {Outcome: conformance.LossDetected,
 		Why: "the connection closes and reconnecting is refused; as for a partition, the driver gives the session up before the server can expire it"},
 	conformance.PauseHolder: {Outcome: conformance.LossDetected,
-		Why: "the paused holder's deadline (its last heartbeat acknowledged plus the session timeout) passes before the server expires the session; its writes after SIGCONT are rejected by the Guard"},
+		Why: "the paused holder's deadline (its last renewal, answered through the leader, plus min(TTL, session timeout) less drift) passes before the server expires the session; its writes after SIGCONT are rejected by the Guard"},
 	conformance.Stall: {Outcome: conformance.Held | conformance.LossDetected,
 		Why: "the leader stops (SIGSTOP); the others elect a new one, which gives every session a fresh timeout; the holder keeps the lock if it reconnects to a live server within its session timeout, else it is told first"},
 	conformance.KillLeader: {Outcome: conformance.Held | conformance.LossDetected,

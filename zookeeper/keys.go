@@ -1,11 +1,14 @@
 package zookeeper
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 )
@@ -145,19 +148,50 @@ func sequence(child string) (seq string, ok bool) {
 	return child[i+len(lockName):], true
 }
 
-// sortedLocks returns the lock nodes among children in queue order.
-func sortedLocks(children []string) []string {
-	locks := make([]string, 0, len(children))
-	for _, c := range children {
-		if _, ok := sequence(c); ok {
-			locks = append(locks, c)
-		}
+// sortedLocks returns the lock nodes among children in queue order (arrival
+// order), given cversion, the parent's child version read with the same
+// listing.
+//
+// A sequential node's suffix is the parent's cversion when it was created: a
+// signed 32-bit count of the parent's child creates and deletes, printed
+// "%010d". It wraps from 2147483647 to -2147483648, and a key node that never
+// empties (a leader key with pollers) gets there after 2^31 creates and
+// deletes. Neither comparing the suffixes as text (a "-" sorts first, and
+// among negatives a newer node sorts first) nor as numbers orders nodes made
+// on both sides of the wrap. The age of a node, cversion - suffix in 32-bit
+// unsigned arithmetic, does: it counts the child changes since the node was
+// made, and the oldest node holds the lock. This is exact while no node in
+// the queue has lived through 2^32 child changes of its key; before any wrap
+// it is the same order as Curator's and go-zookeeper's (ascending suffix). A
+// name whose suffix is not a number sorts first: a node the driver cannot
+// order is taken to be ahead of it, never behind.
+func sortedLocks(children []string, cversion int32) []string {
+	type node struct {
+		name string
+		age  uint64 // child changes since it was made; foreign names: above any age
 	}
-	slices.SortFunc(locks, func(a, b string) int {
-		sa, _ := sequence(a)
-		sb, _ := sequence(b)
-		return strings.Compare(sa, sb)
+	nodes := make([]node, 0, len(children))
+	for _, c := range children {
+		seq, ok := sequence(c)
+		if !ok {
+			continue
+		}
+		age := uint64(math.MaxUint32) + 1
+		if n, err := strconv.ParseInt(seq, 10, 32); err == nil {
+			age = uint64(uint32(cversion) - uint32(int32(n)))
+		}
+		nodes = append(nodes, node{c, age})
+	}
+	slices.SortStableFunc(nodes, func(a, b node) int {
+		if c := cmp.Compare(b.age, a.age); c != 0 {
+			return c
+		}
+		return strings.Compare(a.name, b.name)
 	})
+	locks := make([]string, len(nodes))
+	for i, n := range nodes {
+		locks[i] = n.name
+	}
 	return locks
 }
 

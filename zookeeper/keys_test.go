@@ -69,7 +69,7 @@ func TestSortedLocks(t *testing.T) {
 		"readme",
 		"_c_0123456789abcdef0123456789abcdef-lock-0000000003", // go-zookeeper's zk.Lock
 		"lock-0000000007", // Curator without protection
-	})
+	}, 20)
 	want := []string{
 		"_c_0123456789abcdef0123456789abcdef-lock-0000000003",
 		"lock-0000000007",
@@ -77,6 +77,37 @@ func TestSortedLocks(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("SortedLocks = %q, want %q", got, want)
+	}
+}
+
+// After 2^31 creates and deletes under a key node that never empties, the
+// parent's cversion (the sequence source) wraps to -2147483648. Nodes made on
+// both sides of the wrap must still be ordered by arrival: text order puts
+// every "-" first (and among negatives the newest first), numeric order puts
+// the new negatives before the old holder.
+func TestSortedLocksAcrossSequenceWrap(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		cversion int32
+		arrival  []string // oldest first
+	}{
+		{"holder just before the wrap, waiters after", -2147483645, []string{
+			"_c_a-lock-2147483646", "_c_b-lock-2147483647", "_c_c-lock--2147483648", "_c_d-lock--2147483647"}},
+		// Negative suffixes as Java's "%010d" prints them.
+		{"all after the wrap", -1000, []string{
+			"_c_a-lock--2147483648", "_c_b-lock--2147483647", "_c_c-lock--000002000"}},
+		{"holder made long ago, before the wrap", -1000, []string{
+			"_c_a-lock-0000000005", "_c_b-lock-1500000000", "_c_c-lock--000002000"}},
+		{"the second crossing, from -1 to 0", 3, []string{
+			"_c_a-lock--000000002", "_c_b-lock--000000001", "_c_c-lock-0000000000", "_c_d-lock-0000000001"}},
+		{"a suffix that is not a number sorts first", 10, []string{
+			"_c_x-lock-abc", "_c_a-lock-0000000002", "_c_b-lock-0000000005"}},
+	} {
+		shuffled := slices.Clone(tc.arrival)
+		slices.Reverse(shuffled)
+		if got := zookeeper.SortedLocks(shuffled, tc.cversion); !slices.Equal(got, tc.arrival) {
+			t.Errorf("%s: SortedLocks = %q, want arrival order %q", tc.name, got, tc.arrival)
+		}
 	}
 }
 

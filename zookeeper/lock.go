@@ -352,10 +352,26 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, n *lockNo
 		if n.ses.isLost() {
 			return nil, n.ses.err()
 		}
+		// The listing that decides the grant follows a sync, which the leader
+		// answers: a follower cut off from the leader would answer a plain
+		// read alone, and the grant's validity would count from a moment the
+		// leader never confirmed the session alive. (The create's own reply
+		// is the leader's; so the uncontended grant, decided by the create,
+		// needs no sync.)
 		start := time.Now()
-		children, err := call(ctx, d, func() ([]string, error) {
-			c, _, err := d.conn.Children(n.parent)
-			return c, err
+		type listing struct {
+			children []string
+			cversion int32
+		}
+		ls, err := call(ctx, d, func() (listing, error) {
+			if _, err := d.conn.Sync(n.parent); err != nil {
+				return listing{}, err
+			}
+			c, st, err := d.conn.Children(n.parent)
+			if err != nil {
+				return listing{}, err
+			}
+			return listing{c, st.Cversion}, nil
 		})
 		if err != nil {
 			if errors.Is(err, zk.ErrNoNode) {
@@ -369,7 +385,7 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, n *lockNo
 			}
 			continue
 		}
-		locks := sortedLocks(children)
+		locks := sortedLocks(ls.children, ls.cversion)
 		i := slices.Index(locks, n.name)
 		switch {
 		case i < 0:

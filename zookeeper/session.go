@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/clock"
 )
 
 // Why a session, as the driver sees it, ended.
@@ -35,8 +36,8 @@ type session struct {
 	lost    chan struct{}
 
 	mu      sync.Mutex
-	lastAck time.Time // the server heard from the session no earlier than this
-	why     error     // why lost was closed
+	lastAck time.Duration // on sessions.clk: the leader heard from the session no earlier than this
+	why     error         // why lost was closed
 }
 
 func (s *session) isLost() bool {
@@ -73,6 +74,7 @@ func (s *session) lose(why error) {
 // by go-zookeeper's session events (or, for a connection the driver does not
 // own, by polling its state).
 type sessions struct {
+	clk       clock.Clock // counts a host suspend, as the servers' clocks do
 	mu        sync.Mutex
 	cur       *session
 	lastID    int64         // id of the latest session the server granted
@@ -83,7 +85,17 @@ type sessions struct {
 }
 
 func newSessions() *sessions {
-	return &sessions{changed: make(chan struct{})}
+	return &sessions{clk: clock.System, changed: make(chan struct{})}
+}
+
+// onClock maps t, read before a request was sent, onto ss.clk: if the host was
+// suspended since, t maps earlier than it truly was, the safe side. A zero t
+// maps to the clock's origin, long past.
+func (ss *sessions) onClock(t time.Time) time.Duration {
+	if t.IsZero() {
+		return 0
+	}
+	return ss.clk.Now() - time.Since(t)
 }
 
 // established records that the connection has a session: id, with the given
@@ -102,7 +114,7 @@ func (ss *sessions) established(id int64, timeout time.Duration, sent time.Time)
 	if ss.cur != nil {
 		ss.cur.lose(errSessionExpired)
 	}
-	ss.cur = &session{id: id, timeout: timeout, lost: make(chan struct{}), lastAck: sent}
+	ss.cur = &session{id: id, timeout: timeout, lost: make(chan struct{}), lastAck: ss.onClock(sent)}
 	ss.lastID = id
 	close(ss.changed)
 	ss.changed = make(chan struct{})
@@ -122,15 +134,27 @@ func (ss *sessions) disconnected() {
 		return
 	}
 	c.mu.Lock()
-	deadline := c.lastAck.Add(c.timeout - backend.DriftAllowance(c.timeout))
+	deadline := c.lastAck + c.timeout - backend.DriftAllowance(c.timeout)
 	c.mu.Unlock()
 	ss.stopTimer()
-	ss.timer = time.AfterFunc(max(time.Until(deadline), 0), func() {
+	ss.armLocked(c, deadline)
+}
+
+// armLocked loses c at deadline (on ss.clk) unless it reconnects first. Go's
+// timers do not count a host suspend, so the timer never sleeps longer than
+// clock.MaxSleep before it reads the clock again. Callers hold ss.mu.
+func (ss *sessions) armLocked(c *session, deadline time.Duration) {
+	ss.timer = time.AfterFunc(min(max(deadline-ss.clk.Now(), 0), clock.MaxSleep), func() {
 		ss.mu.Lock()
 		defer ss.mu.Unlock()
-		if !ss.connected && ss.cur == c {
-			c.lose(errSuspended)
+		if ss.connected || ss.cur != c || ss.closed {
+			return
 		}
+		if ss.clk.Now() < deadline {
+			ss.armLocked(c, deadline)
+			return
+		}
+		c.lose(errSuspended)
 	})
 }
 
@@ -161,9 +185,10 @@ func (ss *sessions) ack(id int64, t time.Time) {
 	if c == nil || c.id != id {
 		return
 	}
+	at := ss.onClock(t)
 	c.mu.Lock()
-	if t.After(c.lastAck) {
-		c.lastAck = t
+	if at > c.lastAck {
+		c.lastAck = at
 	}
 	c.mu.Unlock()
 }

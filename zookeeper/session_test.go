@@ -3,12 +3,52 @@ package zookeeper
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/clock"
 )
+
+// bubbleClock reads the time of the synctest bubble it was made in, plus a
+// jump: what CLOCK_BOOTTIME shows across a host suspend, while Go's timers
+// (and the bubble's time.Now) do not move.
+type bubbleClock struct {
+	origin time.Time
+	jumped atomic.Int64
+}
+
+func (c *bubbleClock) Now() time.Duration {
+	return time.Since(c.origin) + time.Duration(c.jumped.Load())
+}
+
+func newTestSessions() *sessions {
+	ss := newSessions()
+	ss.clk = &bubbleClock{origin: time.Now()}
+	return ss
+}
+
+// A host suspend while the connection is down: the servers expire the session
+// during it, and the driver must count it lost at its first look after resume
+// (within clock.MaxSleep), not a whole session timeout of Go's timers later.
+func TestSuspendWhileDisconnectedLosesSession(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const timeout = 10 * time.Second
+		ss := newTestSessions()
+		ss.established(1, timeout, time.Now())
+		s := ss.current()
+		ss.disconnected()
+		time.Sleep(time.Second)
+		ss.clk.(*bubbleClock).jumped.Store(int64(time.Minute)) // the host slept a minute
+		time.Sleep(clock.MaxSleep)
+		synctest.Wait()
+		if !s.isLost() || !errors.Is(s.err(), errSuspended) {
+			t.Fatalf("session not lost %v after resuming from a suspend past its timeout", clock.MaxSleep)
+		}
+	})
+}
 
 // TestSuspendedSessionIsLost checks Curator's rule on a fake clock: a
 // disconnected session is lost once the server may have expired it — the
@@ -18,7 +58,7 @@ func TestSuspendedSessionIsLost(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const timeout = 10 * time.Second
 		limit := timeout - backend.DriftAllowance(timeout)
-		ss := newSessions()
+		ss := newTestSessions()
 		start := time.Now()
 		ss.established(1, timeout, start)
 		s := ss.current()
@@ -50,7 +90,7 @@ func TestSuspendedSessionIsLost(t *testing.T) {
 
 func TestReconnectInTime(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		ss := newSessions()
+		ss := newTestSessions()
 		ss.established(1, 2*time.Second, time.Now())
 		s := ss.current()
 		ss.disconnected()

@@ -59,8 +59,7 @@ type wireConn struct {
 
 	mu          sync.Mutex
 	connectSent time.Time
-	pings       []time.Time // send times of pings not yet answered, oldest first
-	dropXid     int32       // test hook: reply to drop (0: none)
+	dropXid     int32 // test hook: reply to drop (0: none)
 }
 
 // dial is the zk.Dialer of connections the driver owns.
@@ -149,20 +148,16 @@ func (c *wireConn) inspect(body []byte) error {
 		return nil
 	}
 	xid := int32(binary.BigEndian.Uint32(body[0:4]))
+	// A ping's reply is not taken as proof that the session is alive: a
+	// follower cut off from the leader answers pings (for up to syncLimit
+	// ticks) while the leader may already be counting the session down. Only
+	// requests the leader confirmed (writes, sync) move the session's lastAck.
 	c.mu.Lock()
-	var pingSent time.Time
-	if xid == xidPing && len(c.pings) > 0 {
-		pingSent = c.pings[0]
-		c.pings = c.pings[1:]
-	}
 	drop := c.dropXid != 0 && xid == c.dropXid
 	if drop {
 		c.dropXid = 0
 	}
 	c.mu.Unlock()
-	if !pingSent.IsZero() {
-		c.d.sess.ack(c.sessionID, pingSent)
-	}
 	if drop {
 		c.frame, c.off = c.frame[:0], 0
 		_ = c.Conn.Close()
@@ -199,9 +194,7 @@ func (c *wireConn) Write(p []byte) (int, error) {
 		} else {
 			xid := int32(binary.BigEndian.Uint32(c.whdr[4:8]))
 			op := int32(binary.BigEndian.Uint32(c.whdr[8:12]))
-			if xid == xidPing {
-				c.pings = append(c.pings, now)
-			} else if c.d.takeDropHook(op) {
+			if xid != xidPing && c.d.takeDropHook(op) {
 				c.dropXid = xid
 			}
 		}
@@ -226,10 +219,14 @@ func (d *Driver) lastHandshake() handshake {
 }
 
 // takeDropHook reports whether the reply to a request with opcode op is to be
-// dropped (a test hook; see export_test.go), and disarms the hook if so.
+// dropped (a test hook; see export_test.go), and disarms the hook if so. It
+// also records op while the recording hook is on.
 func (d *Driver) takeDropHook(op int32) bool {
 	d.wireMu.Lock()
 	defer d.wireMu.Unlock()
+	if d.recordOps {
+		d.sentOps = append(d.sentOps, op)
+	}
 	if d.dropOp != 0 && d.dropOp == op {
 		d.dropOp = 0
 		return true

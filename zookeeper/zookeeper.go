@@ -1,110 +1,3 @@
-// Package zookeeper is dlock's driver for Apache ZooKeeper, over
-// github.com/go-zookeeper/zk. Importing it registers the DSN scheme "zk" with
-// dlock.Open:
-//
-//	import _ "github.com/dlock-go/dlock/zookeeper"
-//
-//	locker, err := dlock.Open(ctx, "zk://zk1:2181,zk2:2181,zk3:2181/dlock?session=10s")
-//
-// To lock over a *zk.Conn your program already has, call [New] or
-// [NewDriver]; [Dial] connects the way Open does and returns the driver.
-//
-// # Locks
-//
-// A lock is the recipe of Apache Curator's InterProcessMutex, in the same
-// layout, so Curator clients and dlock exclude each other on the same path.
-// Each Acquire creates an ephemeral sequential node
-//
-//	<root>/<EscapeKey(key)>/_c_<uuid>-lock-<sequence>
-//
-// whose <uuid> is the lease's owner id. The node with the lowest sequence
-// holds the lock; every other one waits for a watch on the node just before it
-// (first come, first served, and a release wakes exactly one waiter). The
-// key's node is a container node, which the server deletes some time after its
-// last child. The root node (default [DefaultRoot]) and any missing parents
-// are created as needed.
-//
-// The node is created in Curator's "protected" mode: if the connection breaks
-// while the create is in flight, the driver cannot tell whether the server
-// created the node, so it looks for the node by its <uuid> once it has
-// reconnected and adopts or deletes it. A create whose reply was lost never
-// leaves an orphan node queued in the holder's name. When an Acquire's ctx
-// ends, the driver deletes the waiter's node before it returns (or, if the
-// server cannot be reached within a couple of seconds, as soon as it can).
-//
-// # Fencing tokens
-//
-// A grant's token is the czxid of its node: the zxid of the transaction that
-// created it. Zxids are ZooKeeper's global, totally ordered transaction ids,
-// so tokens strictly increase per key across every grant, release, expiry,
-// leader election and server restart the ensemble survives — including when
-// the key's node is deleted and re-created, which restarts the sequence
-// numbers (which is why the sequence number is not the token). The driver
-// learns the czxid without an extra round trip: the create runs in one multi
-// transaction with a write of empty data to the key's node, whose new mzxid is
-// that zxid (and whose child count says whether the new node is alone, so an
-// uncontended Acquire costs one round trip). Do not keep data in a key's node.
-//
-// # Sessions, TTL and validity
-//
-// A ZooKeeper lock lives as long as the session that created its node: the
-// server deletes every ephemeral node of a session when the session ends
-// (closed by the client, or expired after the session timeout without a word
-// from the client). go-zookeeper keeps the session alive by itself, with pings.
-// Each driver has one session, shared by all its leases.
-//
-// So the session timeout, not dlock's TTL, bounds how long a holder that
-// crashed or was partitioned away keeps others waiting: up to the negotiated
-// session timeout (the server rounds up to its tick). The TTL keeps its
-// meaning for a live holder that stops renewing: dlock ends the lease at its
-// deadline and deletes the node. Each keepalive refresh (every TTL/3 by
-// default) checks, through the leader (sync, then exists), that the node still
-// exists and is this lease's, in this session.
-//
-// Validity is derived from the session, never from the TTL alone: a grant or
-// refresh is valid for min(TTL, session timeout) less the drift allowance,
-// counted from the moment its request was sent. The request reached a server
-// no earlier than that, so the session cannot expire sooner. (One caveat, as
-// for every ZooKeeper recipe: a follower reports session activity to the
-// leader every half tick, so if it is cut off from the leader just after
-// answering, the leader may count the session from up to half a tickTime
-// earlier. The fencing token covers that gap.)
-//
-// # Losing a lease
-//
-// Every grant's Lost channel is its session's: dlock ends every lease of a
-// session the moment the driver learns the session ended. That happens when
-// the server reports the session expired, and when the connection has been
-// down (suspended, in Curator's terms) for so long that the server may have
-// expired it: the session timeout, less the drift allowance, after the latest
-// request or ping the server answered. A lease is never believed past the
-// time the server may have dropped it. While the connection is down but the
-// session may still live, refreshes and releases wait for a reconnection; a
-// release that cannot finish is completed in the background as soon as the
-// server is reachable again, for as long as the session lives.
-//
-// A lock node deleted by hand is noticed at the lease's next refresh.
-//
-// # Key mapping
-//
-// A key becomes one node name by [EscapeKey]: '%', '/' and every character
-// ZooKeeper does not allow in a path are percent-encoded byte by byte, and the
-// keys "." and ".." become "%2E" and "%2E%2E". The mapping is injective. For
-// the key "jobs/nightly" and the default root, the lock nodes are children of
-// /dlock/jobs%2Fnightly.
-//
-// # DSN
-//
-//	zk://[user:password@]host[:port][,host[:port]...][/root][?param=value&...]
-//
-// The default port is 2181, the default root [DefaultRoot]. A user and
-// password turn on ZooKeeper digest authentication, and the nodes the driver
-// creates then get the ACL auth:: (all permissions for that identity, see
-// zk.AuthACL). Parameters read by the driver: "session", the session timeout
-// to ask for (default 10s; the servers clamp it to 2–20 × their tickTime), and
-// "connect", how long Open waits for the first session (default 10s). dlock
-// reads "ttl" and "autorenew". Errors never contain the password. IPv6
-// addresses cannot be listed in a DSN; use Dial.
 package zookeeper
 
 import (
@@ -263,8 +156,10 @@ type Driver struct {
 	wireMu    sync.Mutex
 	wire      *wireConn
 	handshake handshake
-	severed   bool  // test hook: the process "crashed"
-	dropOp    int32 // test hook: drop the reply to the next request with this opcode
+	severed   bool    // test hook: the process "crashed"
+	dropOp    int32   // test hook: drop the reply to the next request with this opcode
+	sentOps   []int32 // test hook: opcodes of the requests sent while recordOps
+	recordOps bool
 }
 
 var (
@@ -370,8 +265,8 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 		SessionTimeout: p.Duration("session", DefaultSessionTimeout),
 		ConnectTimeout: p.Duration("connect", DefaultConnectTimeout),
 	}
-	if err := p.Done("session", "connect"); err != nil {
-		return nil, fmt.Errorf("%w: %w", dlock.ErrInvalidOption, err)
+	if err := p.Done(); err != nil {
+		return nil, err
 	}
 	if u.Opaque != "" || u.Host == "" {
 		return nil, fmt.Errorf("%w: DSN names no server (want zk://host:2181[,host:2181...]/root)", dlock.ErrInvalidOption)

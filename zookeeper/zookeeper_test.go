@@ -92,6 +92,140 @@ func TestDriver(t *testing.T) {
 	t.Run("CreateReplyLost", func(t *testing.T) { testCreateReplyLost(t, h) })
 	t.Run("CancelLeavesNoNode", func(t *testing.T) { testCancelLeavesNoNode(t, srv, h) })
 	t.Run("MixedWithZkLock", func(t *testing.T) { testMixedWithZkLock(t, h) })
+	t.Run("QueueAcrossSequenceWrap", func(t *testing.T) { testQueueAcrossSequenceWrap(t, h) })
+	t.Run("WaiterGrantSyncsFirst", func(t *testing.T) { testWaiterGrantSyncsFirst(t, h) })
+	t.Run("PingsDoNotConfirmSession", func(t *testing.T) { testPingsDoNotConfirmSession(t, h) })
+}
+
+// testWaiterGrantSyncsFirst: the listing that finds a waiter first, whose send
+// time the grant's validity counts from, must follow a sync (answered by the
+// leader), or a follower cut off from the leader could vouch for the session
+// alone.
+func testWaiterGrantSyncsFirst(t *testing.T, h *harness) {
+	k := testKey(t)
+	a, b := h.NewLocker(t), h.NewLocker(t)
+	held := mustAcquire(t, a, k)
+	db := h.driverOf(t, b)
+	zookeeper.RecordOps(db)
+	got := make(chan *dlock.Lease, 1)
+	go func() {
+		lease, err := b.Acquire(testCtx(t), k)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- lease
+	}()
+	eventually(t, 10*time.Second, "b queued", func() bool { return len(h.nodes(t, k)) == 2 })
+	mustRelease(t, held)
+	lease := <-got
+	if lease == nil {
+		t.FailNow()
+	}
+	defer mustRelease(t, lease)
+	// Every listing b made — the last of which granted it — follows a sync.
+	ops := zookeeper.SentOps(db)
+	n := 0
+	for i, op := range ops {
+		if op != zookeeper.OpGetChildren2 {
+			continue
+		}
+		n++
+		if i == 0 || ops[i-1] != zookeeper.OpSync {
+			t.Fatalf("b listed the queue without a sync first: ops %v", ops)
+		}
+	}
+	if n == 0 {
+		t.Fatalf("b sent %v before its grant; no listing", ops)
+	}
+}
+
+// testPingsDoNotConfirmSession: a ping's reply may come from a follower cut
+// off from the leader, so it must not move the moment the session-loss rule
+// counts from; only leader-confirmed requests do.
+func testPingsDoNotConfirmSession(t *testing.T, h *harness) {
+	d := h.driver(t, 2*time.Second) // go-zookeeper pings every third of the session timeout
+	l, err := dlock.New(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	mustRelease(t, mustAcquire(t, l, testKey(t)))
+	before := zookeeper.LastAck(d)
+	time.Sleep(2 * time.Second) // three ping intervals with no request
+	if after := zookeeper.LastAck(d); after != before {
+		t.Fatalf("lastAck moved %v with only pings on the wire", after-before)
+	}
+}
+
+// testQueueAcrossSequenceWrap puts lock nodes named as ZooKeeper names them
+// just before its sequence counter wraps (the parent's cversion reaches
+// 2^31 - 1 after 2^31 creates and deletes under a key node that never
+// empties) in front of dlock's, whose suffixes come from the parent's real,
+// small cversion: seen as text or as numbers, dlock's nodes are first; by age
+// they are behind. dlock must queue behind them and be granted in arrival
+// order as they go.
+func testQueueAcrossSequenceWrap(t *testing.T, h *harness) {
+	ctx := testCtx(t)
+	k := testKey(t)
+	parent := zookeeper.LockPath(zookeeper.DefaultRoot, k)
+	a, b := h.NewLocker(t), h.NewLocker(t)
+	mustRelease(t, mustAcquire(t, a, k)) // makes the key's node
+
+	var old []string
+	for _, seq := range []string{"2147483646", "2147483647"} {
+		p, err := h.admin.Create(parent+"/_c_00000000-0000-4000-8000-00000000000"+seq[9:]+"-lock-"+seq, nil, zk.FlagEphemeral, zk.WorldACL(zk.PermAll))
+		if err != nil {
+			t.Fatal(err)
+		}
+		old = append(old, p)
+	}
+	if _, err := a.TryAcquire(ctx, k); !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatalf("TryAcquire with two nodes made before the wrap in the queue: %v, want ErrNotAcquired", err)
+	}
+
+	type result struct {
+		who   string
+		lease *dlock.Lease
+	}
+	got := make(chan result, 2)
+	acquire := func(who string, l dlock.Locker) {
+		lease, err := l.Acquire(ctx, k)
+		if err != nil {
+			t.Error(err)
+		}
+		got <- result{who, lease}
+	}
+	go acquire("a", a)
+	eventually(t, 10*time.Second, "a queued", func() bool { return len(h.nodes(t, k)) == 3 })
+	go acquire("b", b)
+	eventually(t, 10*time.Second, "b queued", func() bool { return len(h.nodes(t, k)) == 4 })
+
+	if err := h.admin.Delete(old[0], -1); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-got:
+		t.Fatalf("%s granted while a node made before it still holds the lock", r.who)
+	case <-time.After(500 * time.Millisecond):
+	}
+	if err := h.admin.Delete(old[1], -1); err != nil {
+		t.Fatal(err)
+	}
+	first := <-got
+	if first.who != "a" || first.lease == nil {
+		t.Fatalf("first grant went to %q, want a (queued first)", first.who)
+	}
+	select {
+	case r := <-got:
+		t.Fatalf("%s granted while a holds the lock", r.who)
+	case <-time.After(500 * time.Millisecond):
+	}
+	mustRelease(t, first.lease)
+	second := <-got
+	if second.who != "b" || second.lease == nil {
+		t.FailNow()
+	}
+	mustRelease(t, second.lease)
 }
 
 var curatorName = regexp.MustCompile(`^_c_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}-lock-[0-9]{10}$`)

@@ -228,9 +228,16 @@ func readRecords(dir string) ([]conformance.Record, error) {
 	return recs, nil
 }
 
-// merge combines the records of one row from several runs.
+// merge combines the records of one row from several runs: trials, stale
+// writes, overlaps and operations add up, and a failure anywhere fails the
+// row. Whether the row was skipped is the newest record's say (by Time): a
+// pass left in a reused results directory by an earlier run must not hide
+// this run's skip, nor an old skip this run's pass.
 func merge(rs []conformance.Record) conformance.Record {
+	rs = slices.Clone(rs)
+	slices.SortStableFunc(rs, func(a, b conformance.Record) int { return strings.Compare(a.Time, b.Time) })
 	m := rs[0]
+	m.Skip = rs[len(rs)-1].Skip
 	var observed []string
 	var p50s []float64
 	for i, r := range rs {
@@ -241,9 +248,6 @@ func merge(rs []conformance.Record) conformance.Record {
 			m.Ops += r.Ops
 			m.Failed = m.Failed || r.Failed
 			m.LatencyMaxMs = max(m.LatencyMaxMs, r.LatencyMaxMs)
-			if r.Skip == "" {
-				m.Skip = ""
-			}
 		}
 		for _, o := range strings.Split(r.Observed, "|") {
 			if o != "" && !slices.Contains(observed, o) {

@@ -37,6 +37,22 @@ func TestRenderMergesAndOrders(t *testing.T) {
 	}
 }
 
+// A results directory reused across runs must not let an earlier run's pass
+// hide this run's skip (nor an earlier skip hide this run's pass).
+func TestMergeNewestRecordDecidesSkip(t *testing.T) {
+	pass := conformance.Record{Kind: "fault", Deployment: "etcd-3", Fault: "kill-leader", Expected: "held", Observed: "held", Trials: 1, Time: "2026-11-22T05:00:00Z"}
+	skip := conformance.Record{Kind: "fault", Deployment: "etcd-3", Fault: "kill-leader", Expected: "held", Skip: "etcd binary missing", Time: "2026-11-23T05:00:00Z"}
+	for _, order := range [][]conformance.Record{{pass, skip}, {skip, pass}} {
+		if m := merge(order); m.Skip != skip.Skip {
+			t.Errorf("merge(%s first) = skip %q, want this run's skip %q", order[0].Time, m.Skip, skip.Skip)
+		}
+	}
+	skip.Time, pass.Time = pass.Time, skip.Time // now the pass is the newer
+	if m := merge([]conformance.Record{skip, pass}); m.Skip != "" {
+		t.Errorf("an old skip hides the newer pass: skip %q", m.Skip)
+	}
+}
+
 func TestCheckComparesClaimsOnly(t *testing.T) {
 	recs := testRecords()
 	committed := render(recs, "one machine", time.Now())
