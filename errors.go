@@ -26,8 +26,10 @@ var (
 	// Locker.Close).
 	ErrReleased = errors.New("lease already released")
 
-	// ErrClosed means the Locker was closed.
-	ErrClosed = errors.New("locker closed")
+	// ErrClosed means the Locker was closed: every call after Close, a second
+	// Close, and an Acquire that was waiting when Close came return it. It is
+	// backend.ErrClosed, which drivers wrap.
+	ErrClosed = backend.ErrClosed
 
 	// ErrInvalidKey means a key is empty, longer than MaxKeyLen bytes, not valid
 	// UTF-8, or contains a NUL byte.

@@ -36,6 +36,11 @@ var (
 	// option (Params.Done returns one). It is the same value as
 	// dlock.ErrInvalidOption, so applications match either.
 	ErrInvalidOption = errors.New("invalid option")
+
+	// ErrClosed is wrapped by every error a driver returns once Close has
+	// been called: a call that was waiting when Close came, and a second
+	// Close. It is the same value as dlock.ErrClosed.
+	ErrClosed = errors.New("locker closed")
 )
 
 // Driver is implemented by each backend. Package dlock serialises nothing on a
@@ -84,7 +89,9 @@ type Driver interface {
 	Capabilities() Capabilities
 
 	// Close releases the driver's resources (connections, sessions, goroutines).
-	// dlock releases every lease it knows of before calling Close.
+	// dlock releases every lease it knows of before calling Close, and calls
+	// it once. A call waiting in the driver when Close comes returns an error
+	// wrapping ErrClosed; so does a second Close, which does nothing else.
 	Close() error
 }
 

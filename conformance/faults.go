@@ -152,9 +152,3 @@ type FaultHarness interface {
 	Inject(t testing.TB, f Fault, key string) (heal func())
 }
 
-// Inspector is an optional interface on a Harness: Residue lists what the
-// backend still stores for key (lock keys, nodes, rows, advisory locks),
-// so the suite can check nothing is left after Close.
-type Inspector interface {
-	Residue(t testing.TB, key string) []string
-}

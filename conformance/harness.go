@@ -81,3 +81,12 @@ type SlowPoller interface {
 // polling fallback (dlock's default poll interval is 0.5–1s, and the suite
 // raises it further through SlowPoller).
 const PushWaitBound = 250 * time.Millisecond
+
+// Inspector is an optional interface on a Harness: Residue lists what the
+// backend still stores for key (lock keys, queued nodes, waiting sessions,
+// advisory locks), but not what it keeps by design (fence counters). The
+// suite checks that nothing is left once a key's holders released and its
+// waiters gave up, and the fault suite after each trial.
+type Inspector interface {
+	Residue(t testing.TB, key string) []string
+}

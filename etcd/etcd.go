@@ -38,7 +38,7 @@ const (
 	DefaultPort = "2379"
 )
 
-var errClosed = errors.New("etcd driver closed")
+var errClosed = fmt.Errorf("etcd driver: %w", backend.ErrClosed)
 
 func init() {
 	backend.Register("etcd", open)
@@ -193,12 +193,12 @@ func (d *Driver) Capabilities() backend.Capabilities {
 // Close revokes the leases the driver keeps for reuse, stops its watches and
 // goroutines, and closes the client if the driver opened it (a client given
 // to NewDriver or New stays open). dlock releases every lease before it calls
-// Close. A second Close returns nil.
+// Close. A second Close returns an error wrapping dlock.ErrClosed.
 func (d *Driver) Close() error {
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
-		return nil
+		return errClosed
 	}
 	d.closed = true
 	var idle []*lease
@@ -227,6 +227,9 @@ func (d *Driver) Close() error {
 func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 	cfg, o, err := parseDSN(u)
 	if err != nil {
+		if errors.Is(err, dlock.ErrInvalidOption) { // from Params.Done
+			return nil, err
+		}
 		return nil, fmt.Errorf("%w: %w", dlock.ErrInvalidOption, err)
 	}
 	cli, err := clientv3.New(cfg)

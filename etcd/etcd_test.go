@@ -534,32 +534,6 @@ func TestDefaultPrefix(t *testing.T) {
 	}
 }
 
-// TestCancelLeavesNothing: a waiting Acquire whose ctx ends has removed its
-// key by the time it returns.
-func TestCancelLeavesNothing(t *testing.T) {
-	srv := testenv.StartEtcd(t)
-	a, b := openLocker(t, srv.URL()+testPrefix), openLocker(t, srv.URL()+testPrefix)
-	ctx := testCtx(t)
-	raw := rawClient(t, []string{srv.Endpoint()})
-	lease, err := a.Acquire(ctx, "cancel")
-	if err != nil {
-		t.Fatal(err)
-	}
-	name := etcd.LockName(testPrefix, "cancel") + "/"
-	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	defer cancel()
-	if _, err := b.Acquire(wctx, "cancel"); !errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Acquire with an expiring ctx: %v", err)
-	}
-	resp, err := raw.Get(ctx, name, clientv3.WithPrefix(), clientv3.WithCountOnly())
-	if err != nil || resp.Count != 1 {
-		t.Fatalf("keys under %s after the cancelled Acquire returned: %d, %v; want only the holder's", name, resp.Count, err)
-	}
-	if err := lease.Release(ctx); err != nil {
-		t.Fatal(err)
-	}
-}
-
 func TestOpenErrors(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct{ dsn, want string }{
@@ -654,3 +628,28 @@ func (h *harness) Waiters(t testing.TB, key string) int {
 	}
 	return max(int(resp.Count)-1, 0)
 }
+
+// Residue lists the keys left under key's lock prefix: the holders' and
+// waiters' keys, each attached to its lease.
+func (h *harness) Residue(t testing.TB, key string) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := h.raw.Get(ctx, etcd.LockName(testPrefix, key)+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		t.Fatalf("Residue(%q): %v", key, err)
+	}
+	var left []string
+	for _, kv := range resp.Kvs {
+		left = append(left, string(kv.Key))
+	}
+	return left
+}
+
+// DSN is the DSN NewLocker opens.
+func (h *harness) DSN(testing.TB) string { return h.dsn() }
+
+var (
+	_ conformance.Inspector = (*harness)(nil)
+	_ conformance.DSNer     = (*harness)(nil)
+)

@@ -1,7 +1,6 @@
 package etcd_test
 
 import (
-	"context"
 	"strings"
 	"testing"
 	"time"
@@ -76,26 +75,8 @@ func (h *faultHarness) Inject(t testing.TB, f conformance.Fault, key string) (he
 	return nil
 }
 
-// Residue lists the keys left under key's lock prefix: the holders' and
-// waiters' keys, each attached to its lease.
-func (h *faultHarness) Residue(t testing.TB, key string) []string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	resp, err := h.raw.Get(ctx, etcd.LockName(testPrefix, key)+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
-	if err != nil {
-		t.Fatalf("Residue(%q): %v", key, err)
-	}
-	var left []string
-	for _, kv := range resp.Kvs {
-		left = append(left, string(kv.Key))
-	}
-	return left
-}
-
 var (
 	_ conformance.FaultHarness  = (*faultHarness)(nil)
-	_ conformance.Inspector     = (*faultHarness)(nil)
 	_ conformance.FailoverTimer = (*faultHarness)(nil)
 	_ conformance.ShortTTLer    = (*faultHarness)(nil)
 )

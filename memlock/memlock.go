@@ -24,7 +24,6 @@ package memlock
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/url"
 	"sync"
@@ -89,6 +88,13 @@ func (s *Store) Waiters(key string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.queues[key])
+}
+
+// Held reports whether key is held.
+func (s *Store) Held(key string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.locks[key] != nil
 }
 
 // NewStore returns an empty, private store.
@@ -167,7 +173,7 @@ func (s *Store) dropLocked(key string, h *holder, lost bool) {
 }
 
 // errClosed is returned by a driver used after Close.
-var errClosed = errors.New("memlock: driver closed")
+var errClosed = fmt.Errorf("memlock driver: %w", backend.ErrClosed)
 
 type driver struct {
 	store *Store
@@ -272,6 +278,9 @@ func (d *driver) Capabilities() backend.Capabilities {
 func (d *driver) Close() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if d.done {
+		return errClosed
+	}
 	d.done = true
 	return nil
 }

@@ -2,6 +2,7 @@ package postgres_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -83,3 +84,43 @@ func (h *harness) Waiters(t testing.TB, key string) int {
 	t.Helper()
 	return waiters(t, h.srv, key)
 }
+
+// Residue lists the sessions that still hold or wait for key's advisory
+// lock. The key's row in the fence table stays by design: it keeps the
+// tokens increasing.
+func (h *harness) Residue(t testing.TB, key string) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn := connect(t, ctx, h.srv)
+	defer conn.Close(ctx)
+	classid, objid, objsubid := postgres.Options{}.AdvisoryKey(key).PgLocks()
+	rows, err := conn.Query(ctx, `SELECT pid, granted FROM pg_locks WHERE locktype = 'advisory'
+		AND classid = $1::int8::oid AND objid = $2::int8::oid AND objsubid = $3`,
+		int64(classid), int64(objid), objsubid)
+	if err != nil {
+		t.Fatalf("Residue(%q): pg_locks: %v", key, err)
+	}
+	defer rows.Close()
+	var left []string
+	for rows.Next() {
+		var pid int
+		var granted bool
+		if err := rows.Scan(&pid, &granted); err != nil {
+			t.Fatalf("Residue(%q): %v", key, err)
+		}
+		left = append(left, fmt.Sprintf("advisory lock of backend %d (granted %v)", pid, granted))
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatalf("Residue(%q): %v", key, err)
+	}
+	return left
+}
+
+// DSN is the DSN NewLocker opens.
+func (h *harness) DSN(testing.TB) string { return h.srv.URL() }
+
+var (
+	_ conformance.Inspector = (*harness)(nil)
+	_ conformance.DSNer     = (*harness)(nil)
+)

@@ -2,7 +2,6 @@ package postgres_test
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -52,41 +51,8 @@ func (h *faultHarness) Inject(t testing.TB, f conformance.Fault, key string) (he
 	return nil
 }
 
-// Residue lists the sessions that still hold or wait for key's advisory
-// lock. The key's row in the fence table stays by design: it keeps the
-// tokens increasing.
-func (h *faultHarness) Residue(t testing.TB, key string) []string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	conn := connect(t, ctx, h.srv)
-	defer conn.Close(ctx)
-	classid, objid, objsubid := postgres.Options{}.AdvisoryKey(key).PgLocks()
-	rows, err := conn.Query(ctx, `SELECT pid, granted FROM pg_locks WHERE locktype = 'advisory'
-		AND classid = $1::int8::oid AND objid = $2::int8::oid AND objsubid = $3`,
-		int64(classid), int64(objid), objsubid)
-	if err != nil {
-		t.Fatalf("Residue(%q): pg_locks: %v", key, err)
-	}
-	defer rows.Close()
-	var left []string
-	for rows.Next() {
-		var pid int
-		var granted bool
-		if err := rows.Scan(&pid, &granted); err != nil {
-			t.Fatalf("Residue(%q): %v", key, err)
-		}
-		left = append(left, fmt.Sprintf("advisory lock of backend %d (granted %v)", pid, granted))
-	}
-	if err := rows.Err(); err != nil {
-		t.Fatalf("Residue(%q): %v", key, err)
-	}
-	return left
-}
-
 var (
 	_ conformance.FaultHarness = (*faultHarness)(nil)
-	_ conformance.Inspector    = (*faultHarness)(nil)
 )
 
 // postgresMatrix is the single PostgreSQL server's row of the fault matrix.

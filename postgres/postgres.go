@@ -47,7 +47,7 @@ const (
 	cleanupTimeout = 2 * time.Second
 )
 
-var errClosed = errors.New("postgres driver closed")
+var errClosed = fmt.Errorf("postgres driver: %w", backend.ErrClosed)
 
 func init() {
 	backend.Register("postgres", open)

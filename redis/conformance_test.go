@@ -21,6 +21,7 @@ type harness struct {
 	dial func() goredis.UniversalClient // a new client with ContextTimeoutEnabled
 	raw  goredis.UniversalClient        // for Expire, behind the lockers' backs
 	opts *redis.Options
+	dsn  string // "" unless the harness reaches one server started by newHarness
 
 	mu      sync.Mutex
 	clients map[dlock.Locker]goredis.UniversalClient
@@ -28,9 +29,11 @@ type harness struct {
 
 func newHarness(t testing.TB) *harness {
 	srv := testenv.StartRedis(t)
-	return newHarnessDial(t, func() goredis.UniversalClient {
+	h := newHarnessDial(t, func() goredis.UniversalClient {
 		return goredis.NewClient(&goredis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
 	})
+	h.dsn = "redis://" + srv.Addr() + "/0"
+	return h
 }
 
 // newHarnessDial returns a harness whose lockers each use a client from dial.
@@ -49,18 +52,30 @@ func (h *harness) NewLocker(t testing.TB) dlock.Locker {
 func (h *harness) lockerWith(t testing.TB, opts *redis.Options) dlock.Locker {
 	t.Helper()
 	client := h.dial()
-	l, err := redis.New(client, opts)
+	rl, err := redis.New(client, opts)
 	if err != nil {
 		t.Fatalf("redis.New: %v", err)
 	}
+	l := &clientLocker{Locker: rl, client: client}
 	h.mu.Lock()
 	h.clients[l] = client
 	h.mu.Unlock()
-	t.Cleanup(func() {
-		_ = l.Close()
-		_ = client.Close() // a second Close after Crash is harmless
-	})
+	t.Cleanup(func() { _ = l.Close() })
 	return l
+}
+
+// clientLocker is a Locker that closes its client with it, as one opened
+// from a DSN does (redis.New leaves the caller's client open), so that the
+// suite sees the client's goroutines end with Close.
+type clientLocker struct {
+	dlock.Locker
+	client goredis.UniversalClient
+}
+
+func (l *clientLocker) Close() error {
+	err := l.Locker.Close()
+	_ = l.client.Close() // a second Close, after Crash or Close, is harmless
+	return err
 }
 
 // Crash cuts the locker off from the server without releasing anything, as a
@@ -122,3 +137,27 @@ func (h *harness) NewSlowPollLocker(t testing.TB) dlock.Locker {
 	o.PollInterval = 30 * time.Second
 	return h.lockerWith(t, &o)
 }
+
+// Residue reports the lock key if it is still there; the fence counter stays
+// by design (it keeps tokens increasing).
+func (h *harness) Residue(t testing.TB, key string) []string {
+	t.Helper()
+	lk := redis.LockKey(redis.DefaultPrefix, key)
+	n, err := h.raw.Exists(context.Background(), lk).Result()
+	if err != nil {
+		t.Fatalf("Residue: EXISTS: %v", err)
+	}
+	if n > 0 {
+		return []string{lk}
+	}
+	return nil
+}
+
+// DSN reaches the server the harness started ("" for a harness built on
+// another client, such as Sentinel's or Cluster's).
+func (h *harness) DSN(testing.TB) string { return h.dsn }
+
+var (
+	_ conformance.Inspector = (*harness)(nil)
+	_ conformance.DSNer     = (*harness)(nil)
+)

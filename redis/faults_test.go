@@ -75,21 +75,6 @@ func (h *faultHarness) Inject(t testing.TB, f conformance.Fault, key string) (he
 	return nil
 }
 
-// Residue reports the lock key if it is still there; the fence counter stays
-// by design (it keeps tokens increasing).
-func (h *faultHarness) Residue(t testing.TB, key string) []string {
-	t.Helper()
-	lk := redis.LockKey(redis.DefaultPrefix, key)
-	n, err := h.raw.Exists(context.Background(), lk).Result()
-	if err != nil {
-		t.Fatalf("Residue: EXISTS: %v", err)
-	}
-	if n > 0 {
-		return []string{lk}
-	}
-	return nil
-}
-
 // redisMatrix is the single redis-server's row of the fault matrix.
 var redisMatrix = conformance.Matrix{
 	conformance.Partition: {Outcome: conformance.LossDetected,

@@ -38,7 +38,7 @@ const (
 // the server), or whose grant raced the caller's cancellation.
 const cleanupTimeout = 2 * time.Second
 
-var errClosed = errors.New("redis driver closed")
+var errClosed = fmt.Errorf("redis driver: %w", backend.ErrClosed)
 
 func init() {
 	for _, scheme := range []string{"redis", "rediss", "redis+sentinel", "rediss+sentinel", "redis+cluster", "rediss+cluster"} {

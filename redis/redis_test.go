@@ -11,7 +11,6 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
@@ -748,36 +747,6 @@ func TestManyLocalWaiters(t *testing.T) {
 	waitFor(t, 5*time.Second, "unsubscribed", func() bool { return numSub(t, raw, channel) == 0 })
 }
 
-// TestCancelWhileWaitingLeavesNothing: a cancelled waiter unsubscribes and
-// leaves no key behind.
-func TestCancelWhileWaitingLeavesNothing(t *testing.T) {
-	srv := testenv.StartRedis(t)
-	raw := rawClient(t, srv)
-	a := openLocker(t, srv, "")
-	b := openLocker(t, srv, "poll=10s")
-	ctx := testCtx(t)
-	const key = "cancel/waiting"
-	channel := redis.ReleaseChannel(redis.DefaultPrefix, key)
-	holder, err := a.Acquire(ctx, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wctx, cancel := context.WithCancel(ctx)
-	got := waitingAcquire(wctx, b, key)
-	waitFor(t, 5*time.Second, "waiter subscribed", func() bool { return numSub(t, raw, channel) == 1 })
-	cancel()
-	r := <-got
-	if !errors.Is(r.err, dlock.ErrNotAcquired) || !errors.Is(r.err, context.Canceled) {
-		t.Fatalf("cancelled waiter: %v, want ErrNotAcquired and context.Canceled", r.err)
-	}
-	waitFor(t, 5*time.Second, "waiter unsubscribed", func() bool { return numSub(t, raw, channel) == 0 })
-	release(t, holder)
-	n, err := raw.Exists(ctx, redis.LockKey(redis.DefaultPrefix, key)).Result()
-	if err != nil || n != 0 {
-		t.Fatalf("lock key after the holder released and the waiter gave up: exists=%d err=%v", n, err)
-	}
-}
-
 // TestGrantRacingCancelIsReleased cancels the caller's ctx while the winning
 // acquire script is in flight (a hook cancels it as the reply arrives): the
 // driver must give the lock back before returning the ctx error.
@@ -844,67 +813,6 @@ func (h cancelHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
 		}
 		return err
 	}
-}
-
-// TestCloseStopsGoroutines: the pub/sub goroutines start with the first wait
-// and end with Close, also when a call is still waiting on the driver.
-func TestCloseStopsGoroutines(t *testing.T) {
-	srv := testenv.StartRedis(t)
-	raw := rawClient(t, srv)
-	if err := raw.Ping(context.Background()).Err(); err != nil {
-		t.Fatal(err)
-	}
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-
-	client := goredis.NewClient(&goredis.Options{Addr: srv.Addr()})
-	defer client.Close()
-	d, err := redis.NewDriver(client, &redis.Options{PollInterval: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := testCtx(t)
-	g, err := d.Acquire(ctx, backend.AcquireRequest{Key: "close", Owner: backend.NewOwnerID(), TTL: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	errc := make(chan error, 1)
-	go func() {
-		g, err := d.Acquire(ctx, backend.AcquireRequest{Key: "close", Owner: backend.NewOwnerID(), TTL: time.Minute, Wait: true})
-		if err == nil {
-			err = d.Release(ctx, g)
-		}
-		errc <- err
-	}()
-	channel := redis.ReleaseChannel(redis.DefaultPrefix, "close")
-	waitFor(t, 5*time.Second, "waiter subscribed", func() bool { return numSub(t, raw, channel) == 1 })
-	if err := d.Release(ctx, g); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-errc; err != nil {
-		t.Fatal(err)
-	}
-	// A waiter blocked when Close is called.
-	g, err = d.Acquire(ctx, backend.AcquireRequest{Key: "close", Owner: backend.NewOwnerID(), TTL: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		_, err := d.Acquire(ctx, backend.AcquireRequest{Key: "close", Owner: backend.NewOwnerID(), TTL: time.Minute, Wait: true})
-		errc <- err
-	}()
-	waitFor(t, 5*time.Second, "waiter subscribed", func() bool { return numSub(t, raw, channel) == 1 })
-	if err := d.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-errc; err == nil {
-		t.Fatal("a call waiting across Close succeeded")
-	}
-	if err := d.Close(); err == nil {
-		t.Error("a second Close returned nil")
-	}
-	waitFor(t, 5*time.Second, "pub/sub connection closed", func() bool { return numSub(t, raw, channel) == 0 })
-	_ = raw.Del(ctx, redis.LockKey(redis.DefaultPrefix, "close"))
-	_ = g
 }
 
 // TestSubscriptionChurn: many calls of one Locker start and stop waiting on a

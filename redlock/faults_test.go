@@ -105,22 +105,8 @@ func (h *faultHarness) kleppmann(t testing.TB, key string) {
 	}
 }
 
-// Residue lists the nodes where key's lock key is still there. The fence
-// counters stay by design: they keep the tokens increasing.
-func (h *faultHarness) Residue(t testing.TB, key string) []string {
-	t.Helper()
-	var left []string
-	for i, owner := range h.c.holders(t, key) {
-		if owner != "" {
-			left = append(left, h.c.nodes[i].Addr()+" "+redlock.LockKey(redlock.DefaultPrefix, key)+" (owner "+owner+")")
-		}
-	}
-	return left
-}
-
 var (
 	_ conformance.FaultHarness = (*faultHarness)(nil)
-	_ conformance.Inspector    = (*faultHarness)(nil)
 )
 
 // redlockMatrix is the five-node Redlock deployment's row of the fault

@@ -10,6 +10,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/conformance"
 	"github.com/dlock-go/dlock/internal/testenv"
 	"github.com/dlock-go/dlock/redlock"
 )
@@ -230,3 +231,26 @@ func (h *harness) NewSlowPollLocker(t testing.TB) dlock.Locker {
 	t.Cleanup(func() { _ = l.Close() })
 	return l
 }
+
+// Residue lists the nodes where key's lock key is still there. The fence
+// counters stay by design: they keep the tokens increasing.
+func (h *harness) Residue(t testing.TB, key string) []string {
+	t.Helper()
+	var left []string
+	for i, owner := range h.c.holders(t, key) {
+		if owner != "" {
+			left = append(left, h.c.nodes[i].Addr()+" "+redlock.LockKey(redlock.DefaultPrefix, key)+" (owner "+owner+")")
+		}
+	}
+	return left
+}
+
+// DSN reaches the harness's nodes with NewLocker's per-node timeout.
+func (h *harness) DSN(testing.TB) string {
+	return "redlock://" + strings.Join(h.c.addrs(), ",") + "?node_timeout=400ms"
+}
+
+var (
+	_ conformance.Inspector = (*harness)(nil)
+	_ conformance.DSNer     = (*harness)(nil)
+)

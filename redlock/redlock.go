@@ -60,7 +60,7 @@ const checkTimeout = 5 * time.Second
 // node that failed, with its cause (see NodeError).
 var ErrNoQuorum = errors.New("no quorum")
 
-var errClosed = errors.New("redlock driver closed")
+var errClosed = fmt.Errorf("redlock driver: %w", backend.ErrClosed)
 
 func init() {
 	backend.Register("redlock", open)

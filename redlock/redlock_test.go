@@ -12,7 +12,6 @@ import (
 
 	"github.com/hashicorp/go-multierror"
 	goredis "github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
@@ -497,37 +496,6 @@ func TestGrantRacingCancelIsReleased(t *testing.T) {
 	}
 }
 
-// TestCancelWhileWaitingLeavesNothing: a cancelled waiter unsubscribes on
-// every node and leaves no lock behind.
-func TestCancelWhileWaitingLeavesNothing(t *testing.T) {
-	c := startCluster(t, 3)
-	a := c.open(t, "")
-	b := c.open(t, "poll=10s")
-	ctx := testCtx(t)
-	const key = "cancel/waiting"
-	channel := redlock.ReleaseChannel(redlock.DefaultPrefix, key)
-	holder, err := a.Acquire(ctx, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wctx, cancel := context.WithCancel(ctx)
-	got := waitingAcquire(wctx, b, key)
-	for i := range c.nodes {
-		waitFor(t, 5*time.Second, "waiter subscribed", func() bool { return numSub(t, c, i, channel) == 1 })
-	}
-	cancel()
-	r := <-got
-	if !errors.Is(r.err, dlock.ErrNotAcquired) || !errors.Is(r.err, context.Canceled) {
-		t.Fatalf("cancelled waiter: %v, want ErrNotAcquired and context.Canceled", r.err)
-	}
-	for i := range c.nodes {
-		waitFor(t, 5*time.Second, "waiter unsubscribed", func() bool { return numSub(t, c, i, channel) == 0 })
-	}
-	release(t, holder)
-	// Release returns once a quorum deleted the lock; the last node follows.
-	waitFor(t, 5*time.Second, "lock gone from every node", func() bool { return c.countHeld(t, key) == 0 })
-}
-
 // TestContendedHandoff: many lockers contend for one key; every grant is
 // exclusive and every waiter gets through, well within a poll each.
 func TestContendedHandoff(t *testing.T) {
@@ -569,54 +537,6 @@ func TestContendedHandoff(t *testing.T) {
 	if d > 20*time.Second {
 		t.Errorf("%d contended grants took %v; polls are 10s", lockers*rounds, d)
 	}
-}
-
-// TestCloseStopsGoroutines: the pub/sub goroutines of every node start with
-// the first wait and end with Close, also while a call waits.
-func TestCloseStopsGoroutines(t *testing.T) {
-	c := startCluster(t, 3)
-	for _, a := range c.admin {
-		if err := a.Ping(context.Background()).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	clients := c.clients(t)
-	for _, cl := range clients {
-		if err := cl.Ping(context.Background()).Err(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-
-	d, err := redlock.NewDriver(testCtx(t), clients, &redlock.Options{PollInterval: 10 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := testCtx(t)
-	g, err := d.Acquire(ctx, backend.AcquireRequest{Key: "close", Owner: backend.NewOwnerID(), TTL: time.Minute})
-	if err != nil {
-		t.Fatal(err)
-	}
-	errc := make(chan error, 1)
-	go func() {
-		_, err := d.Acquire(ctx, backend.AcquireRequest{Key: "close", Owner: backend.NewOwnerID(), TTL: time.Minute, Wait: true})
-		errc <- err
-	}()
-	channel := redlock.ReleaseChannel(redlock.DefaultPrefix, "close")
-	for i := range c.nodes {
-		waitFor(t, 5*time.Second, "waiter subscribed", func() bool { return numSub(t, c, i, channel) == 1 })
-	}
-	if err := d.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-errc; err == nil {
-		t.Fatal("a call waiting across Close succeeded")
-	}
-	for i := range c.nodes {
-		waitFor(t, 5*time.Second, "pub/sub connection closed", func() bool { return numSub(t, c, i, channel) == 0 })
-		_ = c.admin[i].Del(ctx, redlock.LockKey(redlock.DefaultPrefix, "close"))
-	}
-	_ = g
 }
 
 // TestReleaseWaitsForSlowNodes: a release is not racing a validity, so nodes

@@ -3,6 +3,7 @@ package zookeeper_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -180,3 +181,19 @@ func (h *harness) Waiters(t testing.TB, key string) int {
 	t.Helper()
 	return max(len(h.nodes(t, key))-1, 0)
 }
+
+// Residue lists the lock nodes left under key's lock path.
+func (h *harness) Residue(t testing.TB, key string) []string {
+	t.Helper()
+	return h.nodes(t, key)
+}
+
+// DSN reaches the harness's servers with its session timeout.
+func (h *harness) DSN(testing.TB) string {
+	return "zk://" + strings.Join(h.servers, ",") + "?session=" + h.session.String()
+}
+
+var (
+	_ conformance.Inspector = (*harness)(nil)
+	_ conformance.DSNer     = (*harness)(nil)
+)

@@ -107,15 +107,8 @@ func (h *faultHarness) holderServer(t testing.TB, key string) *testenv.ZooKeeper
 	return h.ensemble.Members[0]
 }
 
-// Residue lists the lock nodes left under key's lock path.
-func (h *faultHarness) Residue(t testing.TB, key string) []string {
-	t.Helper()
-	return h.nodes(t, key)
-}
-
 var (
 	_ conformance.FaultHarness  = (*faultHarness)(nil)
-	_ conformance.Inspector     = (*faultHarness)(nil)
 	_ conformance.FailoverTimer = (*faultHarness)(nil)
 	_ conformance.ShortTTLer    = (*faultHarness)(nil)
 )

@@ -46,7 +46,7 @@ const (
 	statePoll = 50 * time.Millisecond
 )
 
-var errClosed = errors.New("zookeeper driver closed")
+var errClosed = fmt.Errorf("zookeeper driver: %w", backend.ErrClosed)
 
 func init() {
 	backend.Register("zk", open)
