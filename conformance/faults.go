@@ -151,4 +151,3 @@ type FaultHarness interface {
 	// serves again.
 	Inject(t testing.TB, f Fault, key string) (heal func())
 }
-
