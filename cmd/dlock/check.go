@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -357,7 +356,7 @@ func (c *checkRun) suite(ctx context.Context) ([]testResult, *suiteCrash) {
 	for sc.Scan() {
 		line := sc.Text()
 		if c.verbose {
-			fmt.Fprintln(c.progress, strings.TrimLeft(line, "\x16"))
+			fmt.Fprintln(c.progress, displayLine(line))
 		}
 		p.line(line)
 	}
@@ -486,35 +485,6 @@ func (b *tailBuffer) lines() []string {
 	return strings.Split(s, "\n")
 }
 
-// checkSuiteMain is the child process of dlock check: it runs the
-// conformance suite under package testing, which parses args (-test.run,
-// -test.v, ...) and exits.
-func checkSuiteMain(args []string) int {
-	// The parent has shown the driver's notes; every locker would repeat them.
-	slog.SetDefault(slog.New(slog.DiscardHandler))
-	h := &checkHarness{dsn: os.Getenv(envCheckDSN), shortTTL: conformance.DefaultShortTTL}
-	if d, err := time.ParseDuration(os.Getenv(envCheckShortTTL)); err == nil && d > 0 {
-		h.shortTTL = d
-	}
-	if u, err := backend.ParseDSN(h.dsn); err == nil {
-		h.scheme = u.Scheme
-	}
-	if os.Getenv(envCheckAdmin) == "redis" {
-		admin, err := newRedisAdmin(h.dsn)
-		if err != nil {
-			fmt.Fprintf(os.Stderr, "dlock: %v\n", err)
-			return exitUnavailable
-		}
-		h.admin = admin // closed by the exit
-	}
-	os.Args = append([]string{os.Args[0]}, args...)
-	testing.Main(regexp.MatchString, []testing.InternalTest{{
-		Name: suiteName,
-		F:    func(t *testing.T) { conformance.Run(t, h) },
-	}}, nil, nil)
-	return exitOK // not reached: testing.Main exits
-}
-
 // checkHarness is the conformance harness of dlock check: every locker is a
 // client of its own on the live deployment.
 type checkHarness struct {
@@ -525,9 +495,19 @@ type checkHarness struct {
 }
 
 var (
-	_ conformance.Harness    = (*checkHarness)(nil)
-	_ conformance.ShortTTLer = (*checkHarness)(nil)
+	_ conformance.Harness        = (*checkHarness)(nil)
+	_ conformance.ShortTTLer     = (*checkHarness)(nil)
+	_ conformance.DSNer          = (*checkHarness)(nil)
+	_ conformance.LiveDeployment = (*checkHarness)(nil)
 )
+
+// DSN is the deployment's DSN: the suite opens a bare driver on it to check
+// the Close rule.
+func (h *checkHarness) DSN(testing.TB) string { return h.dsn }
+
+// LiveDeployment: the suite does not try wrong passwords on the operator's
+// servers.
+func (*checkHarness) LiveDeployment() {}
 
 func (h *checkHarness) NewLocker(t testing.TB) dlock.Locker {
 	t.Helper()

@@ -1,9 +1,22 @@
 package main
 
+// This file is the one seam between dlock check and package testing: the
+// child process runs the conformance suite under testing.Main (the suite
+// takes a *testing.T), and the parent reads the child's -test.v=test2json
+// output. TestOutputParser pins the format parsed here, and TestCheckRedis
+// runs the real child.
+
 import (
+	"fmt"
+	"log/slog"
+	"os"
 	"regexp"
 	"strings"
+	"testing"
 	"time"
+
+	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/conformance"
 )
 
 // testResult is the outcome of one test of the conformance suite.
@@ -109,4 +122,37 @@ func splitElapsed(s string) (string, time.Duration) {
 // not ended, and what it logged: after a crash, the test that crashed.
 func (p *outputParser) running() (string, []string) {
 	return p.current, p.output[p.current]
+}
+
+// displayLine is a line of the child's output as a person reads it: without
+// the test2json frame marker.
+func displayLine(s string) string { return strings.TrimLeft(s, "\x16") }
+
+// checkSuiteMain is the child process of dlock check: it runs the
+// conformance suite under package testing, which parses args (-test.run,
+// -test.v, ...) and exits.
+func checkSuiteMain(args []string) int {
+	// The parent has shown the driver's notes; every locker would repeat them.
+	slog.SetDefault(slog.New(slog.DiscardHandler))
+	h := &checkHarness{dsn: os.Getenv(envCheckDSN), shortTTL: conformance.DefaultShortTTL}
+	if d, err := time.ParseDuration(os.Getenv(envCheckShortTTL)); err == nil && d > 0 {
+		h.shortTTL = d
+	}
+	if u, err := backend.ParseDSN(h.dsn); err == nil {
+		h.scheme = u.Scheme
+	}
+	if os.Getenv(envCheckAdmin) == "redis" {
+		admin, err := newRedisAdmin(h.dsn)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "dlock: %v\n", err)
+			return exitUnavailable
+		}
+		h.admin = admin // closed by the exit
+	}
+	os.Args = append([]string{os.Args[0]}, args...)
+	testing.Main(regexp.MatchString, []testing.InternalTest{{
+		Name: suiteName,
+		F:    func(t *testing.T) { conformance.Run(t, h) },
+	}}, nil, nil)
+	return exitOK // not reached: testing.Main exits
 }
