@@ -11,8 +11,8 @@ import (
 type Fault string
 
 // The faults the suite knows. Link faults (Partition, Disconnect) and
-// PauseHolder need only FaultHarness.LinkedDSN; server faults need the
-// harness to list them in FaultHarness.ServerFaults.
+// PauseHolder need only FaultHarness.LinkedDSN; server faults need an
+// Injector in FaultHarness.ServerFaults.
 const (
 	// Partition blackholes the holder's link to every server for longer than
 	// the TTL: no byte passes either way and no connection closes, so the
@@ -142,12 +142,24 @@ type FaultHarness interface {
 	// PauseHolder, so it must be self-contained (credentials included).
 	LinkedDSN(t testing.TB) (dsn string, link Link)
 
-	// ServerFaults lists the server faults (Restart, RestartEmpty, Stall,
-	// KillLeader, ClockJump) Inject can apply.
-	ServerFaults() []Fault
+	// ServerFaults maps each server fault the deployment can take
+	// (Restart, RestartEmpty, Stall, KillLeader, ClockJump) to the function
+	// that injects it, so a fault is declared once, with how it is done.
+	ServerFaults() map[Fault]Injector
+}
 
-	// Inject applies server fault f while key is held, and returns once the
-	// fault is in effect; heal undoes it and returns once the deployment
-	// serves again.
-	Inject(t testing.TB, f Fault, key string) (heal func())
+// Injector applies one server fault while key is held, and returns once the
+// fault is in effect; heal undoes it and returns once the deployment serves
+// again.
+type Injector func(t testing.TB, key string) (heal func())
+
+// serverFaults lists the faults in m in faultOrder.
+func serverFaults(m map[Fault]Injector) []Fault {
+	var fs []Fault
+	for _, f := range faultOrder {
+		if m[f] != nil {
+			fs = append(fs, f)
+		}
+	}
+	return fs
 }

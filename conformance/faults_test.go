@@ -164,11 +164,12 @@ func (h memFaultHarness) Expire(t testing.TB, key string) {
 func (memFaultHarness) ShortTTL() time.Duration               { return 300 * time.Millisecond }
 func (memFaultHarness) Deployment() string                    { return "mem" }
 func (h memFaultHarness) LinkedDSN(testing.TB) (string, Link) { return "mem://" + h.name, nil }
-func (memFaultHarness) ServerFaults() []Fault                 { return []Fault{ClockJump} }
 
-func (h memFaultHarness) Inject(t testing.TB, f Fault, key string) func() {
-	h.Expire(t, key)
-	return func() {}
+func (h memFaultHarness) ServerFaults() map[Fault]Injector {
+	return map[Fault]Injector{ClockJump: func(t testing.TB, key string) func() {
+		h.Expire(t, key)
+		return func() {}
+	}}
 }
 
 func TestRunFaultsMem(t *testing.T) {

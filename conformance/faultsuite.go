@@ -150,7 +150,7 @@ func RunFaults(t *testing.T, h FaultHarness, m Matrix) {
 func (fs *faultSuite) waiterRidesOutRestart(t *testing.T) {
 	var f Fault
 	for _, c := range []Fault{Restart, RestartEmpty, KillLeader} {
-		if slices.Contains(fs.h.ServerFaults(), c) {
+		if fs.h.ServerFaults()[c] != nil {
 			f = c
 			break
 		}
@@ -176,7 +176,7 @@ func (fs *faultSuite) waiterRidesOutRestart(t *testing.T) {
 		lease, err := b.Acquire(wctx, k, dlock.WithTTL(fs.ttl))
 		got <- result{lease, err}
 	}()
-	heal := fs.h.Inject(t, f, k)
+	heal := fs.h.ServerFaults()[f](t, k)
 	// The outage lasts two TTLs, so that the waiter's attempts (at least
 	// every poll interval where it polls) meet it, whatever the driver.
 	sleepUntil(time.Now().Add(2 * fs.ttl))
@@ -209,7 +209,7 @@ func (fs *faultSuite) missing(f Fault) string {
 			return "the package's TestMain does not call conformance.Main, so the holder cannot run as a child process"
 		}
 		return ""
-	case !slices.Contains(fs.h.ServerFaults(), f):
+	case fs.h.ServerFaults()[f] == nil:
 		return fmt.Sprintf("the %s harness cannot inject %s (not in ServerFaults)", fs.h.Deployment(), f)
 	}
 	return ""
@@ -559,7 +559,7 @@ func (fs *faultSuite) trial(t *testing.T, f Fault) trialResult {
 		sleepUntil(faultAt.Add(faultLen))
 		ch.resume(t)
 	default:
-		heal := fs.h.Inject(t, f, k)
+		heal := fs.h.ServerFaults()[f](t, k)
 		if lasting(f) {
 			sleepUntil(faultAt.Add(faultLen))
 		}

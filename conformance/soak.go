@@ -216,7 +216,7 @@ func (o soakOverlap) String() string {
 // three fenced increments of that key's counter in the test process's fenced
 // register, release, at most once per o.Interval. Every o.FaultEvery the test
 // injects a random fault of o.Faults — a link fault on one child's Link, a
-// pause of one child, or a server fault through Inject on a key held at the
+// pause of one child, or a server fault through its Injector on a key held at the
 // time (as far as the test knows; it may be released meanwhile) —
 // lasting 2×TTL for Partition, Disconnect, PauseHolder, Stall and KillLeader,
 // healed at once otherwise, and checks that some handle is granted a lock
@@ -304,7 +304,7 @@ func Soak(t *testing.T, h FaultHarness, o SoakOptions) {
 			faults = append(faults, Partition, Disconnect)
 		}
 		faults = append(faults, PauseHolder)
-		faults = append(faults, h.ServerFaults()...)
+		faults = append(faults, serverFaults(h.ServerFaults())...)
 	}
 	for _, f := range faults {
 		if isLinkFault(f) && links[0] == nil {
@@ -353,7 +353,7 @@ func Soak(t *testing.T, h FaultHarness, o SoakOptions) {
 			children[i].resume(t)
 		default:
 			k = heldKey(&mu, leases, keys)
-			heal := h.Inject(t, f, k)
+			heal := h.ServerFaults()[f](t, k)
 			if lasting(f) {
 				sleepUntil(faultAt.Add(2 * ttl))
 			}
@@ -428,7 +428,7 @@ func Soak(t *testing.T, h FaultHarness, o SoakOptions) {
 }
 
 // heldKey returns a key some lease holds, as far as the test knows (it may
-// have been released since), else a random one: Inject is meant for a held
+// have been released since), else a random one: an Injector is meant for a held
 // key.
 func heldKey(mu *sync.Mutex, leases map[string]*soakLease, keys []string) string {
 	mu.Lock()

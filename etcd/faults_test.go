@@ -43,36 +43,32 @@ func (h *faultHarness) LinkedDSN(t testing.TB) (string, conformance.Link) {
 	return "etcd://" + strings.Join(ps.Addrs(), ",") + testPrefix, ps
 }
 
-func (h *faultHarness) ServerFaults() []conformance.Fault {
-	return []conformance.Fault{conformance.Stall, conformance.KillLeader, conformance.Restart}
-}
-
-// Inject applies f; see etcdMatrix for what each fault does and why. Each
-// heal returns once the cluster has a leader again.
-func (h *faultHarness) Inject(t testing.TB, f conformance.Fault, key string) (heal func()) {
-	t.Helper()
-	switch f {
-	case conformance.Stall:
-		return testenv.StallLeader(t, h.cluster.Leader)
-	case conformance.KillLeader:
-		return testenv.KillLeader(t, h.cluster.Leader)
-	case conformance.Restart:
-		leader := h.cluster.Leader(t)
-		var follower *testenv.Etcd
-		for _, m := range h.cluster.Members {
-			if m != leader {
-				follower = m
-				break
+// ServerFaults: see etcdMatrix for what each fault does and why. Each heal
+// returns once the cluster has a leader again.
+func (h *faultHarness) ServerFaults() map[conformance.Fault]conformance.Injector {
+	return map[conformance.Fault]conformance.Injector{
+		conformance.Stall: func(t testing.TB, _ string) func() {
+			return testenv.StallLeader(t, h.cluster.Leader)
+		},
+		conformance.KillLeader: func(t testing.TB, _ string) func() {
+			return testenv.KillLeader(t, h.cluster.Leader)
+		},
+		conformance.Restart: func(t testing.TB, _ string) func() {
+			leader := h.cluster.Leader(t)
+			var follower *testenv.Etcd
+			for _, m := range h.cluster.Members {
+				if m != leader {
+					follower = m
+					break
+				}
 			}
-		}
-		follower.Kill()
-		return func() {
-			follower.Restart()
-			h.cluster.Leader(t)
-		}
+			follower.Kill()
+			return func() {
+				follower.Restart()
+				h.cluster.Leader(t)
+			}
+		},
 	}
-	t.Fatalf("Inject: %s not supported", f)
-	return nil
 }
 
 var (

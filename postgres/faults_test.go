@@ -32,23 +32,18 @@ func (h *faultHarness) LinkedDSN(t testing.TB) (string, conformance.Link) {
 	return "postgres://postgres@" + p.Addr() + "/postgres?sslmode=disable&connect_timeout=5", p
 }
 
-func (h *faultHarness) ServerFaults() []conformance.Fault {
-	return []conformance.Fault{conformance.Restart, conformance.Stall}
-}
-
-// Inject applies f; see postgresMatrix for what each fault does and why.
-func (h *faultHarness) Inject(t testing.TB, f conformance.Fault, key string) (heal func()) {
-	t.Helper()
-	switch f {
-	case conformance.Restart:
-		h.srv.Kill()
-		return h.srv.Restart
-	case conformance.Stall:
-		h.srv.Pause()
-		return h.srv.Resume
+// ServerFaults: see postgresMatrix for what each fault does and why.
+func (h *faultHarness) ServerFaults() map[conformance.Fault]conformance.Injector {
+	return map[conformance.Fault]conformance.Injector{
+		conformance.Restart: func(testing.TB, string) func() {
+			h.srv.Kill()
+			return h.srv.Restart
+		},
+		conformance.Stall: func(testing.TB, string) func() {
+			h.srv.Pause()
+			return h.srv.Resume
+		},
 	}
-	t.Fatalf("Inject: %s not supported", f)
-	return nil
 }
 
 var (

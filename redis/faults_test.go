@@ -43,36 +43,35 @@ func (h *faultHarness) LinkedDSN(t testing.TB) (string, conformance.Link) {
 	return "redis://" + p.Addr() + "/0?checks=off&dial_timeout=1s", p
 }
 
-func (h *faultHarness) ServerFaults() []conformance.Fault {
+// ServerFaults: the server restarts (from its AOF, or empty without one),
+// stalls, or jumps its clock.
+func (h *faultHarness) ServerFaults() map[conformance.Fault]conformance.Injector {
+	restart := conformance.RestartEmpty
 	if h.aof {
-		return []conformance.Fault{conformance.Restart, conformance.Stall, conformance.ClockJump}
+		restart = conformance.Restart
 	}
-	return []conformance.Fault{conformance.RestartEmpty, conformance.Stall, conformance.ClockJump}
-}
-
-func (h *faultHarness) Inject(t testing.TB, f conformance.Fault, key string) (heal func()) {
-	t.Helper()
-	switch f {
-	case conformance.Restart, conformance.RestartEmpty:
-		h.srv.Kill()
-		return h.srv.Restart
-	case conformance.Stall:
-		h.srv.Pause()
-		return h.srv.Resume
-	case conformance.ClockJump:
+	return map[conformance.Fault]conformance.Injector{
+		restart: func(testing.TB, string) func() {
+			h.srv.Kill()
+			return h.srv.Restart
+		},
+		conformance.Stall: func(testing.TB, string) func() {
+			h.srv.Pause()
+			return h.srv.Resume
+		},
 		// A forward jump of the server's clock past the key's expiry: the key
 		// expires now (DEL, not PEXPIRE 1, which a renewal landing within that
 		// millisecond would undo). The fence counter is untouched (its floor,
-		// the server's clock, would jump forward too).
-		// In a soak the key may have been released meanwhile: no key, no jump.
-		lk := redis.LockKey(redis.DefaultPrefix, key)
-		if err := h.raw.Del(context.Background(), lk).Err(); err != nil {
-			t.Fatalf("ClockJump: DEL %s: %v", lk, err)
-		}
-		return func() {}
+		// the server's clock, would jump forward too). In a soak the key may
+		// have been released meanwhile: no key, no jump.
+		conformance.ClockJump: func(t testing.TB, key string) func() {
+			lk := redis.LockKey(redis.DefaultPrefix, key)
+			if err := h.raw.Del(context.Background(), lk).Err(); err != nil {
+				t.Fatalf("ClockJump: DEL %s: %v", lk, err)
+			}
+			return func() {}
+		},
 	}
-	t.Fatalf("Inject: %s not supported", f)
-	return nil
 }
 
 // redisMatrix is the single redis-server's row of the fault matrix.

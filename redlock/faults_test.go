@@ -45,34 +45,34 @@ func (h *faultHarness) LinkedDSN(t testing.TB) (string, conformance.Link) {
 	return "redlock://" + strings.Join(ps.Addrs(), ",") + "?node_timeout=400ms", ps
 }
 
-func (h *faultHarness) ServerFaults() []conformance.Fault {
-	return []conformance.Fault{conformance.Restart, conformance.RestartEmpty, conformance.Stall, conformance.ClockJump}
-}
-
-// Inject applies f; see redlockMatrix for what each fault does and why.
-func (h *faultHarness) Inject(t testing.TB, f conformance.Fault, key string) (heal func()) {
-	t.Helper()
-	switch f {
-	case conformance.Restart, conformance.RestartEmpty:
-		h.each(majority, func(i int) { h.c.nodes[i].Kill() })
-		return func() {
-			for _, i := range majority {
-				if f == conformance.RestartEmpty {
-					h.c.nodes[i].RestartEmpty()
-				} else {
-					h.c.nodes[i].Restart()
+// ServerFaults: see redlockMatrix for what each fault does and why.
+func (h *faultHarness) ServerFaults() map[conformance.Fault]conformance.Injector {
+	restart := func(empty bool) conformance.Injector {
+		return func(testing.TB, string) func() {
+			h.each(majority, func(i int) { h.c.nodes[i].Kill() })
+			return func() {
+				for _, i := range majority {
+					if empty {
+						h.c.nodes[i].RestartEmpty()
+					} else {
+						h.c.nodes[i].Restart()
+					}
 				}
 			}
 		}
-	case conformance.Stall:
-		h.c.nodes[0].Pause()
-		return h.c.nodes[0].Resume
-	case conformance.ClockJump:
-		h.kleppmann(t, key)
-		return func() {}
 	}
-	t.Fatalf("Inject: %s not supported", f)
-	return nil
+	return map[conformance.Fault]conformance.Injector{
+		conformance.Restart:      restart(false),
+		conformance.RestartEmpty: restart(true),
+		conformance.Stall: func(testing.TB, string) func() {
+			h.c.nodes[0].Pause()
+			return h.c.nodes[0].Resume
+		},
+		conformance.ClockJump: func(t testing.TB, key string) func() {
+			h.kleppmann(t, key)
+			return func() {}
+		},
+	}
 }
 
 // each runs f(i) for each node index in is, concurrently, and waits.

@@ -53,30 +53,26 @@ func (h *faultHarness) LinkedDSN(t testing.TB) (string, conformance.Link) {
 	return fmt.Sprintf("zk://%s%s?session=%s", strings.Join(ps.Addrs(), ","), zookeeper.DefaultRoot, h.session), ps
 }
 
-func (h *faultHarness) ServerFaults() []conformance.Fault {
-	return []conformance.Fault{conformance.Stall, conformance.KillLeader, conformance.Restart}
-}
-
-// Inject applies f; see zookeeperMatrix for what each fault does and why.
-// Each heal returns once the ensemble has one leader and every running
-// server follows it.
-func (h *faultHarness) Inject(t testing.TB, f conformance.Fault, key string) (heal func()) {
-	t.Helper()
-	switch f {
-	case conformance.Stall:
-		return testenv.StallLeader(t, h.ensemble.Leader)
-	case conformance.KillLeader:
-		return testenv.KillLeader(t, h.ensemble.Leader)
-	case conformance.Restart:
-		srv := h.holderServer(t, key)
-		srv.Kill()
-		return func() {
-			srv.Restart()
-			h.ensemble.Leader(t)
-		}
+// ServerFaults: see zookeeperMatrix for what each fault does and why. Each
+// heal returns once the ensemble has one leader and every running server
+// follows it.
+func (h *faultHarness) ServerFaults() map[conformance.Fault]conformance.Injector {
+	return map[conformance.Fault]conformance.Injector{
+		conformance.Stall: func(t testing.TB, _ string) func() {
+			return testenv.StallLeader(t, h.ensemble.Leader)
+		},
+		conformance.KillLeader: func(t testing.TB, _ string) func() {
+			return testenv.KillLeader(t, h.ensemble.Leader)
+		},
+		conformance.Restart: func(t testing.TB, key string) func() {
+			srv := h.holderServer(t, key)
+			srv.Kill()
+			return func() {
+				srv.Restart()
+				h.ensemble.Leader(t)
+			}
+		},
 	}
-	t.Fatalf("Inject: %s not supported", f)
-	return nil
 }
 
 // holderServer returns the server the session holding key is connected to,
