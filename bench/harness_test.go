@@ -408,6 +408,7 @@ func readReqs(tb testing.TB, im impl) float64 {
 type holdResult struct {
 	perAcquire time.Duration
 	perLease   float64 // bytes of live heap per held lease
+	goroutines float64 // goroutines per held lease
 }
 
 // runHold acquires n keys with one client, holds them all, measures the live
@@ -425,6 +426,7 @@ func runHold(tb testing.TB, im impl, n int) holdResult {
 		tb.Fatalf("%s: warm-up release: %v", im.name, err)
 	}
 	heapBefore := liveHeap()
+	gBefore := steadyGoroutines()
 	unlocks := make([]func() error, 0, n)
 	start := time.Now()
 	for i := range n {
@@ -436,6 +438,7 @@ func runHold(tb testing.TB, im impl, n int) holdResult {
 	}
 	took := time.Since(start)
 	heapAfter := liveHeap()
+	gAfter := steadyGoroutines()
 	for _, u := range unlocks {
 		if err := u(); err != nil {
 			tb.Fatalf("%s: release: %v", im.name, err)
@@ -443,7 +446,23 @@ func runHold(tb testing.TB, im impl, n int) holdResult {
 	}
 	// The closures are part of what a caller keeps per lease.
 	runtime.KeepAlive(unlocks)
-	return holdResult{perAcquire: took / time.Duration(n), perLease: float64(heapAfter-heapBefore) / float64(n)}
+	return holdResult{perAcquire: took / time.Duration(n), perLease: float64(heapAfter-heapBefore) / float64(n),
+		goroutines: float64(gAfter-gBefore) / float64(n)}
+}
+
+// steadyGoroutines returns the number of goroutines once it has stayed the
+// same for 100ms (or after 2s).
+func steadyGoroutines() int {
+	n := runtime.NumGoroutine()
+	for same, end := 0, time.Now().Add(2*time.Second); same < 5 && time.Now().Before(end); {
+		time.Sleep(20 * time.Millisecond)
+		if m := runtime.NumGoroutine(); m == n {
+			same++
+		} else {
+			n, same = m, 0
+		}
+	}
+	return n
 }
 
 // liveHeap returns the heap in use after a full collection.
@@ -458,14 +477,15 @@ func liveHeap() int64 {
 // ---- Keepalive load of many leases -----------------------------------------
 
 type keepaliveResult struct {
-	leases   int
-	ttl      time.Duration
-	measured float64 // server requests per second while the leases are held
-	trips    float64 // round trips per second (roundTrips), or -1
-	expected float64 // leases / (TTL/3)
-	perLease float64 // bytes of live heap per lease
-	retries  int     // acquires tried again after an error
-	lost     int     // leases lost while held
+	leases    int
+	ttl       time.Duration
+	measured  float64 // server requests per second while the leases are held
+	trips     float64 // round trips per second (roundTrips), or -1
+	expected  float64 // leases / (TTL/3)
+	perLease  float64 // bytes of live heap per lease
+	perLeaseG float64 // goroutines per lease
+	retries   int     // acquires tried again after an error
+	lost      int     // leases lost while held
 }
 
 // runKeepalive holds n leases of dlock with the given TTL (auto-renew on) and
@@ -490,6 +510,7 @@ func runKeepalive(tb testing.TB, name, dsn string, reqs, roundTrips func() (floa
 		tb.Fatalf("%s: warm-up release: %v", name, err)
 	}
 	heapBefore := liveHeap()
+	gBefore := steadyGoroutines()
 	leases := make([]*dlock.Lease, n)
 	// Acquire in parallel: the scenario is about holding, not acquiring. An
 	// acquire that fails (etcd answers "too many requests" when it falls
@@ -527,6 +548,7 @@ func runKeepalive(tb testing.TB, name, dsn string, reqs, roundTrips func() (floa
 		tb.Fatal(*p)
 	}
 	heapAfter := liveHeap()
+	gAfter := steadyGoroutines()
 	// Let the renewals spread out: they are due TTL/3 after each grant, and
 	// the grants took a while.
 	trips := func() float64 {
@@ -582,14 +604,15 @@ func runKeepalive(tb testing.TB, name, dsn string, reqs, roundTrips func() (floa
 	}
 	wg.Wait()
 	r := keepaliveResult{
-		leases:   n,
-		ttl:      ttl,
-		measured: (v1 - v0) / elapsed.Seconds(),
-		trips:    -1,
-		expected: float64(n) / (ttl / 3).Seconds(),
-		perLease: float64(heapAfter-heapBefore) / float64(n),
-		retries:  int(retries.Load()),
-		lost:     lost,
+		leases:    n,
+		ttl:       ttl,
+		measured:  (v1 - v0) / elapsed.Seconds(),
+		trips:     -1,
+		expected:  float64(n) / (ttl / 3).Seconds(),
+		perLease:  float64(heapAfter-heapBefore) / float64(n),
+		perLeaseG: float64(gAfter-gBefore) / float64(n),
+		retries:   int(retries.Load()),
+		lost:      lost,
 	}
 	if roundTrips != nil {
 		r.trips = (rt1 - rt0) / elapsed.Seconds()

@@ -66,11 +66,11 @@ const fewWaiters = 10
 // -benchtime 1x); sizes come from the -dlock.* flags:
 //
 //   - Hold/BACKEND/IMPL: one client acquires -dlock.keys keys (PostgreSQL:
-//     at most pgMaxHeld) and holds them: acquire-ns (time per acquire) and
-//     B/lease (live heap per held lease, after GC).
+//     at most pgMaxHeld) and holds them: acquire-ns (time per acquire),
+//     B/lease (live heap per held lease, after GC) and goroutines/lease.
 //   - Keepalive/BACKEND: dlock holds -dlock.leases leases with TTL
 //     -dlock.keepalive-ttl and auto-renew: reqs/s measured over one TTL,
-//     expected-reqs/s = leases/(TTL/3), and B/lease. Not run on PostgreSQL
+//     expected-reqs/s = leases/(TTL/3), B/lease and goroutines/lease. Not run on PostgreSQL
 //     (one connection per lease).
 //   - Waiters/BACKEND/IMPL: -dlock.waiters waiters (PostgreSQL: at most
 //     pgMaxHeld) on one key, over 10 clients; then 10 waiters, one per
@@ -91,6 +91,7 @@ func BenchmarkScale(b *testing.B) {
 				report(b, float64(n), "keys")
 				report(b, float64(r.perAcquire.Nanoseconds()), "acquire-ns")
 				report(b, r.perLease, "B/lease")
+				report(b, r.goroutines, "goroutines/lease")
 			})
 		}
 	}
@@ -136,6 +137,7 @@ func reportKeepalive(tb testing.TB, r keepaliveResult) {
 	}
 	report(tb, r.expected, "expected-reqs/s")
 	report(tb, r.perLease, "B/lease")
+	report(tb, r.perLeaseG, "goroutines/lease")
 	report(tb, float64(r.retries), "acquire-retries")
 	report(tb, float64(r.lost), "lost")
 }

@@ -28,9 +28,10 @@ type grant struct {
 	rev  int64  // the key's create revision: the token
 	ls   *lease
 
-	lost     chan struct{}
+	lost     chan struct{} // closed once the grant is known lost
 	lostOnce sync.Once
-	watch    *time.Timer // starts the loss watcher lossWatchDelay after the grant
+	onLost   func(cause error) // dlock's AcquireRequest.OnLost
+	watch    *time.Timer       // starts the loss watcher lossWatchDelay after the grant
 
 	mu         sync.Mutex // guards ls.since and the fields below
 	released   bool
@@ -38,13 +39,19 @@ type grant struct {
 	stopWatch  context.CancelFunc // ends the loss watcher, once started
 }
 
-// markLost closes lost, unless the grant was released meanwhile.
-func (g *grant) markLost() {
+// markLost closes lost and tells dlock (OnLost, which never blocks), unless
+// the grant was released meanwhile.
+func (g *grant) markLost(cause error) {
 	g.mu.Lock()
 	released := g.released
 	g.mu.Unlock()
 	if !released {
-		g.lostOnce.Do(func() { close(g.lost) })
+		g.lostOnce.Do(func() {
+			close(g.lost)
+			if g.onLost != nil {
+				g.onLost(cause)
+			}
+		})
 	}
 }
 
@@ -173,6 +180,7 @@ func (d *Driver) granted(req backend.AcquireRequest, g *grant) (*backend.Grant, 
 	}
 	// A timer, not a goroutine: a lease released within lossWatchDelay costs
 	// neither a goroutine nor a watch.
+	g.onLost = req.OnLost
 	g.watch = time.AfterFunc(lossWatchDelay, func() { d.startLossWatch(g) })
 	return &backend.Grant{
 		Key:      req.Key,
@@ -180,7 +188,6 @@ func (d *Driver) granted(req backend.AcquireRequest, g *grant) (*backend.Grant, 
 		Token:    uint64(g.rev),
 		Start:    now,
 		Validity: validity,
-		Lost:     g.lost,
 		Data:     g,
 	}, nil
 }

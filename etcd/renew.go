@@ -49,7 +49,7 @@ func (d *Driver) Refresh(ctx context.Context, bg *backend.Grant, _ time.Duration
 	})
 	if err != nil {
 		if isLeaseNotFound(err) {
-			g.markLost()
+			g.markLost(fmt.Errorf("lease %x expired or was revoked", int64(g.ls.id)))
 			return 0, fmt.Errorf("lease %x expired or was revoked: %w", int64(g.ls.id), backend.ErrNotHeld)
 		}
 		return 0, fmt.Errorf("renew lease %x: %w", int64(g.ls.id), err)
@@ -68,7 +68,7 @@ func (d *Driver) Refresh(ctx context.Context, bg *backend.Grant, _ time.Duration
 		return 0, fmt.Errorf("check key %s: %w", g.key, err)
 	}
 	if gone {
-		g.markLost()
+		g.markLost(fmt.Errorf("key %s was deleted", g.key))
 		return 0, fmt.Errorf("key %s was deleted: %w", g.key, backend.ErrNotHeld)
 	}
 	return ttl - backend.DriftAllowance(ttl), nil

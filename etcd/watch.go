@@ -1,9 +1,10 @@
-// Watching a held key, so that its loss closes Grant.Lost at once.
+// Watching a held key, so that its loss is reported (OnLost) at once.
 
 package etcd
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -40,7 +41,7 @@ func (d *Driver) startLossWatch(g *grant) {
 	d.watchLoss(ctx, g)
 }
 
-// watchLoss closes g.lost when g's key is deleted by anyone but g's Release.
+// watchLoss reports g lost when g's key is deleted by anyone but g's Release.
 // It ends when ctx is done (Release, Close) or the loss is reported.
 func (d *Driver) watchLoss(ctx context.Context, g *grant) {
 	var bo backend.Backoff
@@ -51,7 +52,7 @@ func (d *Driver) watchLoss(ctx context.Context, g *grant) {
 			return
 		}
 		if err == nil {
-			g.markLost()
+			g.markLost(fmt.Errorf("key %s was deleted (its lease expired or was revoked, or someone deleted it)", g.key))
 			return
 		}
 		// The watch failed; read the key, then watch again.
@@ -65,7 +66,7 @@ func (d *Driver) watchLoss(ctx context.Context, g *grant) {
 			continue
 		}
 		if len(resp.Kvs) == 0 || resp.Kvs[0].CreateRevision != g.rev {
-			g.markLost()
+			g.markLost(fmt.Errorf("key %s is gone", g.key))
 			return
 		}
 		seen = resp.Header.Revision

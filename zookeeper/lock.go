@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -24,6 +25,8 @@ type lockNode struct {
 	owner  int64     // its ephemeralOwner, when read from the server (0: not read)
 	first  bool      // it was the only child of parent when created
 	start  time.Time // when the request that created it was sent
+
+	watch atomic.Pointer[<-chan zk.Event] // the node's exists watch, set at the first refresh
 }
 
 // validity is how long a grant or refresh sent at some moment is valid after
@@ -134,6 +137,7 @@ func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 		d.remove(n)
 		return nil, err
 	}
+	n.ses.watch(n, req.OnLost)
 	return g, nil
 }
 
@@ -446,7 +450,6 @@ func (d *Driver) grant(req backend.AcquireRequest, n *lockNode, start time.Time)
 		Token:    uint64(n.czxid),
 		Start:    start,
 		Validity: v,
-		Lost:     n.ses.lost,
 		Data:     n,
 	}, nil
 }
@@ -496,11 +499,15 @@ func (d *Driver) node(g *backend.Grant) (*lockNode, error) {
 	return n, nil
 }
 
-// Refresh implements backend.Driver. It checks that g's node still exists and
-// is this lease's, in the session that created it: a sync, so that the answer
-// comes from a server as up to date as the leader, then an exists. It returns
-// min(ttl, session timeout) less the drift allowance. The session, not the
-// refresh, keeps the node alive; the refresh proves it still does.
+// Refresh implements backend.Driver. It proves g's node is still there, in
+// the session that created it, as of a moment the leader confirmed: a sync
+// shared by every refresh of the driver that asked before it was sent (see
+// sharedSync), then the node's watch (see nodeGone), which a deletion
+// committed before the sync has fired by the time its reply arrives. So a
+// renewal costs the server one sync per batch, however many leases renew, and
+// the node's own read only at its first renewal. It returns min(ttl, session
+// timeout) less the drift allowance. The session, not the refresh, keeps the
+// node alive; the refresh proves it still does.
 //
 // While the connection is down but the session may be alive, it waits for a
 // reconnection (until ctx ends); once the session is lost it returns
@@ -522,29 +529,19 @@ func (d *Driver) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duratio
 		if n.ses.isLost() {
 			return 0, fmt.Errorf("%w: %w", backend.ErrNotHeld, n.ses.err())
 		}
-		start := time.Now()
-		st, err := call(ctx, d, func() (*zk.Stat, error) {
-			if _, err := d.conn.Sync(n.path); err != nil {
-				return nil, err
-			}
-			ok, st, err := d.conn.Exists(n.path)
-			if err == nil && !ok {
-				err = zk.ErrNoNode
-			}
-			return st, err
-		})
+		sent, err := d.sharedSync(ctx)
+		if err == nil {
+			err = d.nodeGone(ctx, n)
+		}
 		switch {
 		case err == nil:
-			if st.Czxid != n.czxid || st.EphemeralOwner != n.ses.id {
-				return 0, fmt.Errorf("%w: %s belongs to another session", backend.ErrNotHeld, n.path)
-			}
 			if n.ses.isLost() {
 				return 0, fmt.Errorf("%w: %w", backend.ErrNotHeld, n.ses.err())
 			}
-			d.sess.ack(n.ses.id, start)
+			d.sess.ack(n.ses.id, sent)
 			return v, nil
-		case errors.Is(err, zk.ErrNoNode):
-			return 0, fmt.Errorf("%w: %s is gone", backend.ErrNotHeld, n.path)
+		case errors.Is(err, backend.ErrNotHeld):
+			return 0, err
 		case !transient(err) || ctx.Err() != nil:
 			return 0, fmt.Errorf("check %s: %w", n.path, err)
 		}
@@ -573,6 +570,7 @@ func (d *Driver) Release(ctx context.Context, g *backend.Grant) error {
 	if err != nil {
 		return err
 	}
+	n.ses.unwatch(n)
 	b := retryBackoff()
 	for {
 		start := time.Now()

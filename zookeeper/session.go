@@ -20,8 +20,9 @@ var (
 
 // session is one ZooKeeper session as the driver knows it. Every lock node the
 // driver creates is ephemeral, so it lives exactly as long as its session, and
-// every grant made in the session carries the session's lost channel as its
-// Grant.Lost: when the session ends, every lease of it ends at once.
+// every grant made in the session registers its AcquireRequest.OnLost with
+// it: when the session ends, every lease of it ends at once, with one call
+// each and no goroutine per lease.
 //
 // A session is lost (lost is closed) when the server says it expired, or when
 // the connection has been gone for so long that the server may have expired
@@ -36,8 +37,35 @@ type session struct {
 	lost    chan struct{}
 
 	mu      sync.Mutex
-	lastAck time.Duration // on sessions.clk: the leader heard from the session no earlier than this
-	why     error         // why lost was closed
+	lastAck time.Duration             // on sessions.clk: the leader heard from the session no earlier than this
+	why     error                     // why lost was closed
+	onLost  map[*lockNode]func(error) // the grants' loss callbacks, until released
+}
+
+// watch registers f to be called once, with the reason, when s is lost; at
+// once if it is lost already. unwatch drops it (the grant was released).
+func (s *session) watch(n *lockNode, f func(error)) {
+	if f == nil {
+		return
+	}
+	s.mu.Lock()
+	if s.why == nil {
+		if s.onLost == nil {
+			s.onLost = map[*lockNode]func(error){}
+		}
+		s.onLost[n] = f
+		s.mu.Unlock()
+		return
+	}
+	why := s.why
+	s.mu.Unlock()
+	f(why)
+}
+
+func (s *session) unwatch(n *lockNode) {
+	s.mu.Lock()
+	delete(s.onLost, n)
+	s.mu.Unlock()
 }
 
 func (s *session) isLost() bool {
@@ -59,15 +87,21 @@ func (s *session) err() error {
 	return s.why
 }
 
-// lose closes s.lost once; callers hold sessions.mu.
+// lose closes s.lost once and tells every grant of the session; callers
+// hold sessions.mu. The callbacks (dlock's OnLost) never block.
 func (s *session) lose(why error) {
 	if s.isLost() {
 		return
 	}
 	s.mu.Lock()
 	s.why = why
+	watchers := s.onLost
+	s.onLost = nil
 	s.mu.Unlock()
 	close(s.lost)
+	for _, f := range watchers {
+		f(why)
+	}
 }
 
 // sessions tracks the driver's current session and its connection state, fed

@@ -148,6 +148,7 @@ type Driver struct {
 	timeout time.Duration // asked for (Dial) or declared (NewDriver)
 
 	sess   *sessions
+	syncs  syncs         // the refreshes' shared syncs (renew.go)
 	quit   chan struct{} // closed by Close
 	closed atomic.Bool
 	wg     sync.WaitGroup // every goroutine the driver starts

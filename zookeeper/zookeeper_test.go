@@ -6,8 +6,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -95,6 +97,145 @@ func TestDriver(t *testing.T) {
 	t.Run("QueueAcrossSequenceWrap", func(t *testing.T) { testQueueAcrossSequenceWrap(t, h) })
 	t.Run("WaiterGrantSyncsFirst", func(t *testing.T) { testWaiterGrantSyncsFirst(t, h) })
 	t.Run("PingsDoNotConfirmSession", func(t *testing.T) { testPingsDoNotConfirmSession(t, h) })
+	t.Run("RenewalCostsOneSharedSync", func(t *testing.T) { testRenewalCostsOneSharedSync(t, h) })
+	t.Run("RenewalSeesDeletionThroughWatch", func(t *testing.T) { testRenewalSeesDeletion(t, h) })
+	t.Run("HeldLeasesNeedNoGoroutines", func(t *testing.T) { testHeldLeasesNeedNoGoroutines(t, h) })
+}
+
+// testHeldLeasesNeedNoGoroutines: leases held by one Locker share the
+// session's loss signal; none has a goroutine of its own, and the session's
+// end still ends every one of them.
+func testHeldLeasesNeedNoGoroutines(t *testing.T, h *harness) {
+	l := h.NewLocker(t)
+	ctx := testCtx(t)
+	mustRelease(t, mustAcquire(t, l, testKey(t)+"warm-up"))
+	before := steadyGoroutines()
+	const n = 200
+	leases := make([]*dlock.Lease, n)
+	for i := range leases {
+		leases[i] = mustAcquire(t, l, testKey(t)+strconv.Itoa(i))
+	}
+	after := steadyGoroutines()
+	t.Logf("goroutines: %d before, %d with %d leases held", before, after, n)
+	if after-before > 5 {
+		t.Errorf("%d held leases added %d goroutines", n, after-before)
+	}
+	h.Crash(t, l) // the session ends without a release
+	for _, lease := range leases {
+		select {
+		case <-lease.Done():
+		case <-ctx.Done():
+			t.Fatal("a lease outlived its session")
+		}
+		if !errors.Is(lease.Err(), dlock.ErrLeaseLost) {
+			t.Fatalf("lease after the session ended: %v, want ErrLeaseLost", lease.Err())
+		}
+	}
+}
+
+// steadyGoroutines returns the number of goroutines once it has stayed the
+// same for 100ms (or after 2s).
+func steadyGoroutines() int {
+	n := runtime.NumGoroutine()
+	for same, end := 0, time.Now().Add(2*time.Second); same < 5 && time.Now().Before(end); {
+		time.Sleep(20 * time.Millisecond)
+		if m := runtime.NumGoroutine(); m == n {
+			same++
+		} else {
+			n, same = m, 0
+		}
+	}
+	return n
+}
+
+// testRenewalCostsOneSharedSync: a lease's first renewal reads its node
+// (with a watch) after a sync; later renewals send only the sync, and the
+// renewals of many leases at once share one.
+func testRenewalCostsOneSharedSync(t *testing.T, h *harness) {
+	l := h.NewLocker(t)
+	d := h.driverOf(t, l)
+	ctx := testCtx(t)
+	const n = 50
+	leases := make([]*dlock.Lease, n)
+	for i := range leases {
+		lease, err := l.Acquire(ctx, testKey(t)+strconv.Itoa(i), dlock.WithAutoRenew(false))
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases[i] = lease
+	}
+	refreshAll := func() []int32 {
+		zookeeper.RecordOps(d)
+		var wg sync.WaitGroup
+		for _, lease := range leases {
+			wg.Go(func() {
+				if err := lease.Refresh(ctx); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		wg.Wait()
+		return zookeeper.SentOps(d)
+	}
+	count := func(ops []int32, op int32) int {
+		c := 0
+		for _, o := range ops {
+			if o == op {
+				c++
+			}
+		}
+		return c
+	}
+	first := refreshAll()
+	if e := count(first, zookeeper.OpExists); e != n {
+		t.Errorf("first renewal of %d leases read %d nodes (ops %v), want each once", n, e, first)
+	}
+	for round := range 3 {
+		ops := refreshAll()
+		syncs := count(ops, zookeeper.OpSync)
+		t.Logf("round %d: %d concurrent renewals sent %d requests: %d syncs", round, n, len(ops), syncs)
+		if syncs != len(ops) {
+			t.Errorf("round %d: renewals sent %v; want syncs only", round, ops)
+		}
+		if syncs == 0 || syncs > 3 {
+			t.Errorf("round %d: %d concurrent renewals sent %d syncs, want them to share one or two", round, n, syncs)
+		}
+	}
+	for _, lease := range leases {
+		mustRelease(t, lease)
+	}
+}
+
+// testRenewalSeesDeletion: a node deleted behind the holder's back (a
+// stale Curator or an operator) fails the next renewal, which learns it
+// from the node's watch after the shared sync, not from a read.
+func testRenewalSeesDeletion(t *testing.T, h *harness) {
+	l := h.NewLocker(t)
+	ctx := testCtx(t)
+	k := testKey(t)
+	lease, err := l.Acquire(ctx, k, dlock.WithAutoRenew(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Refresh(ctx); err != nil { // sets the watch
+		t.Fatal(err)
+	}
+	nodes := h.nodes(t, k)
+	if len(nodes) != 1 {
+		t.Fatalf("nodes of %q: %v", k, nodes)
+	}
+	if err := h.admin.Delete(zookeeper.LockPath(zookeeper.DefaultRoot, k)+"/"+nodes[0], -1); err != nil {
+		t.Fatal(err)
+	}
+	d := h.driverOf(t, l)
+	zookeeper.RecordOps(d)
+	err = lease.Refresh(ctx)
+	if !errors.Is(err, dlock.ErrLeaseLost) {
+		t.Fatalf("Refresh after the node was deleted: %v, want ErrLeaseLost", err)
+	}
+	if ops := zookeeper.SentOps(d); len(ops) != 1 || ops[0] != zookeeper.OpSync {
+		t.Errorf("the renewal that found the deletion sent %v, want one sync", ops)
+	}
 }
 
 // testWaiterGrantSyncsFirst: the listing that finds a waiter first, whose send

@@ -358,14 +358,14 @@ func implsOf(r *results, name, suffix string) []string {
 }
 
 func writeScale(w *strings.Builder, r *results) {
-	writeSection(w, r, "Scale/Hold/", "## Many keys held by one process\n\nOne client acquires the keys one after another and holds them all. *per lease*: live heap after GC, per held lease (client side, with the release closures the benchmark keeps).\n\n| backend | implementation | keys | time per acquire | heap per lease |\n|---|---|---:|---:|---:|\n", func(name, rest string) {
+	writeSection(w, r, "Scale/Hold/", "## Many keys held by one process\n\nOne client acquires the keys one after another and holds them all. *per lease*: live heap after GC, per held lease (client side, with the release closures the benchmark keeps), and the goroutines the client runs per held lease.\n\n| backend | implementation | keys | time per acquire | heap per lease | goroutines per lease |\n|---|---|---:|---:|---:|---:|\n", func(name, rest string) {
 		be, im, _ := strings.Cut(rest, "/")
 		k, _ := r.get(name, "keys")
 		a, _ := r.get(name, "acquire-ns")
 		b, _ := r.get(name, "B/lease")
-		fmt.Fprintf(w, "| %s | %s | %.0f | %s | %s |\n", be, im, k, dur(a), bytes(b))
+		fmt.Fprintf(w, "| %s | %s | %.0f | %s | %s | %s |\n", be, im, k, dur(a), bytes(b), perLease(r, name, "goroutines/lease"))
 	})
-	writeSection(w, r, "Scale/Keepalive/", "## Keepalive load of many leases (dlock)\n\nOne client holds the leases with auto-renew on; the server requests are counted over one TTL. *expected* is leases / (TTL/3), one renewal per lease per third of a TTL. *acquires retried*: acquires that failed and were tried again (etcd answers \"too many requests\" when it falls behind); *leases lost*: leases whose renewal failed while held (should be 0). Redis: *requests* counts the commands the renewal script runs too; *round trips* counts the script calls.\n\n| backend | leases | TTL | requests/s | round trips/s | expected/s | round trips / expected | heap per lease | acquires retried | leases lost |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", func(name, be string) {
+	writeSection(w, r, "Scale/Keepalive/", "## Keepalive load of many leases (dlock)\n\nOne client holds the leases with auto-renew on; the server requests are counted over one TTL. *expected* is leases / (TTL/3), one renewal per lease per third of a TTL. *acquires retried*: acquires that failed and were tried again (etcd answers \"too many requests\" when it falls behind); *leases lost*: leases whose renewal failed while held (should be 0). Redis: *requests* counts the commands the renewal script runs too; *round trips* counts the script calls.\n\n| backend | leases | TTL | requests/s | round trips/s | expected/s | round trips / expected | heap per lease | goroutines per lease | acquires retried | leases lost |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", func(name, be string) {
 		l, _ := r.get(name, "leases")
 		ttl, _ := r.get(name, "ttl-s")
 		m, _ := r.get(name, "reqs/s")
@@ -379,7 +379,7 @@ func writeScale(w *strings.Builder, r *results) {
 		q, _ := r.ratio(name, unit, name, "expected-reqs/s")
 		retried, _ := r.get(name, "acquire-retries")
 		lost, _ := r.get(name, "lost")
-		fmt.Fprintf(w, "| %s | %.0f | %gs | %s | %s | %s | %.2f× | %s | %.0f | %.0f |\n", be, l, ttl, num(m), num(trips), num(e), q, bytes(b), retried, lost)
+		fmt.Fprintf(w, "| %s | %.0f | %gs | %s | %s | %s | %.2f× | %s | %s | %.0f | %.0f |\n", be, l, ttl, num(m), num(trips), num(e), q, bytes(b), perLease(r, name, "goroutines/lease"), retried, lost)
 	})
 	writeSection(w, r, "Scale/Waiters/", "## Many waiters on one key\n\nA holder keeps the key while the waiters line up, then releases; each waiter releases as soon as it gets the lock. *requests per handoff* are counted over the first handoffs (at most 100, at most half the waiters) while most waiters still wait. Three layouts: many waiters over 10 clients; 10 waiters, one per client; up to 100 waiters, one per client (as separate processes). *idle*: server requests per second while the waiters wait and nothing changes hands. O(1) means *many / 10* stays near 1 and the one-per-client column stays near the 10-waiter one. etcd-mutex and pg-advisory always use one client per waiter (one session cannot wait twice on one key). *gave up*: waiters whose lock call failed by itself, over the three layouts (redislock stops waiting after the TTL, 10s); after the measured handoffs the remaining waiters get 30s to go through, then are cancelled.\n\n| backend | implementation | waiters | requests per handoff | with 10 waiters | many / 10 | clients | per handoff, one client per waiter | idle requests/s | gave up |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n", func(name, rest string) {
 		be, im, _ := strings.Cut(rest, "/")
@@ -393,6 +393,16 @@ func writeScale(w *strings.Builder, r *results) {
 		gave, _ := r.get(name, "gave-up")
 		fmt.Fprintf(w, "| %s | %s | %.0f | %.1f | %.1f | %.2f | %.0f | %.1f | %s | %.0f |\n", be, im, n, many, few, q, c, own, num(idle), gave)
 	})
+}
+
+// perLease formats a per-lease figure to two decimals, or "–" for a run
+// that did not report it.
+func perLease(r *results, name, unit string) string {
+	v, ok := r.get(name, unit)
+	if !ok {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f", v)
 }
 
 // writeSection writes header and then one row (by row, given the benchmark's

@@ -1,0 +1,119 @@
+package zookeeper
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/dlock-go/dlock/backend"
+)
+
+// syncGap is the least time between two syncs that refreshes share: however
+// many leases renew, the driver sends at most one such sync per syncGap. A
+// refresh waits up to this long for its batch, which shortens nothing: the
+// validity counts from the moment dlock called Refresh.
+const syncGap = 10 * time.Millisecond
+
+// syncBatch is one sync shared by the refreshes that joined it before it
+// was sent.
+type syncBatch struct {
+	done chan struct{} // closed once the sync is answered
+	sent time.Time     // when the sync was sent; set before done is closed
+	err  error
+}
+
+// syncs batches the refreshes' syncs.
+type syncs struct {
+	mu   sync.Mutex
+	next *syncBatch // collecting refreshes; nil when none waits
+	last time.Time  // when the previous batch was sent
+}
+
+// sharedSync returns once a sync, sent after sharedSync was called, has been
+// answered, and when it was sent. The sync goes through the leader, so every
+// change the leader committed before it (a deletion of a lock node, with its
+// watch event) has reached this client by then.
+func (d *Driver) sharedSync(ctx context.Context) (time.Time, error) {
+	s := &d.syncs
+	s.mu.Lock()
+	b := s.next
+	if b == nil {
+		b = &syncBatch{done: make(chan struct{})}
+		s.next = b
+		wait := time.Until(s.last.Add(syncGap))
+		d.wg.Go(func() { d.sendBatch(b, wait) })
+	}
+	s.mu.Unlock()
+	select {
+	case <-b.done:
+		return b.sent, b.err
+	case <-ctx.Done():
+		return time.Time{}, ctx.Err()
+	}
+}
+
+// sendBatch sends b's sync after wait, once no refresh can join it any more.
+func (d *Driver) sendBatch(b *syncBatch, wait time.Duration) {
+	defer close(b.done)
+	if wait > 0 {
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-d.quit:
+			t.Stop()
+			b.err = errClosed
+			return
+		}
+	}
+	d.syncs.mu.Lock()
+	d.syncs.next = nil
+	b.sent = time.Now()
+	d.syncs.last = b.sent
+	d.syncs.mu.Unlock()
+	_, b.err = d.conn.Sync(d.root)
+	if b.err == zk.ErrNoNode { // the root does not exist yet: the sync was done all the same
+		b.err = nil
+	}
+}
+
+// nodeGone returns nil if n is still there as far as this client knows after
+// a sync, and an error wrapping backend.ErrNotHeld if it is not. The first
+// call reads the node with an exists watch; later calls only look whether
+// the watch fired (a deletion, or the watch dropped with the session), so
+// they cost no request.
+func (d *Driver) nodeGone(ctx context.Context, n *lockNode) error {
+	if w := n.watch.Load(); w != nil {
+		select {
+		case ev := <-*w:
+			if ev.Type == zk.EventNodeDeleted {
+				return fmt.Errorf("%w: %s is gone", backend.ErrNotHeld, n.path)
+			}
+			// Another event ended the watch (data changed, the watch was
+			// dropped): read the node again, with a new watch.
+		default:
+			return nil
+		}
+	}
+	type exw struct {
+		ok bool
+		st *zk.Stat
+		ch <-chan zk.Event
+	}
+	r, err := call(ctx, d, func() (exw, error) {
+		ok, st, ch, err := d.conn.ExistsW(n.path)
+		return exw{ok, st, ch}, err
+	})
+	switch {
+	case err != nil:
+		return err
+	case !r.ok:
+		return fmt.Errorf("%w: %s is gone", backend.ErrNotHeld, n.path)
+	case r.st.Czxid != n.czxid || r.st.EphemeralOwner != n.ses.id:
+		return fmt.Errorf("%w: %s belongs to another session", backend.ErrNotHeld, n.path)
+	}
+	n.watch.Store(&r.ch)
+	return nil
+}
