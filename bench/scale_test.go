@@ -5,10 +5,11 @@ import (
 	"testing"
 )
 
-// pgMaxHeld bounds the PostgreSQL leases held at once in the scale
-// scenarios: dlock's driver pins one connection per held lease (and per
-// waiting Acquire), and testenv's server allows 300 connections.
-const pgMaxHeld = 200
+// pgMaxWaiters bounds the PostgreSQL waiters of the Waiters scenario: each
+// waiting Acquire (dlock's, or the raw peer's) takes a connection of its
+// own, and testenv's server allows 300 connections. Held leases need none
+// of their own (dlock's driver holds them in one session per TTL).
+const pgMaxWaiters = 200
 
 // scaleEnv is every backend's servers, for the scale scenarios.
 type scaleEnv struct {
@@ -29,12 +30,12 @@ func startScaleEnv(tb testing.TB) *scaleEnv {
 
 // backends lists the backends with their implementations, in report order.
 func (e *scaleEnv) backends() []scaleBackend {
-	pgHold := dlockImpl("dlock", e.pg.srv.URL()+"&pool_max_conns="+strconv.Itoa(pgMaxHeld+50), e.pg.reqs)
+	pgWait := dlockImpl("dlock", e.pg.srv.URL()+"&pool_max_conns="+strconv.Itoa(pgMaxWaiters+50), e.pg.reqs)
 	return []scaleBackend{
 		{name: "redis", impls: e.redis.impls, keepaliveDSN: e.redis.single.URL(), reqs: e.redis.impls[0].reqs, roundTrips: e.redis.scripts},
 		{name: "etcd", impls: e.etcd.impls, keepaliveDSN: e.etcd.srv.URL() + "/dlock", reqs: e.etcd.reqs},
 		{name: "zookeeper", impls: e.zk.impls, keepaliveDSN: e.zk.srv.URL("/dlock") + "?session=10s", reqs: e.zk.reqs},
-		{name: "postgres", impls: append([]impl{pgHold}, e.pg.impls[1:]...), maxHeld: pgMaxHeld, reqs: e.pg.reqs},
+		{name: "postgres", impls: append([]impl{pgWait}, e.pg.impls[1:]...), keepaliveDSN: e.pg.srv.URL(), maxWaiters: pgMaxWaiters, reqs: e.pg.reqs},
 	}
 }
 
@@ -42,14 +43,14 @@ type scaleBackend struct {
 	name         string
 	impls        []impl
 	keepaliveDSN string // "": the keepalive scenario is not run
-	maxHeld      int    // 0: no bound
+	maxWaiters   int    // 0: no bound
 	reqs         func() (float64, error)
 	roundTrips   func() (float64, error) // nil: reqs counts round trips
 }
 
 func (s scaleBackend) bound(n int) int {
-	if s.maxHeld > 0 && n > s.maxHeld {
-		return s.maxHeld
+	if s.maxWaiters > 0 && n > s.maxWaiters {
+		return s.maxWaiters
 	}
 	return n
 }
@@ -65,15 +66,13 @@ const fewWaiters = 10
 // BenchmarkScale runs the scale scenarios once each (run it with
 // -benchtime 1x); sizes come from the -dlock.* flags:
 //
-//   - Hold/BACKEND/IMPL: one client acquires -dlock.keys keys (PostgreSQL:
-//     at most pgMaxHeld) and holds them: acquire-ns (time per acquire),
+//   - Hold/BACKEND/IMPL: one client acquires -dlock.keys keys and holds them: acquire-ns (time per acquire),
 //     B/lease (live heap per held lease, after GC) and goroutines/lease.
 //   - Keepalive/BACKEND: dlock holds -dlock.leases leases with TTL
 //     -dlock.keepalive-ttl and auto-renew: reqs/s measured over one TTL,
-//     expected-reqs/s = leases/(TTL/3), B/lease and goroutines/lease. Not run on PostgreSQL
-//     (one connection per lease).
+//     expected-reqs/s = leases/(TTL/3), B/lease and goroutines/lease.
 //   - Waiters/BACKEND/IMPL: -dlock.waiters waiters (PostgreSQL: at most
-//     pgMaxHeld) on one key, over 10 clients; then 10 waiters, one per
+//     pgMaxWaiters) on one key, over 10 clients; then 10 waiters, one per
 //     client; then up to 100 waiters, one per client: reqs/handoff for
 //     each (over the first handoffs, while most still wait), many/few
 //     (O(1): about 1), and idle reqs/s.
@@ -86,7 +85,7 @@ func BenchmarkScale(b *testing.B) {
 				continue
 			}
 			b.Run("Hold/"+be.name+"/"+im.name, func(b *testing.B) {
-				n := be.bound(*flagKeys)
+				n := *flagKeys
 				r := runHold(b, im, n)
 				report(b, float64(n), "keys")
 				report(b, float64(r.perAcquire.Nanoseconds()), "acquire-ns")

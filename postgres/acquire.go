@@ -28,6 +28,20 @@ func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 		return nil, err
 	}
 	key := d.opts.AdvisoryKey(req.Key)
+	// First in a shared session (shared.go): a free lock costs one
+	// statement and no connection of its own.
+	for attempt := 0; ; attempt++ {
+		g, retry, err := d.acquireShared(ctx, req, key, ms, validity)
+		switch {
+		case err == nil:
+			return g, nil
+		case retry && attempt < 2:
+			continue // the shared session had ended: open another
+		case ctx.Err() != nil || !req.Wait:
+			return nil, err
+		}
+		break // wait for it on a connection of its own
+	}
 	// A waiting Acquire outlives a server restart: while the server cannot
 	// be reached, or its connection dies under the wait, it tries again
 	// after a pause until ctx ends, as the Locker contract says (it waits
@@ -174,13 +188,15 @@ func (d *Driver) acquireOn(ctx context.Context, p *pin, req backend.AcquireReque
 			return nil, false, ctx.Err()
 		}
 	}
+	if req.OnLost != nil {
+		p.onLost = func() { req.OnLost(errSessionGone) }
+	}
 	return &backend.Grant{
 		Key:      req.Key,
 		Owner:    req.Owner,
 		Token:    uint64(token),
 		Start:    start,
 		Validity: validity,
-		Lost:     p.lost,
 		Data:     p,
 	}, false, nil
 }
@@ -310,19 +326,23 @@ func poolingVerdict(pinned []uint32, stranger uint32) error {
 
 // Refresh pings the lease's session (see the package doc's Leases).
 func (d *Driver) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duration) (time.Duration, error) {
-	p, ok := g.Data.(*pin)
-	if !ok {
-		return 0, fmt.Errorf("%w: not a grant of this driver", backend.ErrNotHeld)
+	switch x := g.Data.(type) {
+	case *pin:
+		return x.refresh(ctx, ttl)
+	case *sharedLease:
+		return x.refresh(ctx, ttl)
 	}
-	return p.refresh(ctx, ttl)
+	return 0, fmt.Errorf("%w: not a grant of this driver", backend.ErrNotHeld)
 }
 
-// Release unlocks the lease's advisory lock and returns its connection to
-// the pool.
+// Release unlocks the lease's advisory lock; a connection of its own goes
+// back to the pool, a shared session once it holds no lock.
 func (d *Driver) Release(ctx context.Context, g *backend.Grant) error {
-	p, ok := g.Data.(*pin)
-	if !ok {
-		return fmt.Errorf("%w: not a grant of this driver", backend.ErrNotHeld)
+	switch x := g.Data.(type) {
+	case *pin:
+		return x.release(ctx)
+	case *sharedLease:
+		return x.release(ctx)
 	}
-	return p.release(ctx)
+	return fmt.Errorf("%w: not a grant of this driver", backend.ErrNotHeld)
 }

@@ -9,9 +9,11 @@
 // To lock through a *pgxpool.Pool you already have, call [New] or [NewDriver].
 // It needs PostgreSQL 14 or later (for idle_session_timeout).
 //
-// A lock is a session advisory lock held on a connection pinned to the lease,
-// whose idle_session_timeout is the TTL, so the server frees the lock of a
-// silent holder. The token is a per-key counter in a table (default
+// A lock is a session advisory lock. Locks that are free when asked for are
+// held in one shared session per TTL (so holding thousands takes one
+// connection); a lock that had to be waited for stays on the connection that
+// waited. A session's idle_session_timeout is the TTL, so the server frees
+// the locks of a silent holder. The token is a per-key counter in a table (default
 // dlock_fence), incremented in the statement that takes the lock and so as
 // durable as the database ([backend.FencingStrict]). Waiting happens in the
 // server and is cancelled with ctx; the end of the session is read off the

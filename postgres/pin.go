@@ -25,8 +25,9 @@ type pin struct {
 	key AdvisoryKey
 	pid uint32 // pg_backend_pid() of the session that took the lock
 
-	lost     chan struct{} // Grant.Lost: closed when the session is known gone or given up
+	lost     chan struct{} // closed when the session is known gone or given up
 	lostOnce sync.Once
+	onLost   func() // called once lost is closed: dlock's OnLost, or a shared session's leases end
 
 	mu chan struct{} // holds one token while the connection is in use
 
@@ -87,7 +88,14 @@ func (p *pin) abandon() {
 	}
 }
 
-func (p *pin) markLost() { p.lostOnce.Do(func() { close(p.lost) }) }
+func (p *pin) markLost() {
+	p.lostOnce.Do(func() {
+		close(p.lost)
+		if p.onLost != nil {
+			p.onLost()
+		}
+	})
+}
 
 // startWatch reads the idle connection in the background, so that the end of
 // the session (the server sends a FATAL error and closes it) is noticed at

@@ -32,10 +32,7 @@ func TestReleaseBehindSlowRefreshFreesConnection(t *testing.T) {
 	defer d.Close()
 
 	for round := range 3 {
-		g, err := d.Acquire(ctx, backend.AcquireRequest{Key: "k", Owner: backend.NewOwnerID(), TTL: 10 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
+		g := waitedGrant(t, d, "k")
 		p := g.Data.(*pin)
 		entered, proceed := make(chan struct{}), make(chan struct{})
 		p.refreshing = func() { close(entered); <-proceed }
@@ -59,7 +56,11 @@ func TestReleaseBehindSlowRefreshFreesConnection(t *testing.T) {
 
 		// The connection is given up, so the lock is free for another owner at
 		// once (not after its idle timeout) and the pool has its slot back.
-		g2, err := d.Acquire(ctx, backend.AcquireRequest{Key: "k", Owner: backend.NewOwnerID(), TTL: 10 * time.Second})
+		// (It waits for the server to end the closed session: well within
+		// the 10s idle timeout.)
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		g2, err := d.Acquire(wctx, backend.AcquireRequest{Key: "k", Owner: backend.NewOwnerID(), TTL: 10 * time.Second, Wait: true})
+		cancel()
 		if err != nil {
 			t.Fatalf("round %d: the next owner could not take the lock: %v", round, err)
 		}
@@ -70,4 +71,55 @@ func TestReleaseBehindSlowRefreshFreesConnection(t *testing.T) {
 			t.Fatalf("round %d: %d connections still acquired from the pool after every lease ended", round, n)
 		}
 	}
+}
+
+// waitedGrant returns a grant of key that waited for another holder, so
+// that it holds a connection of its own (a pin), not a place in a shared
+// session.
+func waitedGrant(t *testing.T, d *Driver, key string) *backend.Grant {
+	t.Helper()
+	ctx := context.Background()
+	first, err := d.Acquire(ctx, backend.AcquireRequest{Key: key, Owner: backend.NewOwnerID(), TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := first.Data.(*sharedLease); !ok {
+		t.Fatalf("an uncontended grant is a %T, want a place in a shared session", first.Data)
+	}
+	got := make(chan *backend.Grant, 1)
+	go func() {
+		g, err := d.Acquire(ctx, backend.AcquireRequest{Key: key, Owner: backend.NewOwnerID(), TTL: 10 * time.Second, Wait: true})
+		if err != nil {
+			t.Error(err)
+		}
+		got <- g
+	}()
+	for d.waiting(t, key) == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := d.Release(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	g := <-got
+	if g == nil {
+		t.FailNow()
+	}
+	if _, ok := g.Data.(*pin); !ok {
+		t.Fatalf("a grant after a wait is a %T, want a connection of its own", g.Data)
+	}
+	return g
+}
+
+// waiting counts the sessions waiting for key's advisory lock.
+func (d *Driver) waiting(t *testing.T, key string) int {
+	t.Helper()
+	classid, objid, objsubid := d.opts.AdvisoryKey(key).PgLocks()
+	var n int
+	err := d.pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
+		AND classid = $1::int8::oid AND objid = $2::int8::oid AND objsubid = $3 AND NOT granted`,
+		int64(classid), int64(objid), objsubid).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
 }

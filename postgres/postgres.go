@@ -31,9 +31,9 @@ const (
 	DefaultTable = "dlock_fence"
 
 	// DefaultMaxConns is the size of the pool a DSN opens when it has no
-	// pool_max_conns parameter: the most leases (and Acquire calls in
-	// progress) one Locker can hold at once before Acquire waits for a
-	// connection.
+	// pool_max_conns parameter: room for one shared session per TTL in use
+	// and for the Acquire calls that wait at once (each, and the lease it is
+	// granted, takes a connection of its own).
 	DefaultMaxConns = 64
 )
 
@@ -140,7 +140,8 @@ type Driver struct {
 
 	mu      sync.Mutex
 	pins    map[*pin]struct{}
-	closing sync.WaitGroup // connection closes in progress
+	shared  map[int64]*shared // by TTL in milliseconds (shared.go)
+	closing sync.WaitGroup    // connection closes in progress
 }
 
 var (
@@ -154,10 +155,10 @@ var (
 // the fence table if it is missing.
 //
 // The caller keeps ownership of pool: the driver's Close does not close it.
-// Each held lease and each Acquire in progress takes one of its connections
-// (see the package doc), which goes back to the pool, with its session
-// settings reset, when the lease is released. The pool's MaxConns therefore
-// caps how many locks the driver can hold at once.
+// The leases granted without a wait share one of its connections per TTL;
+// each Acquire that waits, and the lease it is granted, takes one of its own
+// (see docs/postgres.md). Connections go back to the pool, with their
+// session settings reset, once they hold no lock.
 func NewDriver(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Driver, error) {
 	return newDriver(ctx, pool, opts, false)
 }
@@ -174,11 +175,12 @@ func newDriver(ctx context.Context, pool *pgxpool.Pool, opts *Options, owned boo
 	}
 	ident, _ := tableIdent(o.Table)
 	d := &Driver{
-		pool:  pool,
-		owned: owned,
-		opts:  o,
-		table: ident.Sanitize(),
-		pins:  map[*pin]struct{}{},
+		pool:   pool,
+		owned:  owned,
+		opts:   o,
+		table:  ident.Sanitize(),
+		pins:   map[*pin]struct{}{},
+		shared: map[int64]*shared{},
 	}
 	d.sql = newStatements(d.table, o.Int4Pair, owned)
 	conn, err := pool.Acquire(ctx)

@@ -130,28 +130,42 @@ func TestServerRestartWhileHeld(t *testing.T) {
 	}
 }
 
-// TestLossIsPerLease: the end of one lease's session ends that lease only,
-// at once, even among leases of one Locker.
-func TestLossIsPerLease(t *testing.T) {
+// TestLossIsPerSession: the end of a session ends the leases it holds, at
+// once, and no other: leases of one Locker with one TTL share a session (and
+// end together); a lease of another TTL is in another.
+func TestLossIsPerSession(t *testing.T) {
 	srv := testenv.StartPostgres(t)
 	ctx := testCtx(t)
 	l := openLocker(t, srv.URL())
-	victim, err := l.Acquire(ctx, "per-lease/victim", dlock.WithTTL(time.Minute))
+	victim, err := l.Acquire(ctx, "per-session/victim", dlock.WithTTL(time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}
-	bystander, err := l.Acquire(ctx, "per-lease/bystander", dlock.WithTTL(time.Minute))
+	sharer, err := l.Acquire(ctx, "per-session/sharer", dlock.WithTTL(time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv.TerminateBackend(t, holderPID(t, srv, postgres.Options{}.AdvisoryKey(victim.Key())))
-	select {
-	case <-victim.Done():
-	case <-time.After(10 * time.Second):
-		t.Fatal("the lease whose session was terminated is still held (TTL 1m)")
+	bystander, err := l.Acquire(ctx, "per-session/bystander", dlock.WithTTL(2*time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid := holderPID(t, srv, postgres.Options{}.AdvisoryKey(victim.Key()))
+	if other := holderPID(t, srv, postgres.Options{}.AdvisoryKey(sharer.Key())); other != pid {
+		t.Fatalf("two leases of one TTL are held by sessions %d and %d, want one", pid, other)
+	}
+	srv.TerminateBackend(t, pid)
+	for _, lease := range []*dlock.Lease{victim, sharer} {
+		select {
+		case <-lease.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("lease %q, whose session was terminated, is still held (TTL 1m)", lease.Key())
+		}
+		if !errors.Is(lease.Err(), dlock.ErrLeaseLost) {
+			t.Fatalf("lease %q: Err() = %v, want ErrLeaseLost", lease.Key(), lease.Err())
+		}
 	}
 	if err := bystander.Refresh(ctx); err != nil {
-		t.Fatalf("the other lease of the same Locker: %v", err)
+		t.Fatalf("the lease of another session: %v", err)
 	}
 	if err := bystander.Release(ctx); err != nil {
 		t.Fatal(err)
@@ -161,7 +175,7 @@ func TestLossIsPerLease(t *testing.T) {
 // TestSilentClientLosesLock: a client that stops pinging — the driver used
 // directly, with no keepalive — loses the lock on the server after about a
 // TTL, and not before; the next holder's token is higher, and the silent
-// client's Grant.Lost closes when the server ends its session.
+// client hears of its loss (OnLost) when the server ends its session.
 func TestSilentClientLosesLock(t *testing.T) {
 	srv := testenv.StartPostgres(t)
 	ctx := testCtx(t)
@@ -172,7 +186,9 @@ func TestSilentClientLosesLock(t *testing.T) {
 	defer silent.Close()
 	const ttl = time.Second
 	start := time.Now()
-	g, err := silent.Acquire(ctx, backend.AcquireRequest{Key: "silent", Owner: backend.NewOwnerID(), TTL: ttl, Wait: true})
+	lost := make(chan error, 1)
+	g, err := silent.Acquire(ctx, backend.AcquireRequest{Key: "silent", Owner: backend.NewOwnerID(), TTL: ttl, Wait: true,
+		OnLost: func(err error) { lost <- err }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,9 +213,10 @@ func TestSilentClientLosesLock(t *testing.T) {
 		t.Fatalf("next token %d, silent holder's %d", lease.Token(), g.Token)
 	}
 	select {
-	case <-g.Lost:
+	case err := <-lost:
+		t.Logf("the silent holder was told: %v", err)
 	case <-time.After(5 * time.Second):
-		t.Fatal("the silent holder's Grant.Lost is still open after its session was ended")
+		t.Fatal("the silent holder was not told of its loss (OnLost) 5s after its session was ended")
 	}
 	if _, err := silent.Refresh(ctx, g, ttl); !errors.Is(err, backend.ErrNotHeld) {
 		t.Fatalf("Refresh after the session ended: %v, want ErrNotHeld", err)

@@ -46,6 +46,14 @@ type statements struct {
 	// timeout (0), on a caller's pool reset does (RESET).
 	unlock, reset string
 
+	// sharedUnlock releases a lock of a shared session, whose idle timeout
+	// stays (other leases depend on it), returning the backend pid and
+	// whether the lock was held. sharedPing resets a shared session's idle
+	// timer (argument: the TTL in milliseconds, as text) and returns its
+	// pid. sharedReset restores a shared session's idle timeout before it
+	// goes back to the pool.
+	sharedUnlock, sharedPing, sharedReset string
+
 	// rollback and cleanup end a cancelled acquire: cleanup releases the lock
 	// in case the grant raced the cancellation.
 	rollback, cleanup string
@@ -90,9 +98,14 @@ RETURNING f.token, pg_backend_pid(), set_config('idle_session_timeout', %s::text
 		reset:    "RESET idle_session_timeout",
 		rollback: "ROLLBACK",
 		cleanup:  "SELECT pg_advisory_unlock(" + lockArgs + ")",
+
+		sharedUnlock: "SELECT pg_backend_pid(), pg_advisory_unlock(" + lockArgs + ")",
+		sharedPing:   "SELECT pg_backend_pid(), set_config('idle_session_timeout', $1::text, false)",
+		sharedReset:  "RESET idle_session_timeout",
 	}
 	if owned {
 		s.unlock = "SELECT pg_backend_pid(), pg_advisory_unlock(" + lockArgs + "), set_config('idle_session_timeout', '0', false)"
+		s.sharedReset = "SELECT set_config('idle_session_timeout', '0', false)"
 	}
 	return s
 }

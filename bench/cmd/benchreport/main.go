@@ -267,7 +267,7 @@ func write(w *strings.Builder, r *results, meta [][2]string, cmd, raw string) {
 	writeScale(w, r)
 
 	w.WriteString("## Not measured\n\n")
-	w.WriteString("- PostgreSQL: the 1 000-keys scenario holds at most 200 keys, the waiters scenario at most 200 waiters, and the keepalive scenario is not run: dlock's driver pins one connection per held lease and per waiting Acquire (by design, see the package documentation), and the test server allows 300 connections.\n")
+	w.WriteString("- PostgreSQL: the waiters scenario has at most 200 waiters: each waiting Acquire (dlock's, and the raw peer's) takes a connection of its own, and the test server allows 300 connections. Held leases take none of their own: dlock's driver holds them in one session per TTL.\n")
 	w.WriteString("- The raw floors have no way to wait: they are in the uncontended and 1 000-keys scenarios only.\n")
 	w.WriteString("- Redlock (`dlock-redlock5`, `redsync5`) is in the uncontended and contended scenarios only.\n")
 	w.WriteString("- Server requests count what each server's own statistics count (see each backend's note); they are not comparable across backends.\n\n")

@@ -1,0 +1,459 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
+)
+
+// A shared session holds the advisory locks of every lease of the driver
+// with one TTL that was granted without waiting: a connection pinned for as
+// long as it holds one, whose idle_session_timeout is that TTL. So holding
+// N such leases takes one connection, not N, and taking a free lock is one
+// statement on it. A lease granted after a wait keeps the connection it
+// waited on (a pin of its own): PostgreSQL cannot move a lock between
+// sessions.
+//
+// Advisory locks are re-entrant within a session, so the driver keeps its
+// own record of the keys a shared session holds and never asks it for one
+// of them twice: a second lease of the same key waits on a connection of its
+// own, behind the shared session, as a separate client would.
+type shared struct {
+	d  *Driver
+	ms int64 // its idle_session_timeout: the leases' TTL in milliseconds
+	p  *pin  // its connection; p.key is unused
+
+	// Guarded by d.mu.
+	leases  map[AdvisoryKey]*sharedLease // held, and reserved by acquires in flight (nil)
+	retired bool                         // no longer in d.shared: no new lease may join it
+
+	pings batches // the refreshes' shared pings
+}
+
+// sharedLease is the Data of a grant held by a shared session.
+type sharedLease struct {
+	s      *shared
+	key    AdvisoryKey
+	onLost func(error)
+}
+
+// errSessionGone is the loss reported for the leases of a session that ended.
+var errSessionGone = errors.New("the session holding the lock ended")
+
+// sharedFor returns the shared session for TTL ms, opening one if there is
+// none. An acquire that must not wait for a connection (TryAcquire) waits
+// for one at most poolWait.
+func (d *Driver) sharedFor(ctx context.Context, ms int64, wait bool) (*shared, error) {
+	d.mu.Lock()
+	if s := d.shared[ms]; s != nil {
+		d.mu.Unlock()
+		return s, nil
+	}
+	d.mu.Unlock()
+	pc, err := d.conn(ctx, wait)
+	if err != nil {
+		return nil, err
+	}
+	s := &shared{d: d, ms: ms, leases: map[AdvisoryKey]*sharedLease{}}
+	s.p = newPin(d, pc, AdvisoryKey{})
+	s.p.onLost = s.lost
+	d.track(s.p)
+	d.mu.Lock()
+	if other := d.shared[ms]; other != nil { // another acquire opened one meanwhile
+		d.mu.Unlock()
+		s.p.mu <- struct{}{}
+		s.p.giveBack()
+		<-s.p.mu
+		return other, nil
+	}
+	d.shared[ms] = s
+	d.mu.Unlock()
+	return s, nil
+}
+
+// poolWait bounds how long an acquire that must not wait (TryAcquire) waits
+// for a connection of the pool.
+const poolWait = time.Second
+
+// ErrPoolExhausted is matched (errors.Is) by the error of an acquire that
+// needed a connection while every connection of the pool was in use: the
+// lock was not found held, the driver could not ask. Raise pool_max_conns,
+// or hold fewer leases that waited (each keeps its own connection).
+var ErrPoolExhausted = errors.New("every connection of the pool is in use")
+
+// conn takes a connection from the pool; without wait, for at most
+// poolWait.
+func (d *Driver) conn(ctx context.Context, wait bool) (*pgxpool.Conn, error) {
+	cctx := ctx
+	if !wait {
+		var cancel context.CancelFunc
+		cctx, cancel = context.WithTimeout(ctx, poolWait)
+		defer cancel()
+	}
+	pc, err := d.pool.Acquire(cctx)
+	if err == nil {
+		return pc, nil
+	}
+	if ctx.Err() == nil && cctx.Err() != nil {
+		st := d.pool.Stat()
+		return nil, fmt.Errorf("%w (%d of %d, waited %v)", ErrPoolExhausted, st.AcquiredConns(), st.MaxConns(), poolWait)
+	}
+	return nil, fmt.Errorf("connect: %w", err)
+}
+
+// lost ends every lease of s, once its connection is given up.
+func (s *shared) lost() {
+	s.d.mu.Lock()
+	leases := s.leases
+	s.leases = nil
+	s.retire()
+	s.d.mu.Unlock()
+	for _, l := range leases {
+		if l != nil && l.onLost != nil {
+			l.onLost(errSessionGone)
+		}
+	}
+}
+
+// retire takes s out of d.shared; d.mu must be held.
+func (s *shared) retire() {
+	if !s.retired {
+		s.retired = true
+		if s.d.shared[s.ms] == s {
+			delete(s.d.shared, s.ms)
+		}
+	}
+}
+
+// acquireShared tries to take key in a shared session: ErrHeld if the lock
+// is held, by anyone, this driver's shared session included. retry reports
+// a shared session that ended under the acquire: another may be tried.
+func (d *Driver) acquireShared(ctx context.Context, req backend.AcquireRequest, key AdvisoryKey, ms int64, validity time.Duration) (g *backend.Grant, retry bool, err error) {
+	s, err := d.sharedFor(ctx, ms, req.Wait)
+	if err != nil {
+		return nil, false, err
+	}
+	d.mu.Lock()
+	switch _, taken := s.leases[key]; {
+	case s.retired:
+		d.mu.Unlock()
+		return nil, true, errSessionGone
+	case taken:
+		d.mu.Unlock()
+		return nil, false, backend.ErrHeld
+	}
+	s.leases[key] = nil // reserved
+	d.mu.Unlock()
+	unreserve := func() {
+		d.mu.Lock()
+		if s.leases != nil && s.leases[key] == nil {
+			delete(s.leases, key)
+		}
+		d.mu.Unlock()
+		s.retireIfIdle()
+	}
+
+	p := s.p
+	if err := p.lock(ctx); err != nil {
+		unreserve()
+		return nil, false, err
+	}
+	if err := p.usable(); err != nil { // the session ended while idle
+		<-p.mu
+		return nil, true, err
+	}
+	msText := strconv.FormatInt(ms, 10)
+	args := append(key.args(), req.Key, msText)
+	var token int64
+	var pid uint32
+	granted := false
+	scan := func(rows pgx.Rows) error {
+		defer rows.Close()
+		for rows.Next() {
+			if err := rows.Scan(&token, &pid, nil); err != nil {
+				return err
+			}
+			granted = true
+		}
+		return rows.Err()
+	}
+	// Not cut short by ctx: breaking the connection would end every lease
+	// of the session. pg_try_advisory_lock does not wait; ctx is checked
+	// after.
+	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	start := time.Now()
+	if d.sql.owned {
+		var rows pgx.Rows
+		rows, err = p.pc.Query(qctx, d.sql.tryLock, args...)
+		if err == nil {
+			err = scan(rows)
+		}
+	} else {
+		err = p.pc.SendBatch(qctx, d.sql.acquireBatch(d.sql.tryLock, args, msText, scan)).Close()
+	}
+	cancel()
+	switch {
+	case err != nil:
+		// Whether or not the lock was taken, the session cannot be trusted:
+		// closing it frees whatever it holds, and ends its leases.
+		p.destroy()
+		<-p.mu
+		return nil, true, fmt.Errorf("acquire: %w", err)
+	case !granted:
+		p.startWatchLater()
+		<-p.mu
+		unreserve()
+		return nil, false, backend.ErrHeld
+	}
+	fail := func(err error) (*backend.Grant, bool, error) {
+		p.destroy()
+		<-p.mu
+		return nil, false, err
+	}
+	switch {
+	case p.pid == 0 && !d.proxied && pid != p.pc.Conn().PgConn().PID():
+		return fail(fmt.Errorf("%w: the server announced process %d at connect, but the lock was taken in session %d",
+			ErrTransactionPooling, p.pc.Conn().PgConn().PID(), pid))
+	case p.pid != 0 && pid != p.pid:
+		return fail(fmt.Errorf("%w: the session's locks were taken in session %d, this one ran in session %d",
+			ErrTransactionPooling, p.pid, pid))
+	case token <= 0:
+		return fail(fmt.Errorf("fence counter of %q in %s is %d; tokens must be positive", req.Key, d.table, token))
+	}
+	p.pid = pid
+	if ctx.Err() != nil { // granted, but the caller has gone: give it back
+		err := s.unlock(key)
+		p.startWatchLater()
+		<-p.mu
+		unreserve()
+		if err != nil {
+			return nil, false, err
+		}
+		return nil, false, ctx.Err()
+	}
+	l := &sharedLease{s: s, key: key, onLost: req.OnLost}
+	d.mu.Lock()
+	if s.leases != nil {
+		s.leases[key] = l
+	}
+	d.mu.Unlock()
+	p.startWatchLater()
+	<-p.mu
+	return &backend.Grant{
+		Key:      req.Key,
+		Owner:    req.Owner,
+		Token:    uint64(token),
+		Start:    start,
+		Validity: validity,
+		Data:     l,
+	}, false, nil
+}
+
+// unlock releases key in s's session; p.mu must be held and the watcher
+// stopped. On an error the session is given up (its leases end).
+func (s *shared) unlock(key AdvisoryKey) error {
+	p := s.p
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	var pid uint32
+	var held bool
+	err := p.pc.QueryRow(ctx, s.d.sql.sharedUnlock, key.args()...).Scan(&pid, &held)
+	switch {
+	case err != nil:
+		p.destroy()
+		return fmt.Errorf("unlock: %w", err)
+	case pid != p.pid:
+		p.destroy()
+		return fmt.Errorf("%w: %w: the lock was taken in session %d, the unlock ran in session %d",
+			backend.ErrNotHeld, ErrTransactionPooling, p.pid, pid)
+	case !held:
+		return fmt.Errorf("%w: session %d did not hold the advisory lock", backend.ErrNotHeld, pid)
+	}
+	return nil
+}
+
+// release is Driver.Release for a lease of a shared session. If ctx ends
+// while the session is busy, the unlock is finished in the background.
+func (l *sharedLease) release(ctx context.Context) error {
+	s, p := l.s, l.s.p
+	if err := p.lock(ctx); err != nil {
+		s.d.closing.Add(1)
+		go func() { // owned by the driver: Close waits for it
+			defer s.d.closing.Done()
+			p.mu <- struct{}{}
+			_ = l.releaseLocked()
+			<-p.mu
+			s.retireIfIdle()
+		}()
+		return err
+	}
+	err := l.releaseLocked()
+	<-p.mu
+	s.retireIfIdle()
+	return err
+}
+
+// releaseLocked unlocks l's key; p.mu must be held.
+func (l *sharedLease) releaseLocked() error {
+	s, p := l.s, l.s.p
+	s.d.mu.Lock()
+	mine := s.leases != nil && s.leases[l.key] == l
+	if mine {
+		delete(s.leases, l.key)
+	}
+	s.d.mu.Unlock()
+	if !mine {
+		return fmt.Errorf("%w: %w", backend.ErrNotHeld, errSessionGone)
+	}
+	if err := p.usable(); err != nil {
+		return err
+	}
+	err := s.unlock(l.key)
+	if p.pc != nil {
+		p.startWatchLater()
+	}
+	return err
+}
+
+// retireIfIdle gives s's connection back to the pool, with its idle timeout
+// reset, once s holds no lease and no acquire has reserved one.
+func (s *shared) retireIfIdle() {
+	d := s.d
+	d.mu.Lock()
+	if len(s.leases) > 0 || s.leases == nil {
+		d.mu.Unlock()
+		return
+	}
+	s.retire()
+	d.mu.Unlock()
+	p := s.p
+	p.mu <- struct{}{}
+	defer func() { <-p.mu }()
+	if p.pc == nil || p.usable() != nil {
+		return
+	}
+	d.mu.Lock()
+	busy := len(s.leases) > 0 // an acquire reserved a key before it saw s retired
+	d.mu.Unlock()
+	if busy {
+		p.startWatchLater()
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	if _, err := p.pc.Exec(ctx, d.sql.sharedReset); err != nil {
+		p.destroy()
+		return
+	}
+	p.giveBack()
+}
+
+// refresh is Driver.Refresh for a lease of a shared session: a ping of the
+// session, shared by the leases that refresh at the same time (at most one
+// per batchGap), resets its idle timer for all of them.
+func (l *sharedLease) refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
+	ms, validity, err := leaseTimeout(ttl)
+	if err != nil {
+		return 0, err
+	}
+	if ms != l.s.ms {
+		return 0, fmt.Errorf("%w: the lease's TTL is %dms; a refresh cannot change it to %v", dlock.ErrInvalidOption, l.s.ms, ttl)
+	}
+	s := l.s
+	if _, err := s.pings.do(ctx, &s.d.closing, s.ping); err != nil {
+		return 0, err
+	}
+	s.d.mu.Lock()
+	mine := s.leases != nil && s.leases[l.key] == l
+	s.d.mu.Unlock()
+	if !mine {
+		return 0, fmt.Errorf("%w: %w", backend.ErrNotHeld, errSessionGone)
+	}
+	return validity, nil
+}
+
+// ping resets s's idle timer and checks its session is the one that took
+// its locks. On a failure the session is given up and its leases end.
+func (s *shared) ping() error {
+	p := s.p
+	p.mu <- struct{}{}
+	defer func() { <-p.mu }()
+	if err := p.usable(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	var pid uint32
+	err := p.pc.QueryRow(ctx, s.d.sql.sharedPing, strconv.FormatInt(s.ms, 10)).Scan(&pid, nil)
+	switch {
+	case err != nil:
+		p.destroy()
+		return fmt.Errorf("%w: keepalive ping failed: %w", backend.ErrNotHeld, err)
+	case pid != p.pid:
+		p.destroy()
+		return fmt.Errorf("%w: %w: the locks were taken in session %d, the ping ran in session %d",
+			backend.ErrNotHeld, ErrTransactionPooling, p.pid, pid)
+	}
+	p.startWatch()
+	return nil
+}
+
+// batchGap is the least time between two pings that refreshes share: however
+// many leases of a session renew, it gets at most one ping per batchGap. A
+// refresh waits up to this long for its batch; its validity counts from the
+// moment dlock called Refresh, before the ping was sent.
+const batchGap = 10 * time.Millisecond
+
+// batches runs one call of a function for every caller that asked before
+// the call started (at most one per batchGap).
+type batches struct {
+	mu   sync.Mutex
+	next *batch    // collecting callers; nil when none waits
+	last time.Time // when the previous batch started
+}
+
+type batch struct {
+	done chan struct{} // closed once f returned
+	err  error
+}
+
+// do returns f's error from a call that started after do was called, or
+// ctx's error if ctx ends first. The call runs in a goroutine tracked by wg.
+func (b *batches) do(ctx context.Context, wg *sync.WaitGroup, f func() error) (struct{}, error) {
+	b.mu.Lock()
+	x := b.next
+	if x == nil {
+		x = &batch{done: make(chan struct{})}
+		b.next = x
+		wait := time.Until(b.last.Add(batchGap))
+		wg.Add(1)
+		go func() { // owned by wg's owner (the driver's Close waits for it)
+			defer wg.Done()
+			defer close(x.done)
+			if wait > 0 {
+				time.Sleep(wait)
+			}
+			b.mu.Lock()
+			b.next = nil
+			b.last = time.Now()
+			b.mu.Unlock()
+			x.err = f()
+		}()
+	}
+	b.mu.Unlock()
+	select {
+	case <-x.done:
+		return struct{}{}, x.err
+	case <-ctx.Done():
+		return struct{}{}, ctx.Err()
+	}
+}

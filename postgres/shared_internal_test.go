@@ -1,0 +1,180 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/testenv"
+)
+
+// Many leases held at once share one session per TTL: a pool of four
+// connections holds 500 of them, each a real advisory lock another client
+// cannot take, and every connection is back in the pool once they are
+// released.
+func TestSharedSessionHoldsManyLeases(t *testing.T) {
+	srv := testenv.StartPostgres(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, srv.URL()+"&pool_max_conns=4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	d, err := NewDriver(ctx, pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	other := rawDriver(t, srv)
+
+	const n = 500
+	grants := make([]*backend.Grant, n)
+	for i := range grants {
+		ttl := 10 * time.Second
+		if i%2 == 1 {
+			ttl = 20 * time.Second // a second session
+		}
+		g, err := d.Acquire(ctx, backend.AcquireRequest{Key: "many/" + strconv.Itoa(i), Owner: backend.NewOwnerID(), TTL: ttl})
+		if err != nil {
+			t.Fatalf("lease %d: %v", i, err)
+		}
+		grants[i] = g
+	}
+	if got := pool.Stat().AcquiredConns(); got != 2 {
+		t.Errorf("%d leases of two TTLs hold %d connections, want 2", n, got)
+	}
+	for _, i := range []int{0, 1, n / 2, n - 1} {
+		if _, err := other.Acquire(ctx, backend.AcquireRequest{Key: "many/" + strconv.Itoa(i), Owner: backend.NewOwnerID(), TTL: time.Second}); !errors.Is(err, backend.ErrHeld) {
+			t.Fatalf("another client's TryAcquire of held key %d: %v, want ErrHeld", i, err)
+		}
+	}
+	// Renewing them all at once costs a few pings, and keeps them.
+	var wg sync.WaitGroup
+	for i, g := range grants {
+		wg.Go(func() {
+			ttl := 10 * time.Second
+			if i%2 == 1 {
+				ttl = 20 * time.Second
+			}
+			if _, err := d.Refresh(ctx, g, ttl); err != nil {
+				t.Errorf("refresh %d: %v", i, err)
+			}
+		})
+	}
+	wg.Wait()
+	for _, g := range grants {
+		if err := d.Release(ctx, g); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := pool.Stat().AcquiredConns(); got != 0 {
+		t.Errorf("%d connections still acquired after every lease was released", got)
+	}
+}
+
+// A shared session is asked for a lock it already holds never: advisory
+// locks are re-entrant within a session, so it would grant it twice. The
+// second lease of a key waits, on a connection of its own, until the first
+// is released.
+func TestSharedSessionIsNotReentrant(t *testing.T) {
+	srv := testenv.StartPostgres(t)
+	d := rawDriver(t, srv)
+	ctx := context.Background()
+	req := func(wait bool) backend.AcquireRequest {
+		return backend.AcquireRequest{Key: "same", Owner: backend.NewOwnerID(), TTL: 10 * time.Second, Wait: wait}
+	}
+	first, err := d.Acquire(ctx, req(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.Acquire(ctx, req(false)); !errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("a second TryAcquire of a key the driver holds: %v, want ErrHeld", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err = d.Acquire(wctx, req(true))
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a waiting Acquire of a key the driver holds: %v, want it to wait until its ctx ends", err)
+	}
+	got := make(chan error, 1)
+	var second *backend.Grant
+	go func() {
+		var err error
+		second, err = d.Acquire(ctx, req(true))
+		got <- err
+	}()
+	for d.waiting(t, "same") == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := d.Release(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	if second.Token <= first.Token {
+		t.Errorf("second token %d after first %d", second.Token, first.Token)
+	}
+	if err := d.Release(ctx, second); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// When every connection of the pool is in use, TryAcquire says so within
+// poolWait instead of waiting out its ctx, and not as ErrHeld.
+func TestTryAcquireReportsPoolExhausted(t *testing.T) {
+	srv := testenv.StartPostgres(t)
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, srv.URL()+"&pool_max_conns=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	d, err := NewDriver(ctx, pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	busy, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Release()
+	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err = d.Acquire(tctx, backend.AcquireRequest{Key: "free", Owner: backend.NewOwnerID(), TTL: 10 * time.Second})
+	took := time.Since(start)
+	t.Logf("after %v: %v", took, err)
+	if !errors.Is(err, ErrPoolExhausted) || errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("TryAcquire with the pool exhausted: %v, want ErrPoolExhausted", err)
+	}
+	if took > poolWait+time.Second {
+		t.Errorf("TryAcquire with the pool exhausted took %v; poolWait is %v", took, poolWait)
+	}
+}
+
+// rawDriver opens a driver on its own pool, closed with the test.
+func rawDriver(t *testing.T, srv *testenv.Postgres) *Driver {
+	t.Helper()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := NewDriver(ctx, pool, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = d.Close()
+		pool.Close()
+	})
+	return d
+}
