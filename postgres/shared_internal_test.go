@@ -20,7 +20,8 @@ import (
 // released.
 func TestSharedSessionHoldsManyLeases(t *testing.T) {
 	srv := testenv.StartPostgres(t)
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	pool, err := pgxpool.New(ctx, srv.URL()+"&pool_max_conns=4")
 	if err != nil {
 		t.Fatal(err)
