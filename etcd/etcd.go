@@ -90,7 +90,8 @@ type Driver struct {
 	prefix  string
 	timeout time.Duration
 
-	bg     context.Context // cancelled by Close: ends loss watchers
+	bg     context.Context // cancelled by Close: ends the loss watch
+	loss   lossWatch       // watch.go
 	stopBg context.CancelFunc
 	wg     sync.WaitGroup // loss watchers and background revocations
 

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -653,3 +654,70 @@ var (
 	_ conformance.Inspector = (*harness)(nil)
 	_ conformance.DSNer     = (*harness)(nil)
 )
+
+// TestHeldLeasesShareOneWatch: the leases a Locker holds share one loss
+// watch over its prefix; none has a goroutine of its own, and a key deleted
+// behind its holder's back still ends that lease alone, at once.
+func TestHeldLeasesShareOneWatch(t *testing.T) {
+	srv := testenv.StartEtcd(t)
+	l := openLocker(t, srv.URL()+testPrefix)
+	ctx := testCtx(t)
+	raw := rawClient(t, []string{srv.Endpoint()})
+	warm, err := l.Acquire(ctx, "watch/warm-up")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer warm.Release(ctx)
+	before := steadyGoroutines() // the watch opens lossWatchDelay after the grant
+
+	const n = 200
+	leases := make([]*dlock.Lease, n)
+	for i := range leases {
+		if leases[i], err = l.Acquire(ctx, "watch/"+strconv.Itoa(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	after := steadyGoroutines()
+	t.Logf("goroutines: %d before, %d with %d more leases held", before, after, n)
+	if after-before > 5 {
+		t.Errorf("%d held leases added %d goroutines", n, after-before)
+	}
+	victim := leases[n/2]
+	if _, err := raw.Delete(ctx, etcd.LockName(testPrefix, victim.Key())+"/", clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-victim.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the lease whose key was deleted was not ended within 5s")
+	}
+	if !errors.Is(victim.Err(), dlock.ErrLeaseLost) {
+		t.Fatalf("Err() after the key was deleted: %v", victim.Err())
+	}
+	for i, lease := range leases {
+		if i == n/2 {
+			continue
+		}
+		if err := lease.Err(); err != nil {
+			t.Fatalf("lease %d ended with another's key: %v", i, err)
+		}
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// steadyGoroutines returns the number of goroutines once it has stayed the
+// same for 100ms (or after 2s).
+func steadyGoroutines() int {
+	n := runtime.NumGoroutine()
+	for same, end := 0, time.Now().Add(2*time.Second); same < 5 && time.Now().Before(end); {
+		time.Sleep(20 * time.Millisecond)
+		if m := runtime.NumGoroutine(); m == n {
+			same++
+		} else {
+			n, same = m, 0
+		}
+	}
+	return n
+}

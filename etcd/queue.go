@@ -31,12 +31,11 @@ type grant struct {
 	lost     chan struct{} // closed once the grant is known lost
 	lostOnce sync.Once
 	onLost   func(cause error) // dlock's AcquireRequest.OnLost
-	watch    *time.Timer       // starts the loss watcher lossWatchDelay after the grant
+	watch    *time.Timer       // adds the grant to the loss watch lossWatchDelay after it
 
 	mu         sync.Mutex // guards ls.since and the fields below
 	released   bool
-	refreshing int                // Refresh calls in flight
-	stopWatch  context.CancelFunc // ends the loss watcher, once started
+	refreshing int // Refresh calls in flight
 }
 
 // markLost closes lost and tells dlock (OnLost, which never blocks), unless
@@ -178,10 +177,10 @@ func (d *Driver) granted(req backend.AcquireRequest, g *grant) (*backend.Grant, 
 		d.revoke(g.ls)
 		return nil, fmt.Errorf("acquire %s: the request's lease (renewed %v ago, TTL %v) ran out while it waited", g.name, now.Sub(since).Round(time.Millisecond), ttl)
 	}
-	// A timer, not a goroutine: a lease released within lossWatchDelay costs
-	// neither a goroutine nor a watch.
+	// A timer, not a goroutine: a lease released within lossWatchDelay is
+	// never watched.
 	g.onLost = req.OnLost
-	g.watch = time.AfterFunc(lossWatchDelay, func() { d.startLossWatch(g) })
+	g.watch = time.AfterFunc(lossWatchDelay, func() { d.addToLossWatch(g) })
 	return &backend.Grant{
 		Key:      req.Key,
 		Owner:    req.Owner,

@@ -50,6 +50,7 @@ func (d *Driver) Refresh(ctx context.Context, bg *backend.Grant, _ time.Duration
 	if err != nil {
 		if isLeaseNotFound(err) {
 			g.markLost(fmt.Errorf("lease %x expired or was revoked", int64(g.ls.id)))
+			d.removeFromLossWatch(g)
 			return 0, fmt.Errorf("lease %x expired or was revoked: %w", int64(g.ls.id), backend.ErrNotHeld)
 		}
 		return 0, fmt.Errorf("renew lease %x: %w", int64(g.ls.id), err)
@@ -69,6 +70,7 @@ func (d *Driver) Refresh(ctx context.Context, bg *backend.Grant, _ time.Duration
 	}
 	if gone {
 		g.markLost(fmt.Errorf("key %s was deleted", g.key))
+		d.removeFromLossWatch(g)
 		return 0, fmt.Errorf("key %s was deleted: %w", g.key, backend.ErrNotHeld)
 	}
 	return ttl - backend.DriftAllowance(ttl), nil
@@ -143,12 +145,9 @@ func (d *Driver) Release(ctx context.Context, bg *backend.Grant) error {
 	}
 	g.released = true
 	busy := g.refreshing > 0
-	stopWatch := g.stopWatch
 	g.mu.Unlock()
 	g.watch.Stop()
-	if stopWatch != nil {
-		stopWatch()
-	}
+	d.removeFromLossWatch(g)
 	select {
 	case <-g.lost:
 		busy = true // the lease may be gone; never reuse it
