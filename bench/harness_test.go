@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/testenv"
 )
 
 // benchTTL is every implementation's TTL (redsync: expiry; etcd, ZooKeeper:
@@ -426,7 +427,7 @@ func runHold(tb testing.TB, im impl, n int) holdResult {
 		tb.Fatalf("%s: warm-up release: %v", im.name, err)
 	}
 	heapBefore := liveHeap()
-	gBefore := steadyGoroutines()
+	gBefore := testenv.SteadyGoroutines()
 	unlocks := make([]func() error, 0, n)
 	start := time.Now()
 	for i := range n {
@@ -438,7 +439,7 @@ func runHold(tb testing.TB, im impl, n int) holdResult {
 	}
 	took := time.Since(start)
 	heapAfter := liveHeap()
-	gAfter := steadyGoroutines()
+	gAfter := testenv.SteadyGoroutines()
 	for _, u := range unlocks {
 		if err := u(); err != nil {
 			tb.Fatalf("%s: release: %v", im.name, err)
@@ -448,21 +449,6 @@ func runHold(tb testing.TB, im impl, n int) holdResult {
 	runtime.KeepAlive(unlocks)
 	return holdResult{perAcquire: took / time.Duration(n), perLease: float64(heapAfter-heapBefore) / float64(n),
 		goroutines: float64(gAfter-gBefore) / float64(n)}
-}
-
-// steadyGoroutines returns the number of goroutines once it has stayed the
-// same for 100ms (or after 2s).
-func steadyGoroutines() int {
-	n := runtime.NumGoroutine()
-	for same, end := 0, time.Now().Add(2*time.Second); same < 5 && time.Now().Before(end); {
-		time.Sleep(20 * time.Millisecond)
-		if m := runtime.NumGoroutine(); m == n {
-			same++
-		} else {
-			n, same = m, 0
-		}
-	}
-	return n
 }
 
 // liveHeap returns the heap in use after a full collection.
@@ -510,7 +496,7 @@ func runKeepalive(tb testing.TB, name, dsn string, reqs, roundTrips func() (floa
 		tb.Fatalf("%s: warm-up release: %v", name, err)
 	}
 	heapBefore := liveHeap()
-	gBefore := steadyGoroutines()
+	gBefore := testenv.SteadyGoroutines()
 	leases := make([]*dlock.Lease, n)
 	// Acquire in parallel: the scenario is about holding, not acquiring. An
 	// acquire that fails (etcd answers "too many requests" when it falls
@@ -548,7 +534,7 @@ func runKeepalive(tb testing.TB, name, dsn string, reqs, roundTrips func() (floa
 		tb.Fatal(*p)
 	}
 	heapAfter := liveHeap()
-	gAfter := steadyGoroutines()
+	gAfter := testenv.SteadyGoroutines()
 	// Let the renewals spread out: they are due TTL/3 after each grant, and
 	// the grants took a while.
 	trips := func() float64 {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/testenv"
 )
 
 // DSNer is an optional interface on a Harness: DSN returns a DSN that opens
@@ -214,7 +215,7 @@ func (s *suite) testCloseStopsGoroutines(t *testing.T) {
 	a := s.locker(t)
 	k := key(t)
 	lease := mustAcquire(t, ctx, a, k)
-	before := steadyGoroutines()
+	before := testenv.SteadyGoroutines()
 
 	b := s.h.NewLocker(t)
 	other := mustAcquire(t, ctx, b, k+"/b") // a held lease: renewals, loss watch
@@ -247,22 +248,6 @@ func (s *suite) testCloseStopsGoroutines(t *testing.T) {
 	}
 	mustRelease(t, lease)
 	s.leavesNothing(t, ctx, k, "a waiter's Locker was closed")
-}
-
-// steadyGoroutines returns the number of goroutines once it has stayed the
-// same for 100ms (or after a second), so that goroutines a call started
-// just before are counted.
-func steadyGoroutines() int {
-	n := runtime.NumGoroutine()
-	for same, end := 0, time.Now().Add(time.Second); same < 5 && time.Now().Before(end); {
-		time.Sleep(20 * time.Millisecond)
-		if m := runtime.NumGoroutine(); m == n {
-			same++
-		} else {
-			n, same = m, 0
-		}
-	}
-	return n
 }
 
 // driverOf opens a bare backend.Driver on the harness's DSN.

@@ -7,7 +7,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -668,7 +667,7 @@ func TestHeldLeasesShareOneWatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer warm.Release(ctx)
-	before := steadyGoroutines() // the watch opens lossWatchDelay after the grant
+	before := testenv.SteadyGoroutines() // the watch opens lossWatchDelay after the grant
 
 	const n = 200
 	leases := make([]*dlock.Lease, n)
@@ -677,7 +676,7 @@ func TestHeldLeasesShareOneWatch(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	after := steadyGoroutines()
+	after := testenv.SteadyGoroutines()
 	t.Logf("goroutines: %d before, %d with %d more leases held", before, after, n)
 	if after-before > 5 {
 		t.Errorf("%d held leases added %d goroutines", n, after-before)
@@ -705,19 +704,4 @@ func TestHeldLeasesShareOneWatch(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-}
-
-// steadyGoroutines returns the number of goroutines once it has stayed the
-// same for 100ms (or after 2s).
-func steadyGoroutines() int {
-	n := runtime.NumGoroutine()
-	for same, end := 0, time.Now().Add(2*time.Second); same < 5 && time.Now().Before(end); {
-		time.Sleep(20 * time.Millisecond)
-		if m := runtime.NumGoroutine(); m == n {
-			same++
-		} else {
-			n, same = m, 0
-		}
-	}
-	return n
 }

@@ -109,33 +109,12 @@ func (d *Driver) acquireOn(ctx context.Context, p *pin, req backend.AcquireReque
 	if req.Wait {
 		stmt = d.sql.lock
 	}
-	msText := strconv.FormatInt(ms, 10)
-	args := append(p.key.args(), req.Key, msText)
-	var token int64
-	var pid uint32
-	granted := false
-	scan := func(rows pgx.Rows) error {
-		defer rows.Close()
-		for rows.Next() {
-			if err := rows.Scan(&token, &pid, nil); err != nil {
-				return err
-			}
-			granted = true
-		}
-		return rows.Err()
-	}
-
+	var r grantRow
 	start := time.Now()
 	cancelled, err := withCancelRequest(ctx, p.pc, func(qctx context.Context) error {
-		if d.sql.owned { // one statement: no batch needed
-			rows, err := p.pc.Query(qctx, stmt, args...)
-			if err != nil {
-				return err
-			}
-			return scan(rows)
-		}
-		return p.pc.SendBatch(qctx, d.sql.acquireBatch(stmt, args, msText, scan)).Close()
+		return d.runAcquire(qctx, p.pc, stmt, p.key, req.Key, ms, &r)
 	})
+	token, pid, granted := r.token, r.pid, r.granted
 	switch {
 	case cancelled:
 		// ctx ended during the acquire: whatever the server did, undo it.
@@ -199,6 +178,40 @@ func (d *Driver) acquireOn(ctx context.Context, p *pin, req backend.AcquireReque
 		Validity: validity,
 		Data:     p,
 	}, false, nil
+}
+
+// grantRow is what an acquire statement returns when the lock was granted:
+// the token and the session's pid (no row: not granted).
+type grantRow struct {
+	token   int64
+	pid     uint32
+	granted bool
+}
+
+// runAcquire runs stmt (tryLock or lock) for key on pc: one statement on
+// the driver's own pool, a transaction that sets its session defaults on a
+// caller's (see statements).
+func (d *Driver) runAcquire(ctx context.Context, pc *pgxpool.Conn, stmt string, key AdvisoryKey, name string, ms int64, r *grantRow) error {
+	msText := strconv.FormatInt(ms, 10)
+	args := append(key.args(), name, msText)
+	scan := func(rows pgx.Rows) error {
+		defer rows.Close()
+		for rows.Next() {
+			if err := rows.Scan(&r.token, &r.pid, nil); err != nil {
+				return err
+			}
+			r.granted = true
+		}
+		return rows.Err()
+	}
+	if d.sql.owned { // one statement: no batch needed
+		rows, err := pc.Query(ctx, stmt, args...)
+		if err != nil {
+			return err
+		}
+		return scan(rows)
+	}
+	return pc.SendBatch(ctx, d.sql.acquireBatch(stmt, args, msText, scan)).Close()
 }
 
 // cleanup rolls back and releases p's lock, in case the acquire took it,

@@ -5,14 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/batch"
 )
 
 // A shared session holds the advisory locks of every lease of the driver
@@ -36,7 +35,7 @@ type shared struct {
 	leases  map[AdvisoryKey]*sharedLease // held, and reserved by acquires in flight (nil)
 	retired bool                         // no longer in d.shared: no new lease may join it
 
-	pings batches // the refreshes' shared pings
+	pings *batch.Group // the refreshes' shared pings (at most one per pingGap)
 }
 
 // sharedLease is the Data of a grant held by a shared session.
@@ -64,6 +63,7 @@ func (d *Driver) sharedFor(ctx context.Context, ms int64, wait bool) (*shared, e
 		return nil, err
 	}
 	s := &shared{d: d, ms: ms, leases: map[AdvisoryKey]*sharedLease{}}
+	s.pings = batch.New(pingGap, &d.closing, s.ping)
 	s.p = newPin(d, pc, AdvisoryKey{})
 	s.p.onLost = s.lost
 	d.track(s.p)
@@ -171,36 +171,15 @@ func (d *Driver) acquireShared(ctx context.Context, req backend.AcquireRequest, 
 		<-p.mu
 		return nil, true, err
 	}
-	msText := strconv.FormatInt(ms, 10)
-	args := append(key.args(), req.Key, msText)
-	var token int64
-	var pid uint32
-	granted := false
-	scan := func(rows pgx.Rows) error {
-		defer rows.Close()
-		for rows.Next() {
-			if err := rows.Scan(&token, &pid, nil); err != nil {
-				return err
-			}
-			granted = true
-		}
-		return rows.Err()
-	}
 	// Not cut short by ctx: breaking the connection would end every lease
 	// of the session. pg_try_advisory_lock does not wait; ctx is checked
 	// after.
+	var r grantRow
 	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	start := time.Now()
-	if d.sql.owned {
-		var rows pgx.Rows
-		rows, err = p.pc.Query(qctx, d.sql.tryLock, args...)
-		if err == nil {
-			err = scan(rows)
-		}
-	} else {
-		err = p.pc.SendBatch(qctx, d.sql.acquireBatch(d.sql.tryLock, args, msText, scan)).Close()
-	}
+	err = d.runAcquire(qctx, p.pc, d.sql.tryLock, key, req.Key, ms, &r)
 	cancel()
+	token, pid, granted := r.token, r.pid, r.granted
 	switch {
 	case err != nil:
 		// Whether or not the lock was taken, the session cannot be trusted:
@@ -357,9 +336,15 @@ func (s *shared) retireIfIdle() {
 	p.giveBack()
 }
 
+// pingGap is the least time between two pings of a shared session: however
+// many of its leases renew, it gets at most one ping per pingGap. A refresh
+// waits up to this long for its ping; its validity counts from the moment
+// dlock called Refresh, before the ping was sent.
+const pingGap = 10 * time.Millisecond
+
 // refresh is Driver.Refresh for a lease of a shared session: a ping of the
 // session, shared by the leases that refresh at the same time (at most one
-// per batchGap), resets its idle timer for all of them.
+// per pingGap), resets its idle timer for all of them.
 func (l *sharedLease) refresh(ctx context.Context, ttl time.Duration) (time.Duration, error) {
 	ms, validity, err := leaseTimeout(ttl)
 	if err != nil {
@@ -369,7 +354,7 @@ func (l *sharedLease) refresh(ctx context.Context, ttl time.Duration) (time.Dura
 		return 0, fmt.Errorf("%w: the lease's TTL is %dms; a refresh cannot change it to %v", dlock.ErrInvalidOption, l.s.ms, ttl)
 	}
 	s := l.s
-	if _, err := s.pings.do(ctx, &s.d.closing, s.ping); err != nil {
+	if _, err := s.pings.Do(ctx); err != nil {
 		return 0, err
 	}
 	s.d.mu.Lock()
@@ -405,55 +390,4 @@ func (s *shared) ping() error {
 	}
 	p.startWatch()
 	return nil
-}
-
-// batchGap is the least time between two pings that refreshes share: however
-// many leases of a session renew, it gets at most one ping per batchGap. A
-// refresh waits up to this long for its batch; its validity counts from the
-// moment dlock called Refresh, before the ping was sent.
-const batchGap = 10 * time.Millisecond
-
-// batches runs one call of a function for every caller that asked before
-// the call started (at most one per batchGap).
-type batches struct {
-	mu   sync.Mutex
-	next *batch    // collecting callers; nil when none waits
-	last time.Time // when the previous batch started
-}
-
-type batch struct {
-	done chan struct{} // closed once f returned
-	err  error
-}
-
-// do returns f's error from a call that started after do was called, or
-// ctx's error if ctx ends first. The call runs in a goroutine tracked by wg.
-func (b *batches) do(ctx context.Context, wg *sync.WaitGroup, f func() error) (struct{}, error) {
-	b.mu.Lock()
-	x := b.next
-	if x == nil {
-		x = &batch{done: make(chan struct{})}
-		b.next = x
-		wait := time.Until(b.last.Add(batchGap))
-		wg.Add(1)
-		go func() { // owned by wg's owner (the driver's Close waits for it)
-			defer wg.Done()
-			defer close(x.done)
-			if wait > 0 {
-				time.Sleep(wait)
-			}
-			b.mu.Lock()
-			b.next = nil
-			b.last = time.Now()
-			b.mu.Unlock()
-			x.err = f()
-		}()
-	}
-	b.mu.Unlock()
-	select {
-	case <-x.done:
-		return struct{}{}, x.err
-	case <-ctx.Done():
-		return struct{}{}, ctx.Err()
-	}
 }

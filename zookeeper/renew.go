@@ -3,7 +3,6 @@ package zookeeper
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -17,66 +16,27 @@ import (
 // validity counts from the moment dlock called Refresh.
 const syncGap = 10 * time.Millisecond
 
-// syncBatch is one sync shared by the refreshes that joined it before it
-// was sent.
-type syncBatch struct {
-	done chan struct{} // closed once the sync is answered
-	sent time.Time     // when the sync was sent; set before done is closed
-	err  error
-}
-
-// syncs batches the refreshes' syncs.
-type syncs struct {
-	mu   sync.Mutex
-	next *syncBatch // collecting refreshes; nil when none waits
-	last time.Time  // when the previous batch was sent
-}
-
 // sharedSync returns once a sync, sent after sharedSync was called, has been
 // answered, and when it was sent. The sync goes through the leader, so every
 // change the leader committed before it (a deletion of a lock node, with its
-// watch event) has reached this client by then.
+// watch event) has reached this client by then. Every refresh that asks
+// before the sync is sent shares it (see package internal/batch).
 func (d *Driver) sharedSync(ctx context.Context) (time.Time, error) {
-	s := &d.syncs
-	s.mu.Lock()
-	b := s.next
-	if b == nil {
-		b = &syncBatch{done: make(chan struct{})}
-		s.next = b
-		wait := time.Until(s.last.Add(syncGap))
-		d.wg.Go(func() { d.sendBatch(b, wait) })
-	}
-	s.mu.Unlock()
-	select {
-	case <-b.done:
-		return b.sent, b.err
-	case <-ctx.Done():
-		return time.Time{}, ctx.Err()
-	}
+	return d.syncs.Do(ctx)
 }
 
-// sendBatch sends b's sync after wait, once no refresh can join it any more.
-func (d *Driver) sendBatch(b *syncBatch, wait time.Duration) {
-	defer close(b.done)
-	if wait > 0 {
-		t := time.NewTimer(wait)
-		select {
-		case <-t.C:
-		case <-d.quit:
-			t.Stop()
-			b.err = errClosed
-			return
-		}
+// syncRoot is the call the shared syncs make.
+func (d *Driver) syncRoot() error {
+	select {
+	case <-d.quit:
+		return errClosed
+	default:
 	}
-	d.syncs.mu.Lock()
-	d.syncs.next = nil
-	b.sent = time.Now()
-	d.syncs.last = b.sent
-	d.syncs.mu.Unlock()
-	_, b.err = d.conn.Sync(d.root)
-	if b.err == zk.ErrNoNode { // the root does not exist yet: the sync was done all the same
-		b.err = nil
+	_, err := d.conn.Sync(d.root)
+	if err == zk.ErrNoNode { // the root does not exist yet: the sync was done all the same
+		err = nil
 	}
+	return err
 }
 
 // nodeGone returns nil if n is still there as far as this client knows after

@@ -15,6 +15,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/batch"
 )
 
 // Defaults for Options and the DSN parameters.
@@ -148,7 +149,7 @@ type Driver struct {
 	timeout time.Duration // asked for (Dial) or declared (NewDriver)
 
 	sess   *sessions
-	syncs  syncs         // the refreshes' shared syncs (renew.go)
+	syncs  *batch.Group  // the refreshes' shared syncs (renew.go)
 	quit   chan struct{} // closed by Close
 	closed atomic.Bool
 	wg     sync.WaitGroup // every goroutine the driver starts
@@ -169,13 +170,15 @@ var (
 )
 
 func newDriver(o Options) *Driver {
-	return &Driver{
+	d := &Driver{
 		root:    o.Root,
 		acl:     o.ACL,
 		timeout: o.SessionTimeout,
 		sess:    newSessions(),
 		quit:    make(chan struct{}),
 	}
+	d.syncs = batch.New(syncGap, &d.wg, d.syncRoot)
+	return d
 }
 
 // Dial connects to the ZooKeeper servers ("host:port" each; a host without a

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -109,13 +108,13 @@ func testHeldLeasesNeedNoGoroutines(t *testing.T, h *harness) {
 	l := h.NewLocker(t)
 	ctx := testCtx(t)
 	mustRelease(t, mustAcquire(t, l, testKey(t)+"warm-up"))
-	before := steadyGoroutines()
+	before := testenv.SteadyGoroutines()
 	const n = 200
 	leases := make([]*dlock.Lease, n)
 	for i := range leases {
 		leases[i] = mustAcquire(t, l, testKey(t)+strconv.Itoa(i))
 	}
-	after := steadyGoroutines()
+	after := testenv.SteadyGoroutines()
 	t.Logf("goroutines: %d before, %d with %d leases held", before, after, n)
 	if after-before > 5 {
 		t.Errorf("%d held leases added %d goroutines", n, after-before)
@@ -131,21 +130,6 @@ func testHeldLeasesNeedNoGoroutines(t *testing.T, h *harness) {
 			t.Fatalf("lease after the session ended: %v, want ErrLeaseLost", lease.Err())
 		}
 	}
-}
-
-// steadyGoroutines returns the number of goroutines once it has stayed the
-// same for 100ms (or after 2s).
-func steadyGoroutines() int {
-	n := runtime.NumGoroutine()
-	for same, end := 0, time.Now().Add(2*time.Second); same < 5 && time.Now().Before(end); {
-		time.Sleep(20 * time.Millisecond)
-		if m := runtime.NumGoroutine(); m == n {
-			same++
-		} else {
-			n, same = m, 0
-		}
-	}
-	return n
 }
 
 // testRenewalCostsOneSharedSync: a lease's first renewal reads its node
