@@ -138,10 +138,11 @@ type Driver struct {
 	proxied bool // a proxy sits between the pool and the server (session pooling)
 	closed  atomic.Bool
 
-	mu      sync.Mutex
-	pins    map[*pin]struct{}
-	shared  map[int64]*shared // by TTL in milliseconds (shared.go)
-	closing sync.WaitGroup    // connection closes in progress
+	mu        sync.Mutex
+	pins      map[*pin]struct{}
+	shared    map[int64]*shared // by TTL in milliseconds (shared.go)
+	lingering sync.WaitGroup    // the shared sessions' linger timers (shared.go)
+	closing   sync.WaitGroup    // connection closes in progress
 }
 
 var (
@@ -158,7 +159,8 @@ var (
 // The leases granted without a wait share one of its connections per TTL;
 // each Acquire that waits, and the lease it is granted, takes one of its own
 // (see docs/postgres.md). Connections go back to the pool, with their
-// session settings reset, once they hold no lock.
+// session settings reset, once they hold no lock (a shared session a second
+// after its last release).
 func NewDriver(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Driver, error) {
 	return newDriver(ctx, pool, opts, false)
 }
@@ -315,11 +317,15 @@ func (d *Driver) Close() error {
 		return errClosed
 	}
 	d.mu.Lock()
+	for _, s := range d.shared {
+		s.stopLinger()
+	}
 	pins := make([]*pin, 0, len(d.pins))
 	for p := range d.pins {
 		pins = append(pins, p)
 	}
 	d.mu.Unlock()
+	d.lingering.Wait()
 	for _, p := range pins {
 		p.mu <- struct{}{}
 		p.destroy()

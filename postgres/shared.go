@@ -34,6 +34,7 @@ type shared struct {
 	// Guarded by d.mu.
 	leases  map[AdvisoryKey]*sharedLease // held, and reserved by acquires in flight (nil)
 	retired bool                         // no longer in d.shared: no new lease may join it
+	linger  *time.Timer                  // retires s once it has held nothing for shareLinger
 
 	pings *batch.Group // the refreshes' shared pings (at most one per pingGap)
 }
@@ -303,12 +304,43 @@ func (l *sharedLease) releaseLocked() error {
 	return err
 }
 
+// shareLinger is how long a shared session that holds no lock stays pinned
+// before it goes back to the pool, so that a driver that takes and releases
+// locks all the time does not reset and return its session every time.
+const shareLinger = time.Second
+
 // retireIfIdle gives s's connection back to the pool, with its idle timeout
-// reset, once s holds no lease and no acquire has reserved one.
+// reset, once s has held no lease (and no acquire reserved one) for
+// shareLinger.
 func (s *shared) retireIfIdle() {
 	d := s.d
 	d.mu.Lock()
-	if len(s.leases) > 0 || s.leases == nil {
+	defer d.mu.Unlock()
+	if s.leases == nil || len(s.leases) > 0 || s.retired || s.linger != nil {
+		return
+	}
+	d.lingering.Add(1) // Close stops the timer or waits for it
+	s.linger = time.AfterFunc(shareLinger, func() {
+		defer d.lingering.Done()
+		s.retireNow()
+	})
+}
+
+// stopLinger is Close's: it stops s's linger timer, if one is pending.
+// d.mu must be held.
+func (s *shared) stopLinger() {
+	if s.linger != nil && s.linger.Stop() {
+		s.d.lingering.Done()
+	}
+	s.linger = nil
+}
+
+// retireNow gives s's connection back to the pool if s still holds nothing.
+func (s *shared) retireNow() {
+	d := s.d
+	d.mu.Lock()
+	s.linger = nil
+	if s.leases == nil || len(s.leases) > 0 || s.retired {
 		d.mu.Unlock()
 		return
 	}
@@ -324,7 +356,7 @@ func (s *shared) retireIfIdle() {
 	busy := len(s.leases) > 0 // an acquire reserved a key before it saw s retired
 	d.mu.Unlock()
 	if busy {
-		p.startWatchLater()
+		p.startWatchLater() // its release retires s
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)

@@ -74,9 +74,9 @@ func TestSharedSessionHoldsManyLeases(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if got := pool.Stat().AcquiredConns(); got != 0 {
-		t.Errorf("%d connections still acquired after every lease was released", got)
-	}
+	// The shared sessions go back to the pool shareLinger after their last
+	// lease.
+	waitIdlePool(t, pool, 2*shareLinger+2*time.Second)
 }
 
 // A shared session is asked for a lock it already holds never: advisory
@@ -178,4 +178,14 @@ func rawDriver(t *testing.T, srv *testenv.Postgres) *Driver {
 		pool.Close()
 	})
 	return d
+}
+
+// waitIdlePool fails t unless every connection of pool is back within bound.
+func waitIdlePool(t *testing.T, pool *pgxpool.Pool, bound time.Duration) {
+	t.Helper()
+	for end := time.Now().Add(bound); pool.Stat().AcquiredConns() != 0; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("%d connections still acquired %v after every lease was released", pool.Stat().AcquiredConns(), bound)
+		}
+	}
 }
