@@ -29,15 +29,20 @@ func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 	}
 	key := d.opts.AdvisoryKey(req.Key)
 	// First in a shared session (shared.go): a free lock costs one
-	// statement and no connection of its own.
-	for attempt := 0; ; attempt++ {
+	// statement and no connection of its own. A waiting Acquire of a key
+	// found held a moment ago goes straight to waiting: the try would only
+	// cost a statement per hand-off.
+	for attempt := 0; !req.Wait || !d.contended(key); attempt++ {
 		g, retry, err := d.acquireShared(ctx, req, key, ms, validity)
 		switch {
 		case err == nil:
 			return g, nil
 		case retry && attempt < 2:
 			continue // the shared session had ended: open another
-		case ctx.Err() != nil || !req.Wait:
+		case errors.Is(err, backend.ErrHeld):
+			d.markContended(key)
+		}
+		if ctx.Err() != nil || !req.Wait {
 			return nil, err
 		}
 		break // wait for it on a connection of its own

@@ -140,9 +140,10 @@ type Driver struct {
 
 	mu        sync.Mutex
 	pins      map[*pin]struct{}
-	shared    map[int64]*shared // by TTL in milliseconds (shared.go)
-	lingering sync.WaitGroup    // the shared sessions' linger timers (shared.go)
-	closing   sync.WaitGroup    // connection closes in progress
+	shared    map[int64]*shared         // by TTL in milliseconds (shared.go)
+	lingering sync.WaitGroup            // the shared sessions' linger timers (shared.go)
+	held      map[AdvisoryKey]time.Time // keys an acquire found held, and when (shared.go)
+	closing   sync.WaitGroup            // connection closes in progress
 }
 
 var (
@@ -183,6 +184,7 @@ func newDriver(ctx context.Context, pool *pgxpool.Pool, opts *Options, owned boo
 		table:  ident.Sanitize(),
 		pins:   map[*pin]struct{}{},
 		shared: map[int64]*shared{},
+		held:   map[AdvisoryKey]time.Time{},
 	}
 	d.sql = newStatements(d.table, o.Int4Pair, owned)
 	conn, err := pool.Acquire(ctx)

@@ -81,6 +81,35 @@ func (d *Driver) sharedFor(ctx context.Context, ms int64, wait bool) (*shared, e
 	return s, nil
 }
 
+// contendedFor is how long after an acquire found a key held a waiting
+// Acquire of it skips the shared session's try and waits at once.
+const contendedFor = time.Second
+
+// contended reports whether an acquire found key held within contendedFor.
+func (d *Driver) contended(key AdvisoryKey) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	at, ok := d.held[key]
+	return ok && time.Since(at) < contendedFor
+}
+
+// markContended records that an acquire found key held. The record is
+// bounded: past 1 024 keys, the stale ones are dropped.
+func (d *Driver) markContended(key AdvisoryKey) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.held) >= 1024 {
+		for k, at := range d.held {
+			if time.Since(at) >= contendedFor {
+				delete(d.held, k)
+			}
+		}
+	}
+	if len(d.held) < 4096 {
+		d.held[key] = time.Now()
+	}
+}
+
 // poolWait bounds how long an acquire that must not wait (TryAcquire) waits
 // for a connection of the pool.
 const poolWait = time.Second
