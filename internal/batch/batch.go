@@ -17,7 +17,7 @@ type Group struct {
 	wg  *sync.WaitGroup
 
 	mu   sync.Mutex
-	next *call    // collecting callers; nil when none waits
+	next *call     // collecting callers; nil when none waits
 	last time.Time // when the previous call started
 }
 
