@@ -16,9 +16,10 @@ import (
 	"github.com/dlock-go/dlock/backend"
 )
 
-// Acquire takes the advisory lock of req.Key on a connection of its own
-// (see the package doc). If req.Wait, it waits in the server; if ctx ends
-// first, it cancels the wait and leaves nothing behind.
+// Acquire takes the advisory lock of req.Key: in the shared session for
+// req.TTL if the lock is free, else (if req.Wait) waiting in the server on a
+// connection of its own, which the lease then keeps (see docs/postgres.md).
+// If ctx ends first, it cancels the wait and leaves nothing behind.
 func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*backend.Grant, error) {
 	if d.closed.Load() {
 		return nil, errClosed
