@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
 	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/internal/testenv"
 )
@@ -20,16 +18,7 @@ import (
 func TestReleaseBehindSlowRefreshFreesConnection(t *testing.T) {
 	srv := testenv.StartPostgres(t)
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	d, err := NewDriver(ctx, pool, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	d, pool := poolDriver(t, srv, "")
 
 	for round := range 3 {
 		g := waitedGrant(t, d, "k")
@@ -44,7 +33,7 @@ func TestReleaseBehindSlowRefreshFreesConnection(t *testing.T) {
 		<-entered // the refresh holds the connection
 
 		rctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
-		err = d.Release(rctx, g)
+		err := d.Release(rctx, g)
 		cancel()
 		if !errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("round %d: Release behind a held refresh = %v, want its ctx's deadline", round, err)

@@ -22,17 +22,8 @@ func TestSharedSessionHoldsManyLeases(t *testing.T) {
 	srv := testenv.StartPostgres(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pool, err := pgxpool.New(ctx, srv.URL()+"&pool_max_conns=4")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	d, err := NewDriver(ctx, pool, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	other := rawDriver(t, srv)
+	d, pool := poolDriver(t, srv, "&pool_max_conns=4")
+	other, _ := poolDriver(t, srv, "")
 
 	const n = 500
 	grants := make([]*backend.Grant, n)
@@ -85,7 +76,7 @@ func TestSharedSessionHoldsManyLeases(t *testing.T) {
 // is released.
 func TestSharedSessionIsNotReentrant(t *testing.T) {
 	srv := testenv.StartPostgres(t)
-	d := rawDriver(t, srv)
+	d, _ := poolDriver(t, srv, "")
 	ctx := context.Background()
 	req := func(wait bool) backend.AcquireRequest {
 		return backend.AcquireRequest{Key: "same", Owner: backend.NewOwnerID(), TTL: 10 * time.Second, Wait: wait}
@@ -132,16 +123,7 @@ func TestSharedSessionIsNotReentrant(t *testing.T) {
 func TestTryAcquireReportsPoolExhausted(t *testing.T) {
 	srv := testenv.StartPostgres(t)
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, srv.URL()+"&pool_max_conns=1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	d, err := NewDriver(ctx, pool, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	d, pool := poolDriver(t, srv, "&pool_max_conns=1")
 	busy, err := pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -161,23 +143,25 @@ func TestTryAcquireReportsPoolExhausted(t *testing.T) {
 	}
 }
 
-// rawDriver opens a driver on its own pool, closed with the test.
-func rawDriver(t *testing.T, srv *testenv.Postgres) *Driver {
+// poolDriver opens a driver on a pool of its own (the server's URL plus
+// params), both closed with the test.
+func poolDriver(t *testing.T, srv *testenv.Postgres, params string) (*Driver, *pgxpool.Pool) {
 	t.Helper()
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, srv.URL())
+	pool, err := pgxpool.New(ctx, srv.URL()+params)
 	if err != nil {
 		t.Fatal(err)
 	}
 	d, err := NewDriver(ctx, pool, nil)
 	if err != nil {
+		pool.Close()
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		_ = d.Close()
 		pool.Close()
 	})
-	return d
+	return d, pool
 }
 
 // waitIdlePool fails t unless every connection of pool is back within bound.
