@@ -18,6 +18,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/batch"
 )
 
 // Defaults for Options and the DSN parameters.
@@ -90,10 +91,12 @@ type Driver struct {
 	prefix  string
 	timeout time.Duration
 
-	bg     context.Context // cancelled by Close: ends the loss watch
-	loss   lossWatch       // watch.go
-	stopBg context.CancelFunc
-	wg     sync.WaitGroup // loss watchers and background revocations
+	bg   context.Context // cancelled by Close: ends the loss watch
+	loss lossWatch       // watch.go
+
+	keyChecks *batch.Batcher[keyCheck, bool] // the refreshes' shared key checks (renew.go)
+	stopBg    context.CancelFunc
+	wg        sync.WaitGroup // loss watchers and background revocations
 
 	watchGen atomic.Int32 // watchUnknown, watchLegacy or watchModern
 
@@ -121,14 +124,16 @@ func NewDriver(cli *clientv3.Client, opts *Options) (*Driver, error) {
 		return nil, fmt.Errorf("%w: %w", dlock.ErrInvalidOption, err)
 	}
 	bg, stop := context.WithCancel(context.Background())
-	return &Driver{
+	d := &Driver{
 		cli:     cli,
 		prefix:  o.Prefix,
 		timeout: o.RequestTimeout,
 		bg:      bg,
 		stopBg:  stop,
 		idle:    map[int64][]*lease{},
-	}, nil
+	}
+	d.keyChecks = batch.NewBatcher(keyCheckGap, &d.wg, d.checkKeysBatch)
+	return d, nil
 }
 
 // New returns a dlock.Locker over cli: dlock.New(NewDriver(cli, opts),

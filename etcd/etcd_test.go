@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -17,6 +19,7 @@ import (
 	"go.etcd.io/etcd/client/v3/concurrency"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance"
@@ -702,6 +705,74 @@ func TestHeldLeasesShareOneWatch(t *testing.T) {
 		}
 		if err := lease.Release(ctx); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// TestRenewalsShareKeyChecks: renewals that come at once check their keys
+// in one shared transaction, not a Get each, and a key deleted behind its
+// holder's back still fails that holder's renewal.
+func TestRenewalsShareKeyChecks(t *testing.T) {
+	srv := testenv.StartEtcd(t)
+	var txns, ranges atomic.Int32
+	count := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		switch method {
+		case "/etcdserverpb.KV/Txn":
+			txns.Add(1)
+		case "/etcdserverpb.KV/Range":
+			ranges.Add(1)
+		}
+		return invoker(ctx, method, req, reply, cc, opts...)
+	}
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{srv.Endpoint()}, DialTimeout: 5 * time.Second,
+		DialOptions: []grpc.DialOption{grpc.WithUnaryInterceptor(count)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	l, err := etcd.New(cli, &etcd.Options{Prefix: testPrefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx := testCtx(t)
+	const n = 50
+	leases := make([]*dlock.Lease, n)
+	for i := range leases {
+		if leases[i], err = l.Acquire(ctx, "share/"+strconv.Itoa(i), dlock.WithAutoRenew(false)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	refreshAll := func() error {
+		var wg sync.WaitGroup
+		errs := make([]error, n)
+		for i, lease := range leases {
+			wg.Go(func() { errs[i] = lease.Refresh(ctx) })
+		}
+		wg.Wait()
+		return errors.Join(errs...)
+	}
+	txns.Store(0)
+	ranges.Store(0)
+	if err := refreshAll(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d concurrent renewals: %d transactions, %d Gets", n, txns.Load(), ranges.Load())
+	if ranges.Load() != 0 || txns.Load() == 0 || txns.Load() > 3 {
+		t.Errorf("%d concurrent renewals sent %d transactions and %d Gets; want one or two shared transactions", n, txns.Load(), ranges.Load())
+	}
+	victim := leases[7]
+	if _, err := rawClient(t, []string{srv.Endpoint()}).Delete(ctx, etcd.LockName(testPrefix, victim.Key())+"/", clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	if err := victim.Refresh(ctx); !errors.Is(err, dlock.ErrLeaseLost) {
+		t.Fatalf("renewal after the key was deleted: %v, want ErrLeaseLost", err)
+	}
+	for i, lease := range leases {
+		if i != 7 {
+			if err := lease.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
 		}
 	}
 }

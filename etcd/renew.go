@@ -18,7 +18,8 @@ import (
 
 // Refresh implements backend.Driver: it renews the grant's lease with one
 // keep-alive request and then checks that the holder's key still exists with
-// its create revision. The lease keeps the TTL it was granted with; ttl is not
+// its create revision, in one transaction shared by every refresh that asks
+// at the same time (at most one per keyCheckGap; see checkKeysBatch). The lease keeps the TTL it was granted with; ttl is not
 // used. Transport failures and timeouts (a member down, a leader election) are
 // retried, on whichever member answers, until ctx is done; dlock bounds ctx by
 // the lease's deadline. A lease or key that is gone returns ErrNotHeld.
@@ -62,7 +63,7 @@ func (d *Driver) Refresh(ctx context.Context, bg *backend.Grant, _ time.Duration
 
 	var gone bool
 	err = d.retry(ctx, func(ctx context.Context) (err error) {
-		gone, err = d.deleted(ctx, g.key, g.rev)
+		gone, err = d.keyChecks.Do(ctx, keyCheck{g.key, g.rev})
 		return err
 	})
 	if err != nil {
@@ -176,4 +177,44 @@ func (d *Driver) Release(ctx context.Context, bg *backend.Grant) error {
 		d.putLease(g.ls)
 	}
 	return nil
+}
+
+// keyCheck asks whether the key of a grant (created at rev) still exists.
+type keyCheck struct {
+	key string
+	rev int64
+}
+
+// keyCheckGap is the least time between two of the refreshes' shared key
+// checks: however many leases renew, at most one such transaction (per
+// maxTxnGets keys) per keyCheckGap.
+const keyCheckGap = 10 * time.Millisecond
+
+// maxTxnGets is how many keys one shared check reads in one transaction
+// (etcd refuses transactions of more than --max-txn-ops operations, 128 by
+// default).
+const maxTxnGets = 100
+
+// checkKeysBatch reads the keys of cs, maxTxnGets per transaction, and
+// reports for each whether it is gone (deleted, or created again).
+func (d *Driver) checkKeysBatch(cs []keyCheck) ([]bool, error) {
+	gone := make([]bool, len(cs))
+	for lo := 0; lo < len(cs); lo += maxTxnGets {
+		part := cs[lo:min(lo+maxTxnGets, len(cs))]
+		ops := make([]clientv3.Op, len(part))
+		for i, c := range part {
+			ops[i] = clientv3.OpGet(c.key, clientv3.WithKeysOnly())
+		}
+		ctx, cancel := d.reqCtx(d.bg)
+		resp, err := d.cli.Txn(ctx).Then(ops...).Commit()
+		cancel()
+		if err != nil {
+			return nil, err
+		}
+		for i, c := range part {
+			kvs := resp.Responses[i].GetResponseRange().Kvs
+			gone[lo+i] = len(kvs) == 0 || kvs[0].CreateRevision != c.rev
+		}
+	}
+	return gone, nil
 }

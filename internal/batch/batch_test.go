@@ -75,3 +75,38 @@ func TestDoCtxAndError(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// Each caller of a Batcher gets the result for its own item, and callers
+// that ask at once share one call.
+func TestBatcherResultsPerItem(t *testing.T) {
+	var wg sync.WaitGroup
+	var calls atomic.Int32
+	release := make(chan struct{})
+	b := NewBatcher(10*time.Millisecond, &wg, func(items []int) ([]int, error) {
+		calls.Add(1)
+		<-release
+		out := make([]int, len(items))
+		for i, x := range items {
+			out[i] = x * x
+		}
+		return out, nil
+	})
+	var callers sync.WaitGroup
+	for i := range 40 {
+		callers.Go(func() {
+			got, err := b.Do(context.Background(), i)
+			if err != nil || got != i*i {
+				t.Errorf("Do(%d) = %d, %v; want %d", i, got, err, i*i)
+			}
+		})
+	}
+	for calls.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	callers.Wait()
+	wg.Wait()
+	if n := calls.Load(); n > 3 {
+		t.Errorf("40 callers made %d calls", n)
+	}
+}

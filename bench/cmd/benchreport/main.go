@@ -503,9 +503,10 @@ func writeTargets(w *strings.Builder, r *results) {
 		ts = append(ts, t)
 	}
 	kaWhy := map[string]string{
-		"etcd": "each renewal is two requests: a KeepAliveOnce of the dlock lease's own etcd lease and a Get that checks the holder's key still exists (2×); etcd leases are not yet shared per session (issue 16)",
+		"etcd": "each renewal is a KeepAliveOnce of the dlock lease's own etcd lease, plus its share of a transaction that checks the holders' keys still exist; etcd leases are not yet shared per session (issue 16)",
 	}
 	kaNote := map[string]string{
+		"etcd":      "a KeepAliveOnce per renewal (each dlock lease has its own etcd lease); the renewals share the check of their keys (one transaction per 10ms)",
 		"zookeeper": "the session keeps the nodes; the renewals share one sync (at most one per 10ms), and a lease's own read (with a watch) comes only at its first renewal",
 		"postgres":  "the leases share one session per TTL, renewed by one ping (at most one per 10ms)",
 	}
