@@ -776,3 +776,35 @@ func TestRenewalsShareKeyChecks(t *testing.T) {
 		}
 	}
 }
+
+// TestWaiterRidesOutServerDown: a waiting Acquire that starts while the
+// server is down (its first requests fail) keeps trying until the server is
+// back, and is granted then; before its ctx ends, it never gives up.
+func TestWaiterRidesOutServerDown(t *testing.T) {
+	srv := testenv.StartEtcd(t)
+	l := openLocker(t, srv.URL()+testPrefix+"?request-timeout=300ms")
+	ctx := testCtx(t)
+	srv.Kill()
+	got := make(chan error, 1)
+	go func() {
+		lease, err := l.Acquire(ctx, "down")
+		if err == nil {
+			err = lease.Release(ctx)
+		}
+		got <- err
+	}()
+	select {
+	case err := <-got:
+		t.Fatalf("Acquire returned while the server was down: %v", err)
+	case <-time.After(time.Second): // several failed attempts at 300ms each
+	}
+	srv.Restart()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatalf("Acquire after the server came back: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("Acquire not granted 30s after the server came back")
+	}
+}

@@ -67,7 +67,25 @@ func (d *Driver) reqCtx(ctx context.Context) (context.Context, context.CancelFun
 // an older key exists, watches the next older one until it is deleted, renewing
 // its own lease meanwhile. If ctx ends, or anything fails after the key may
 // have been created, the key's lease is revoked, which deletes the key.
+//
+// A waiting Acquire rides out a member that goes away under it (a restart, a
+// leader election): on a transient error it queues again, with a new lease,
+// after a pause, until ctx ends, as the Locker contract says.
 func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*backend.Grant, error) {
+	var bo backend.Backoff
+	for {
+		g, err := d.acquireOnce(ctx, req)
+		if err == nil || !req.Wait || ctx.Err() != nil || !transient(err) {
+			return g, err
+		}
+		if err := backend.Sleep(ctx, bo.Next()); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// acquireOnce is one attempt of Acquire.
+func (d *Driver) acquireOnce(ctx context.Context, req backend.AcquireRequest) (*backend.Grant, error) {
 	ls, err := d.takeLease(ctx, req.TTL)
 	if err != nil {
 		return nil, err
