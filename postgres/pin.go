@@ -277,6 +277,21 @@ func (p *pin) release(ctx context.Context) error {
 		b := p.d.sql.releaseBatch(p.key.args(), func(r pgx.Row) error { return r.Scan(&pid, &held) })
 		err = p.pc.SendBatch(ctx, b).Close()
 	}
+	if err := p.unlocked(err, pid, held); err != nil {
+		if p.pc != nil {
+			p.destroy() // a lease's own session that did not hold its lock: never reuse it
+		}
+		return err
+	}
+	p.giveBack()
+	return nil
+}
+
+// unlocked judges the answer to an unlock on p's session: an error or
+// another session's pid gives the session up (closing it frees whatever it
+// holds); a lock the session did not hold is reported, and left to the
+// caller.
+func (p *pin) unlocked(err error, pid uint32, held bool) error {
 	switch {
 	case err != nil:
 		// Unknown whether the unlock ran: closing the session frees the lock.
@@ -287,9 +302,7 @@ func (p *pin) release(ctx context.Context) error {
 		return fmt.Errorf("%w: %w: the lock was taken in session %d, the unlock ran in session %d",
 			backend.ErrNotHeld, ErrTransactionPooling, p.pid, pid)
 	case !held:
-		p.destroy()
 		return fmt.Errorf("%w: session %d did not hold the advisory lock", backend.ErrNotHeld, pid)
 	}
-	p.giveBack()
 	return nil
 }

@@ -138,12 +138,13 @@ type Driver struct {
 	proxied bool // a proxy sits between the pool and the server (session pooling)
 	closed  atomic.Bool
 
-	mu        sync.Mutex
-	pins      map[*pin]struct{}
-	shared    map[int64]*shared         // by TTL in milliseconds (shared.go)
-	lingering sync.WaitGroup            // the shared sessions' linger timers (shared.go)
-	held      map[AdvisoryKey]time.Time // keys an acquire found held, and when (shared.go)
-	closing   sync.WaitGroup            // connection closes in progress
+	mu              sync.Mutex
+	pins            map[*pin]struct{}
+	shared          map[int64]*shared         // by TTL in milliseconds (shared.go)
+	lingering       sync.WaitGroup            // the shared sessions' linger timers (shared.go)
+	contendedAt     map[AdvisoryKey]time.Time // keys an acquire found held, and when (shared.go)
+	contendedPruned time.Time                 // when stale ones were last dropped
+	closing         sync.WaitGroup            // connection closes in progress
 }
 
 var (
@@ -178,13 +179,13 @@ func newDriver(ctx context.Context, pool *pgxpool.Pool, opts *Options, owned boo
 	}
 	ident, _ := tableIdent(o.Table)
 	d := &Driver{
-		pool:   pool,
-		owned:  owned,
-		opts:   o,
-		table:  ident.Sanitize(),
-		pins:   map[*pin]struct{}{},
-		shared: map[int64]*shared{},
-		held:   map[AdvisoryKey]time.Time{},
+		pool:        pool,
+		owned:       owned,
+		opts:        o,
+		table:       ident.Sanitize(),
+		pins:        map[*pin]struct{}{},
+		shared:      map[int64]*shared{},
+		contendedAt: map[AdvisoryKey]time.Time{},
 	}
 	d.sql = newStatements(d.table, o.Int4Pair, owned)
 	conn, err := pool.Acquire(ctx)

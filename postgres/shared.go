@@ -89,24 +89,30 @@ const contendedFor = time.Second
 func (d *Driver) contended(key AdvisoryKey) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	at, ok := d.held[key]
+	at, ok := d.contendedAt[key]
 	return ok && time.Since(at) < contendedFor
 }
 
-// markContended records that an acquire found key held. The record is
-// bounded: past 1 024 keys, the stale ones are dropped.
+// maxContended bounds the keys markContended remembers.
+const maxContended = 4096
+
+// markContended records that an acquire found key held. Stale records are
+// dropped at most once per contendedFor, so the record stays small without
+// a scan on every call.
 func (d *Driver) markContended(key AdvisoryKey) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if len(d.held) >= 1024 {
-		for k, at := range d.held {
-			if time.Since(at) >= contendedFor {
-				delete(d.held, k)
+	now := time.Now()
+	if now.Sub(d.contendedPruned) >= contendedFor {
+		d.contendedPruned = now
+		for k, at := range d.contendedAt {
+			if now.Sub(at) >= contendedFor {
+				delete(d.contendedAt, k)
 			}
 		}
 	}
-	if len(d.held) < 4096 {
-		d.held[key] = time.Now()
+	if len(d.contendedAt) < maxContended {
+		d.contendedAt[key] = now
 	}
 }
 
@@ -276,18 +282,7 @@ func (s *shared) unlock(key AdvisoryKey) error {
 	var pid uint32
 	var held bool
 	err := p.pc.QueryRow(ctx, s.d.sql.sharedUnlock, key.args()...).Scan(&pid, &held)
-	switch {
-	case err != nil:
-		p.destroy()
-		return fmt.Errorf("unlock: %w", err)
-	case pid != p.pid:
-		p.destroy()
-		return fmt.Errorf("%w: %w: the lock was taken in session %d, the unlock ran in session %d",
-			backend.ErrNotHeld, ErrTransactionPooling, p.pid, pid)
-	case !held:
-		return fmt.Errorf("%w: session %d did not hold the advisory lock", backend.ErrNotHeld, pid)
-	}
-	return nil
+	return p.unlocked(err, pid, held) // a lock not held is no reason to end the others
 }
 
 // release is Driver.Release for a lease of a shared session. If ctx ends
