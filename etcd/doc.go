@@ -13,7 +13,10 @@
 // other and queue together. The fencing token is the key's create revision:
 // strictly increasing per key whatever the timing ([backend.FencingStrict]).
 // Waiters queue FIFO and each watches only its predecessor; a held key is
-// watched too, so its loss ends the lease at once. The lock survives the loss
+// watched too, so its loss ends the lease at once. The locks a Locker holds
+// with one TTL are keys of one shared etcd lease, as a concurrency.Session's
+// Mutexes are: an acquire is one request, and their renewals share one
+// keep-alive; they end together if that lease is lost. The lock survives the loss
 // of a minority of members; keep the TTL at 5s or more (default 15s) so that a
 // lease survives a leader election.
 //

@@ -100,9 +100,12 @@ type Driver struct {
 
 	watchGen atomic.Int32 // watchUnknown, watchLegacy or watchModern
 
+	granting chan struct{} // one shared lease grant at a time (shared.go)
+
 	mu     sync.Mutex
 	closed bool
-	idle   map[int64][]*lease // released leases for reuse, by the TTL asked for in seconds
+	shared map[int64]*lease   // the shared lease in use, by the TTL asked for in seconds (shared.go)
+	idle   map[int64][]*lease // released leases of their own for reuse, by the TTL asked for in seconds
 }
 
 var (
@@ -125,12 +128,14 @@ func NewDriver(cli *clientv3.Client, opts *Options) (*Driver, error) {
 	}
 	bg, stop := context.WithCancel(context.Background())
 	d := &Driver{
-		cli:     cli,
-		prefix:  o.Prefix,
-		timeout: o.RequestTimeout,
-		bg:      bg,
-		stopBg:  stop,
-		idle:    map[int64][]*lease{},
+		cli:      cli,
+		prefix:   o.Prefix,
+		timeout:  o.RequestTimeout,
+		bg:       bg,
+		stopBg:   stop,
+		idle:     map[int64][]*lease{},
+		shared:   map[int64]*lease{},
+		granting: make(chan struct{}, 1),
 	}
 	d.keyChecks = batch.NewBatcher(keyCheckGap, &d.wg, d.checkKeysBatch)
 	return d, nil
@@ -196,7 +201,7 @@ func (d *Driver) Capabilities() backend.Capabilities {
 	}
 }
 
-// Close revokes the leases the driver keeps for reuse, stops its watches and
+// Close revokes the driver's shared leases and the leases it keeps for reuse, stops its watches and
 // goroutines, and closes the client if the driver opened it (a client given
 // to NewDriver or New stays open). dlock releases every lease before it calls
 // Close. A second Close returns an error wrapping dlock.ErrClosed.
@@ -211,7 +216,10 @@ func (d *Driver) Close() error {
 	for _, ls := range d.idle {
 		idle = append(idle, ls...)
 	}
-	d.idle = nil
+	for _, ls := range d.shared {
+		idle = append(idle, ls)
+	}
+	d.idle, d.shared = nil, nil
 	d.mu.Unlock()
 
 	d.stopBg()

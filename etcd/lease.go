@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
@@ -17,19 +18,48 @@ import (
 // maxIdleLeases caps the released leases kept for reuse per TTL.
 const maxIdleLeases = 16
 
-// lease is an etcd lease the driver owns. One grant uses it at a time; once
-// released cleanly it goes back to the driver's idle list for the next grant
-// with the same TTL, which saves a grant and a revoke per lock.
+// lease is an etcd lease the driver owns.
+//
+// A shared lease (shared != nil) carries the keys of every lease the driver
+// holds or waits for with one TTL, as a concurrency.Session carries its
+// Mutexes' keys: its renewal keeps them all, and a release deletes only the
+// holder's key. A lease of its own (shared == nil) serves one grant at a
+// time, for the rare acquire of a key the driver already has a key for under
+// its shared lease (the same key asked for twice, which must wait like any
+// other client); once released cleanly it goes back to the driver's idle
+// list for the next such grant.
 type lease struct {
-	id    clientv3.LeaseID
-	ask   int64         // the TTL asked for, in whole seconds (the idle list's key)
+	id     clientv3.LeaseID
+	ask    int64        // the TTL asked for, in whole seconds
+	shared *sharedLease // nil: the lease serves one grant
+
+	mu    sync.Mutex
 	ttl   time.Duration // the TTL the server granted (≥ ask: the server has a minimum)
 	since time.Time     // when the request that last granted or renewed it was sent
 }
 
+// times returns when the lease was last granted or renewed, and its TTL.
+func (ls *lease) times() (since time.Time, ttl time.Duration) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	return ls.since, ls.ttl
+}
+
+// renewed records a grant or renewal sent at start that gave ttl.
+func (ls *lease) renewed(start time.Time, ttl time.Duration) {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if start.After(ls.since) {
+		ls.since, ls.ttl = start, ttl
+	}
+}
+
 // fresh reports whether the lease has at least two thirds of its TTL left, so
 // that a grant that uses it is not due for renewal at once.
-func (ls *lease) fresh(now time.Time) bool { return now.Sub(ls.since) < ls.ttl/3 }
+func (ls *lease) fresh(now time.Time) bool {
+	since, ttl := ls.times()
+	return now.Sub(since) < ttl/3
+}
 
 // ttlSeconds rounds ttl up to whole seconds, as etcd leases count.
 func ttlSeconds(ttl time.Duration) (int64, error) {
@@ -39,13 +69,9 @@ func ttlSeconds(ttl time.Duration) (int64, error) {
 	return int64((ttl + time.Second - 1) / time.Second), nil
 }
 
-// takeLease returns an idle lease with the TTL asked for that still has most
-// of its TTL, or grants a new one.
-func (d *Driver) takeLease(ctx context.Context, ttl time.Duration) (*lease, error) {
-	ask, err := ttlSeconds(ttl)
-	if err != nil {
-		return nil, err
-	}
+// ownLease returns an idle lease of its own with the TTL asked for that still
+// has most of its TTL, or grants a new one.
+func (d *Driver) ownLease(ctx context.Context, ask int64) (*lease, error) {
 	now := time.Now()
 	d.mu.Lock()
 	if d.closed {
@@ -139,13 +165,19 @@ func isLeaseNotFound(err error) bool {
 // renewIn is the time until g's lease is due for renewal: a third of its TTL
 // after the last renewal was sent.
 func (d *Driver) renewIn(g *grant) time.Duration {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	return time.Until(g.ls.since.Add(g.ls.ttl / 3))
+	since, ttl := g.ls.times()
+	return time.Until(since.Add(ttl / 3))
 }
 
 // renewWaiting renews a waiting request's lease.
 func (d *Driver) renewWaiting(ctx context.Context, g *grant) error {
+	if g.ls.shared != nil {
+		err := d.renewShared(ctx, g.ls)
+		if errors.Is(err, errLeaseGone) {
+			return errWaiterGone
+		}
+		return err
+	}
 	rctx, cancel := d.reqCtx(ctx)
 	defer cancel()
 	start := time.Now()
@@ -156,8 +188,6 @@ func (d *Driver) renewWaiting(ctx context.Context, g *grant) error {
 		}
 		return fmt.Errorf("renew lease %x: %w", int64(g.ls.id), err)
 	}
-	g.mu.Lock()
-	g.ls.since, g.ls.ttl = start, time.Duration(resp.TTL)*time.Second
-	g.mu.Unlock()
+	g.ls.renewed(start, time.Duration(resp.TTL)*time.Second)
 	return nil
 }

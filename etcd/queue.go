@@ -17,6 +17,10 @@ import (
 	"github.com/dlock-go/dlock/backend"
 )
 
+// cancelGrace is how long an acquire request that may create a key is given
+// to answer after the caller's ctx ends (see enqueue).
+const cancelGrace = time.Second
+
 // errWaiterGone means a waiting Acquire's own key vanished: its lease expired
 // or was revoked while it waited, or someone deleted the key.
 var errWaiterGone = errors.New("the waiting request's key is gone (its lease expired or was revoked)")
@@ -33,7 +37,7 @@ type grant struct {
 	onLost   func(cause error) // dlock's AcquireRequest.OnLost
 	watch    *time.Timer       // adds the grant to the loss watch lossWatchDelay after it
 
-	mu         sync.Mutex // guards ls.since and the fields below
+	mu         sync.Mutex // guards the fields below
 	released   bool
 	refreshing int // Refresh calls in flight
 }
@@ -64,13 +68,18 @@ func (d *Driver) reqCtx(ctx context.Context) (context.Context, context.CancelFun
 // TryAcquire (req.Wait false) is one transaction that creates the holder's
 // key only if no key exists under the lock's name: a held lock leaves nothing
 // behind. Acquire creates the key unconditionally (joining the queue) and, if
-// an older key exists, watches the next older one until it is deleted, renewing
-// its own lease meanwhile. If ctx ends, or anything fails after the key may
-// have been created, the key's lease is revoked, which deletes the key.
+// an older key exists, watches the next older one until it is deleted,
+// renewing the key's lease meanwhile. If ctx ends, or anything fails after the
+// key may have been created, the key is deleted (a lease of the grant's own
+// is revoked, which deletes it).
+//
+// The key is attached to the driver's shared lease for the TTL (see
+// takeLease), so one acquire is one request, as with concurrency.Mutex on an
+// open Session.
 //
 // A waiting Acquire rides out a member that goes away under it (a restart, a
-// leader election): on a transient error it queues again, with a new lease,
-// after a pause, until ctx ends, as the Locker contract says.
+// leader election): on a transient error it queues again after a pause, until
+// ctx ends, as the Locker contract says.
 func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*backend.Grant, error) {
 	var bo backend.Backoff
 	for {
@@ -86,38 +95,50 @@ func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 
 // acquireOnce is one attempt of Acquire.
 func (d *Driver) acquireOnce(ctx context.Context, req backend.AcquireRequest) (*backend.Grant, error) {
-	ls, err := d.takeLease(ctx, req.TTL)
+	name := LockName(d.prefix, req.Key) + "/"
+	ls, err := d.takeLease(ctx, req.TTL, name)
 	if err != nil {
 		return nil, err
 	}
-	g, err := d.enqueue(ctx, req, ls)
-	if err != nil && isLeaseNotFound(err) {
-		// An idle lease expired or was revoked behind our back: it has no key.
-		// Try once more with a new one.
-		if ls, err = d.grantLease(ctx, ls.ask); err != nil {
+	g, err := d.enqueue(ctx, req, name, ls)
+	for notFound := 0; err != nil && ctx.Err() == nil; {
+		switch {
+		case isLeaseNotFound(err) && notFound < 3:
+			// The lease expired or was revoked behind our back (an idle one
+			// of our own, or the shared lease whose renewals failed): nothing
+			// was written. Try again with another.
+			notFound++
+			d.leaseGone(ls)
+		case req.Wait && errors.Is(err, errWaiterGone):
+			// The waiting key vanished: its lease expired or was revoked
+			// (an old leader resuming from a pause revokes leases it saw
+			// expire: etcd issue 15247), or someone deleted it. A waiter
+			// holds nothing: queue again, at the back, and keep waiting
+			// until ctx ends.
+		default:
+			return g, err
+		}
+		if ls, err = d.takeLease(ctx, req.TTL, name); err != nil {
 			return nil, err
 		}
-		g, err = d.enqueue(ctx, req, ls)
-	}
-	for req.Wait && errors.Is(err, errWaiterGone) && ctx.Err() == nil {
-		// The waiting key's lease was revoked or expired behind its back
-		// (an old leader resuming from a pause revokes leases it saw
-		// expire: etcd issue 15247). A waiter holds nothing: queue again,
-		// at the back, with a new lease, and keep waiting until ctx ends.
-		if ls, err = d.grantLease(ctx, ls.ask); err != nil {
-			return nil, err
-		}
-		g, err = d.enqueue(ctx, req, ls)
+		g, err = d.enqueue(ctx, req, name, ls)
 	}
 	return g, err
 }
 
-// enqueue makes one attempt with ls, and waits if req.Wait.
-func (d *Driver) enqueue(ctx context.Context, req backend.AcquireRequest, ls *lease) (*backend.Grant, error) {
-	name := LockName(d.prefix, req.Key) + "/"
+// enqueue makes one attempt with ls, and waits if req.Wait. Whatever it
+// returns other than a grant, it leaves no key behind and ls carries no key
+// of name.
+func (d *Driver) enqueue(ctx context.Context, req backend.AcquireRequest, name string, ls *lease) (*backend.Grant, error) {
 	key := name + strconv.FormatInt(int64(ls.id), 16)
 	put := clientv3.OpPut(key, req.Owner, clientv3.WithLease(ls.id))
-	rctx, cancel := d.reqCtx(ctx)
+	// The request that may create the key is not cancelled the moment ctx
+	// ends: its answer tells whether there is a key to delete (a put
+	// cancelled in flight may still be applied after the delete that
+	// follows). It is cancelled cancelGrace after ctx ends if it has not
+	// answered by then.
+	rctx, cancel := d.reqCtx(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(cancelGrace, cancel) })
 	var resp *clientv3.TxnResponse
 	var err error
 	if !req.Wait {
@@ -134,35 +155,69 @@ func (d *Driver) enqueue(ctx context.Context, req backend.AcquireRequest, ls *le
 				clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortDescend), clientv3.WithLimit(2))).
 			Commit()
 	}
+	stop()
 	cancel()
 	if err != nil {
 		if isLeaseNotFound(err) {
+			d.detach(ls, name)
 			return nil, err // nothing was written
 		}
-		// The key may have been created: revoking the lease deletes it.
-		d.revoke(ls)
+		// The key may have been created, or may yet be: delete it (revoke a
+		// lease of its own). A shared lease takes no new key from now on,
+		// and is revoked once its other keys are released, in case the put
+		// lands after the delete.
+		if ls.shared != nil {
+			d.mu.Lock()
+			d.retireLocked(ls)
+			d.mu.Unlock()
+		}
+		d.unkey(ls, name, key, 0)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
 		return nil, fmt.Errorf("acquire %s: %w", name, err)
+	}
+	if ctx.Err() != nil {
+		// The caller gave up while the request was on its way: give back
+		// what it took.
+		if resp.Succeeded {
+			d.unkey(ls, name, key, resp.Header.Revision)
+		} else {
+			if ls.shared == nil {
+				d.putLease(ls)
+			}
+			d.detach(ls, name)
+		}
+		return nil, ctx.Err()
 	}
 	if !resp.Succeeded {
 		if !req.Wait {
-			d.putLease(ls)
+			if ls.shared == nil {
+				d.putLease(ls)
+			}
+			d.detach(ls, name)
 			return nil, backend.ErrHeld
 		}
-		d.revoke(ls)
+		if ls.shared == nil {
+			d.revoke(ls)
+		}
+		// A key of the shared lease under name, which the driver did not
+		// record: leave it to its owner.
+		d.detach(ls, name)
 		return nil, fmt.Errorf("acquire %s: key %s already exists", name, key)
 	}
 	g := &grant{key: key, name: name, rev: resp.Header.Revision, ls: ls, lost: make(chan struct{})}
 	if req.Wait {
 		kvs := resp.Responses[1].GetResponseRange().Kvs
 		if len(kvs) == 0 || kvs[0].CreateRevision != g.rev {
-			d.revoke(ls)
+			d.unkey(ls, name, key, g.rev)
 			return nil, fmt.Errorf("acquire %s: our key is not the newest in the queue", name)
 		}
 		if len(kvs) == 2 {
 			pred := kvs[1]
 			if err := d.waitTurn(ctx, g, string(pred.Key), pred.CreateRevision, resp.Header.Revision); err != nil {
 				// Leave no key behind, whether queued or granted meanwhile.
-				d.revoke(ls)
+				d.unkey(ls, name, key, g.rev)
 				if ctx.Err() != nil {
 					return nil, ctx.Err()
 				}
@@ -179,20 +234,18 @@ func (d *Driver) granted(req backend.AcquireRequest, g *grant) (*backend.Grant, 
 	closed := d.closed
 	d.mu.Unlock()
 	if closed {
-		d.revoke(g.ls)
+		d.unkey(g.ls, g.name, g.key, g.rev)
 		return nil, errClosed
 	}
 	// Start is now: a waiter became the holder when its predecessor's key
 	// was deleted, after its lease's last renewal, and the lease's start is
 	// not when the lock became this owner's. The validity is what is left of
 	// the lease's, so the deadline is the lease's all the same.
-	g.mu.Lock()
-	since, ttl := g.ls.since, g.ls.ttl
-	g.mu.Unlock()
+	since, ttl := g.ls.times()
 	now := time.Now()
 	validity := ttl - backend.DriftAllowance(ttl) - now.Sub(since)
 	if validity <= 0 {
-		d.revoke(g.ls)
+		d.unkey(g.ls, g.name, g.key, g.rev)
 		return nil, fmt.Errorf("acquire %s: the request's lease (renewed %v ago, TTL %v) ran out while it waited", g.name, now.Sub(since).Round(time.Millisecond), ttl)
 	}
 	// A timer, not a goroutine: a lease released within lossWatchDelay is

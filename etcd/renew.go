@@ -17,7 +17,9 @@ import (
 )
 
 // Refresh implements backend.Driver: it renews the grant's lease with one
-// keep-alive request and then checks that the holder's key still exists with
+// keep-alive request (for the shared lease, one shared by the refreshes that
+// come at once, and none if another refresh renewed it less than
+// TTL/renewRecent ago) and then checks that the holder's key still exists with
 // its create revision, in one transaction shared by every refresh that asks
 // at the same time (at most one per keyCheckGap; see checkKeysBatch). The lease keeps the TTL it was granted with; ttl is not
 // used. Transport failures and timeouts (a member down, a leader election) are
@@ -41,13 +43,23 @@ func (d *Driver) Refresh(ctx context.Context, bg *backend.Grant, _ time.Duration
 		g.mu.Unlock()
 	}()
 
-	var start time.Time
-	var resp *clientv3.LeaseKeepAliveResponse
-	err := d.retry(ctx, func(ctx context.Context) (err error) {
-		start = time.Now()
-		resp, err = d.cli.KeepAliveOnce(ctx, g.ls.id)
-		return err
-	})
+	begun := time.Now()
+	var err error
+	if g.ls.shared != nil {
+		err = d.retry(ctx, func(ctx context.Context) error { return d.renewShared(ctx, g.ls) })
+		if errors.Is(err, errLeaseGone) {
+			err = rpctypes.ErrLeaseNotFound
+		}
+	} else {
+		err = d.retry(ctx, func(ctx context.Context) error {
+			start := time.Now()
+			resp, err := d.cli.KeepAliveOnce(ctx, g.ls.id)
+			if err == nil {
+				g.ls.renewed(start, time.Duration(resp.TTL)*time.Second)
+			}
+			return err
+		})
+	}
 	if err != nil {
 		if isLeaseNotFound(err) {
 			g.markLost(fmt.Errorf("lease %x expired or was revoked", int64(g.ls.id)))
@@ -56,10 +68,14 @@ func (d *Driver) Refresh(ctx context.Context, bg *backend.Grant, _ time.Duration
 		}
 		return 0, fmt.Errorf("renew lease %x: %w", int64(g.ls.id), err)
 	}
-	ttl := time.Duration(resp.TTL) * time.Second
-	g.mu.Lock()
-	g.ls.since, g.ls.ttl = start, ttl
-	g.mu.Unlock()
+	// A shared lease's renewal may have been sent before this refresh began
+	// (by another lease's, less than TTL/renewRecent ago): the validity
+	// counts from when it was sent.
+	since, ttl := g.ls.times()
+	validity := ttl - backend.DriftAllowance(ttl)
+	if since.Before(begun) {
+		validity -= begun.Sub(since)
+	}
 
 	var gone bool
 	err = d.retry(ctx, func(ctx context.Context) (err error) {
@@ -74,7 +90,7 @@ func (d *Driver) Refresh(ctx context.Context, bg *backend.Grant, _ time.Duration
 		d.removeFromLossWatch(g)
 		return 0, fmt.Errorf("key %s was deleted: %w", g.key, backend.ErrNotHeld)
 	}
-	return ttl - backend.DriftAllowance(ttl), nil
+	return validity, nil
 }
 
 // retry calls f until it succeeds, fails with an error that is not a
@@ -132,8 +148,10 @@ func transient(err error) bool {
 
 // Release implements backend.Driver: one transaction deletes the holder's
 // key if its create revision is still the grant's, so it can never delete a
-// newer holder's key; otherwise it returns ErrNotHeld. The lease is then kept
-// for reuse, or revoked if the release failed or the key was gone.
+// newer holder's key; otherwise it returns ErrNotHeld. The shared lease goes
+// on carrying the driver's other keys (if the release failed, the delete is
+// tried again in the background); a lease of the grant's own is kept for
+// reuse, or revoked if the release failed or the key was gone.
 func (d *Driver) Release(ctx context.Context, bg *backend.Grant) error {
 	g, ok := bg.Data.(*grant)
 	if !ok {
@@ -161,6 +179,21 @@ func (d *Driver) Release(ctx context.Context, bg *backend.Grant) error {
 		Then(clientv3.OpDelete(g.key)).
 		Commit()
 	cancel()
+	if g.ls.shared != nil {
+		switch {
+		case err != nil:
+			// Whether the delete happened is unknown: try again in the
+			// background (the shared lease carries other keys; it is not
+			// revoked).
+			d.deleteLater(g.ls, g.name, g.key, g.rev)
+			return fmt.Errorf("release %s: %w", g.key, err)
+		case !resp.Succeeded:
+			d.detach(g.ls, g.name)
+			return fmt.Errorf("key %s is gone (lease expired or revoked, or key deleted): %w", g.key, backend.ErrNotHeld)
+		}
+		d.detach(g.ls, g.name)
+		return nil
+	}
 	switch {
 	case err != nil:
 		// Whether the delete happened is unknown: revoking the lease deletes
