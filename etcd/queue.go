@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -32,29 +33,23 @@ type grant struct {
 	rev  int64  // the key's create revision: the token
 	ls   *lease
 
-	lost     chan struct{} // closed once the grant is known lost
-	lostOnce sync.Once
-	onLost   func(cause error) // dlock's AcquireRequest.OnLost
-	watch    *time.Timer       // adds the grant to the loss watch lossWatchDelay after it
+	lost   atomic.Bool       // the grant is known lost
+	onLost func(cause error) // dlock's AcquireRequest.OnLost
 
-	mu         sync.Mutex // guards the fields below
+	mu         sync.Mutex  // guards the fields below
+	watch      *time.Timer // adds the grant to the loss watch lossWatchDelay after it; nil once it fired
 	released   bool
 	refreshing int // Refresh calls in flight
 }
 
-// markLost closes lost and tells dlock (OnLost, which never blocks), unless
-// the grant was released meanwhile.
+// markLost records the loss and tells dlock (OnLost, which never blocks),
+// once, unless the grant was released meanwhile.
 func (g *grant) markLost(cause error) {
 	g.mu.Lock()
 	released := g.released
 	g.mu.Unlock()
-	if !released {
-		g.lostOnce.Do(func() {
-			close(g.lost)
-			if g.onLost != nil {
-				g.onLost(cause)
-			}
-		})
+	if !released && g.lost.CompareAndSwap(false, true) && g.onLost != nil {
+		g.onLost(cause)
 	}
 }
 
@@ -206,7 +201,7 @@ func (d *Driver) enqueue(ctx context.Context, req backend.AcquireRequest, name s
 		d.detach(ls, name)
 		return nil, fmt.Errorf("acquire %s: key %s already exists", name, key)
 	}
-	g := &grant{key: key, name: name, rev: resp.Header.Revision, ls: ls, lost: make(chan struct{})}
+	g := &grant{key: key, name: name, rev: resp.Header.Revision, ls: ls}
 	if req.Wait {
 		kvs := resp.Responses[1].GetResponseRange().Kvs
 		if len(kvs) == 0 || kvs[0].CreateRevision != g.rev {
@@ -251,7 +246,14 @@ func (d *Driver) granted(req backend.AcquireRequest, g *grant) (*backend.Grant, 
 	// A timer, not a goroutine: a lease released within lossWatchDelay is
 	// never watched.
 	g.onLost = req.OnLost
-	g.watch = time.AfterFunc(lossWatchDelay, func() { d.addToLossWatch(g) })
+	g.mu.Lock()
+	g.watch = time.AfterFunc(lossWatchDelay, func() {
+		g.mu.Lock()
+		g.watch = nil // a held lease keeps no timer
+		g.mu.Unlock()
+		d.addToLossWatch(g)
+	})
+	g.mu.Unlock()
 	return &backend.Grant{
 		Key:      req.Key,
 		Owner:    req.Owner,

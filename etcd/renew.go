@@ -164,13 +164,13 @@ func (d *Driver) Release(ctx context.Context, bg *backend.Grant) error {
 	}
 	g.released = true
 	busy := g.refreshing > 0
+	if g.watch != nil {
+		g.watch.Stop()
+	}
 	g.mu.Unlock()
-	g.watch.Stop()
 	d.removeFromLossWatch(g)
-	select {
-	case <-g.lost:
+	if g.lost.Load() {
 		busy = true // the lease may be gone; never reuse it
-	default:
 	}
 
 	rctx, cancel := d.reqCtx(ctx)
