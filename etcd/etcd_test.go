@@ -517,6 +517,28 @@ func TestReleaseIsConditional(t *testing.T) {
 	if err := cur.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
+
+	// The same, with the next holder in the same Locker: its key may have
+	// the lost holder's name (the shared lease's ID), and the lost holder's
+	// release still must not delete it.
+	old, err = a.Acquire(ctx, "cond", dlock.WithAutoRenew(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := raw.Delete(ctx, name, clientv3.WithPrefix()); err != nil {
+		t.Fatal(err)
+	}
+	<-old.Done()
+	if cur, err = a.Acquire(ctx, "cond"); err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Release(ctx); !errors.Is(err, dlock.ErrLeaseLost) {
+		t.Fatalf("stale Release in the same Locker: %v, want ErrLeaseLost", err)
+	}
+	tryNotAcquired(t, ctx, c, "cond")
+	if err := cur.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestDefaultPrefix: a DSN without a path locks under DefaultPrefix.
