@@ -17,12 +17,16 @@ import (
 // meanwhile, Do returns an error matching ErrLeaseLost: the work ran, but not
 // necessarily exclusively. Release runs even if ctx is done, on a detached,
 // bounded context (see WithReleaseTimeout).
+//
+// fn's ctx carries the lease: under it, an Acquire, TryAcquire or Do with
+// WithReentrant of the same key on the same Locker is a nested hold of the
+// lease instead of a wait for itself (see WithReentrant).
 func Do(ctx context.Context, l Locker, key string, fn func(ctx context.Context, lease *Lease) error, opts ...Option) error {
 	lease, err := l.Acquire(ctx, key, opts...)
 	if err != nil {
 		return err
 	}
-	fctx, cancel := context.WithCancelCause(ctx)
+	fctx, cancel := context.WithCancelCause(ContextWithLease(ctx, lease))
 	stop := context.AfterFunc(lease.ctx, func() { cancel(lease.Err()) })
 	fnErr := fn(fctx, lease)
 	stop()

@@ -114,3 +114,62 @@ func Example_fencedWrite() {
 	// <nil>
 	// true
 }
+
+// A function that takes the lock itself can be called by code that already
+// holds it: under the ctx Do passes on, WithReentrant makes the inner acquire
+// a nested hold of the same lease instead of a wait for itself.
+func ExampleWithReentrant() {
+	ctx := context.Background()
+	locker, err := dlock.Open(ctx, "mem://example-reentrant", dlock.WithReentrant())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer locker.Close()
+
+	settle := func(ctx context.Context) error {
+		return dlock.Do(ctx, locker, "accounts/42", func(ctx context.Context, lease *dlock.Lease) error {
+			fmt.Println("settling with token", lease.Token())
+			return nil
+		})
+	}
+	err = dlock.Do(ctx, locker, "accounts/42", func(ctx context.Context, lease *dlock.Lease) error {
+		fmt.Println("closing the month with token", lease.Token())
+		return settle(ctx) // nested: same token, no deadlock
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	// Output:
+	// closing the month with token 1
+	// settling with token 1
+}
+
+// AcquireAll takes several keys all or nothing, in sorted order, so that two
+// callers asking for overlapping sets never deadlock. Each key keeps its own
+// token.
+func ExampleAcquireAll() {
+	ctx := context.Background()
+	locker, err := dlock.Open(ctx, "mem://example-acquire-all")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer locker.Close()
+
+	set, err := dlock.AcquireAll(ctx, locker, []string{"accounts/7", "accounts/3"})
+	if err != nil {
+		log.Fatal(err) // none of the keys is held
+	}
+	defer set.Release(ctx)
+	for _, lease := range set.Leases() {
+		fmt.Println(lease.Key(), "token", lease.Token())
+	}
+	select {
+	case <-set.Done(): // closed when any of the leases ends
+	default:
+		fmt.Println("all held")
+	}
+	// Output:
+	// accounts/3 token 1
+	// accounts/7 token 1
+	// all held
+}

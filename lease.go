@@ -32,6 +32,7 @@ type Lease struct {
 	locker *locker
 	grant  *backend.Grant
 	set    settings
+	outer  *Lease // the enclosing lease of a nested hold (see WithReentrant); nil for a lease
 
 	ctx    context.Context // cancelled, with Err as cause, when the lease ends
 	cancel context.CancelCauseFunc
@@ -158,6 +159,9 @@ func (l *Lease) Granted() time.Time { return l.grant.Start }
 // it at once through Err, and through Done at the Locker's next wake-up
 // (within a second).
 func (l *Lease) Deadline() time.Time {
+	if l.outer != nil {
+		return l.outer.Deadline()
+	}
 	l.mu.Lock()
 	d, at := l.deadline, l.deadlineAt
 	l.mu.Unlock()
@@ -179,6 +183,9 @@ func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
 // lost: Err ends it then and there, without waiting for the Locker's
 // keepalive to notice.
 func (l *Lease) Err() error {
+	if l.outer != nil {
+		return l.nestedErr()
+	}
 	l.expireIfPast()
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -209,6 +216,12 @@ func (l *Lease) expireIfPast() {
 // (ctx done, backend unreachable) is returned and leaves the lease as it was:
 // it still ends at its Deadline unless a later refresh succeeds.
 func (l *Lease) Refresh(ctx context.Context) error {
+	if l.outer != nil {
+		if err := l.nestedErr(); err != nil {
+			return err
+		}
+		return l.outer.Refresh(ctx)
+	}
 	if err := l.heldErr("refresh"); err != nil {
 		return err
 	}
@@ -287,6 +300,9 @@ func (l *Lease) renewed(start, v time.Duration) {
 // lease ends anyway (Done is closed), the error is returned, and the lock frees
 // itself when its TTL runs out.
 func (l *Lease) Release(ctx context.Context) error {
+	if l.outer != nil {
+		return l.releaseNested()
+	}
 	if !l.locker.enter() {
 		// Close has begun; it releases every lease still held.
 		return l.heldErrOr("release", ErrClosed)

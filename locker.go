@@ -54,8 +54,9 @@ type Token uint64
 
 // Locker grants locks. It is safe for concurrent use by many goroutines. Two
 // Lockers, in one process or in many, exclude each other when they use the
-// same backend and key; a Locker also excludes itself (locks are not
-// reentrant: a second Acquire of a held key waits like any other client).
+// same backend and key; a Locker also excludes itself: a second Acquire of a
+// held key waits like any other client, unless it asks for a nested hold with
+// WithReentrant under a ctx that carries the lease (see WithReentrant).
 type Locker interface {
 	// Acquire waits until the lock key is granted or ctx is done. ctx bounds the
 	// wait only, never the lease's life. If ctx ends first, the error matches both
@@ -201,6 +202,11 @@ func (l *locker) acquire(ctx context.Context, op, key string, wait bool, opts []
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, l.errorf(op, key, withKind(ErrNotAcquired, err))
+	}
+	if s.reentrant {
+		if outer := enclosing(ctx, l, key); outer != nil {
+			return outer.nest(op)
+		}
 	}
 	if !l.enter() {
 		return nil, l.errorf(op, key, ErrClosed)

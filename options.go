@@ -32,6 +32,7 @@ type settings struct {
 	ttl            time.Duration
 	autoRenew      bool
 	releaseTimeout time.Duration
+	reentrant      bool
 }
 
 func defaultSettings() settings {
@@ -100,6 +101,16 @@ func takePortableParams(u *url.URL) ([]Option, error) {
 		}
 		opts = append(opts, WithAutoRenew(b))
 		q.Del("autorenew")
+	}
+	if vs, ok := q["reentrant"]; ok {
+		b, err := strconv.ParseBool(vs[len(vs)-1])
+		if err != nil || len(vs) > 1 {
+			return nil, fmt.Errorf("%w: DSN parameter reentrant=%q: want true or false", ErrInvalidOption, vs[len(vs)-1])
+		}
+		if b {
+			opts = append(opts, WithReentrant())
+		}
+		q.Del("reentrant")
 	}
 	u.RawQuery = q.Encode()
 	return opts, nil

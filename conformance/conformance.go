@@ -69,6 +69,10 @@ func Run(t *testing.T, h Harness) {
 		{"InvalidInput", s.testInvalidInput},
 		{"DoCancelsOnLoss", s.testDoCancelsOnLoss},
 		{"PausedHolderFenced", s.testPausedHolder},
+		{"Reentrant", s.testReentrant},
+		{"ReentrantLoss", s.testReentrantLoss},
+		{"AcquireAllOverlapping", s.testAcquireAllOverlapping},
+		{"AcquireAllNothingLeft", s.testAcquireAllNothingLeft},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, tc.fn)

@@ -1,0 +1,91 @@
+package dlock_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/dlock-go/dlock"
+)
+
+// TestAcquireAllRejectsBadSets: an empty set, a key listed twice and an
+// invalid key are refused with ErrInvalidKey before anything is taken.
+func TestAcquireAllRejectsBadSets(t *testing.T) {
+	ctx := context.Background()
+	l, err := dlock.Open(ctx, "mem://acquire-all-bad")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	for _, keys := range [][]string{nil, {"a", "b", "a"}, {"a", ""}} {
+		if _, err := dlock.AcquireAll(ctx, l, keys); !errors.Is(err, dlock.ErrInvalidKey) {
+			t.Errorf("AcquireAll(%q): %v, want ErrInvalidKey", keys, err)
+		}
+	}
+	lease, err := l.TryAcquire(ctx, "a")
+	if err != nil {
+		t.Fatalf("a refused set left key a held: %v", err)
+	}
+	_ = lease.Release(ctx)
+}
+
+// TestReentrantDSNParameter: reentrant=true in the DSN makes every acquire
+// of the Locker re-entrant; a bad value is refused.
+func TestReentrantDSNParameter(t *testing.T) {
+	ctx := context.Background()
+	l, err := dlock.Open(ctx, "mem://reentrant-dsn?reentrant=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	err = dlock.Do(ctx, l, "k", func(ctx context.Context, outer *dlock.Lease) error {
+		inner, err := l.TryAcquire(ctx, "k")
+		if err != nil {
+			return err
+		}
+		if inner.Token() != outer.Token() {
+			t.Errorf("nested token %v, want %v", inner.Token(), outer.Token())
+		}
+		return inner.Release(ctx)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dlock.Open(ctx, "mem://reentrant-dsn-bad?reentrant=maybe"); !errors.Is(err, dlock.ErrInvalidOption) {
+		t.Fatalf("reentrant=maybe: %v, want ErrInvalidOption", err)
+	}
+}
+
+// TestNestedHoldEndsWithOutermost: releasing the outermost lease ends the
+// holds nested in it (ErrReleased), and frees the lock.
+func TestNestedHoldEndsWithOutermost(t *testing.T) {
+	ctx := context.Background()
+	l, err := dlock.Open(ctx, "mem://nested-ends")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	outer, err := l.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	inner, err := l.Acquire(dlock.ContextWithLease(ctx, outer), "k", dlock.WithReentrant())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !inner.Deadline().Equal(outer.Deadline()) {
+		t.Errorf("nested deadline %v, want the lease's %v", inner.Deadline(), outer.Deadline())
+	}
+	if err := outer.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	<-inner.Done()
+	if err := inner.Err(); !errors.Is(err, dlock.ErrReleased) {
+		t.Errorf("nested hold after the outermost release: %v, want ErrReleased", err)
+	}
+	again, err := l.TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatalf("key still held after the outermost release: %v", err)
+	}
+	_ = again.Release(ctx)
+}
