@@ -40,6 +40,10 @@ var (
 	// backend.ErrInvalidOption, which drivers wrap.
 	ErrInvalidOption = backend.ErrInvalidOption
 
+	// ErrNotHeld means Break found nobody holding the key. It is
+	// backend.ErrNotHeld, which drivers wrap.
+	ErrNotHeld = backend.ErrNotHeld
+
 	// ErrUnknownScheme means Open was given a DSN whose scheme no imported driver
 	// registered. The message lists the registered schemes.
 	ErrUnknownScheme = errors.New("unknown DSN scheme")
@@ -53,7 +57,7 @@ var (
 //
 //	dlock: acquire "jobs/nightly" (redis): lock not acquired: lock held by another owner
 type Error struct {
-	Op      string // "open", "acquire", "try-acquire", "refresh", "release", "close", "renew"
+	Op      string // "open", "acquire", "try-acquire", "refresh", "release", "close", "renew", "inspect", "list", "break", …
 	Key     string // empty for operations on the Locker as a whole
 	Backend string // the DSN scheme or driver name
 	Err     error

@@ -173,3 +173,36 @@ func ExampleAcquireAll() {
 	// accounts/7 token 1
 	// all held
 }
+
+// Inspect answers an operator's first question about a stuck job: who holds
+// this lock, with which token, and how many wait. Break is the second: it
+// force-releases the lock, and the next holder's token is higher, so the
+// resource rejects the broken holder's writes.
+func ExampleInspect() {
+	ctx := context.Background()
+	locker, err := dlock.Open(ctx, "mem://example-inspect", dlock.WithLabel("report-job@host7"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer locker.Close()
+	lease, err := locker.Acquire(ctx, "jobs/nightly")
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	info, err := dlock.Inspect(ctx, locker, "jobs/nightly")
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("held by", info.Label, "with token", info.Token, "and", info.Waiters, "waiting")
+
+	broken, err := dlock.Break(ctx, locker, "jobs/nightly")
+	if err != nil {
+		log.Fatal(err)
+	}
+	<-lease.Done()
+	fmt.Println("broke token", broken.Token, "- the holder's lease lost:", errors.Is(lease.Err(), dlock.ErrLeaseLost))
+	// Output:
+	// held by report-job@host7 with token 1 and 0 waiting
+	// broke token 1 - the holder's lease lost: true
+}

@@ -232,6 +232,7 @@ func (l *locker) acquire(ctx context.Context, op, key string, wait bool, opts []
 		Owner:  backend.NewOwnerID(),
 		TTL:    s.ttl,
 		Wait:   wait,
+		Label:  s.label,
 		OnLost: lost.fire,
 	})
 	if err != nil {

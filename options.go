@@ -33,6 +33,8 @@ type settings struct {
 	autoRenew      bool
 	releaseTimeout time.Duration
 	reentrant      bool
+	label          string
+	labelSet       bool // label was given (WithLabel), "" included
 }
 
 func defaultSettings() settings {
@@ -78,6 +80,12 @@ func (s settings) with(opts []Option) (settings, error) {
 	if s.releaseTimeout <= 0 {
 		return s, fmt.Errorf("%w: release timeout must be > 0, got %v", ErrInvalidOption, s.releaseTimeout)
 	}
+	if !s.labelSet {
+		s.label = DefaultLabel
+	}
+	if err := checkLabel(s.label); err != nil {
+		return s, err
+	}
 	return s, nil
 }
 
@@ -101,6 +109,13 @@ func takePortableParams(u *url.URL) ([]Option, error) {
 		}
 		opts = append(opts, WithAutoRenew(b))
 		q.Del("autorenew")
+	}
+	if vs, ok := q["label"]; ok {
+		if len(vs) > 1 {
+			return nil, fmt.Errorf("%w: DSN parameter label given %d times", ErrInvalidOption, len(vs))
+		}
+		opts = append(opts, WithLabel(vs[0]))
+		q.Del("label")
 	}
 	if vs, ok := q["reentrant"]; ok {
 		b, err := strconv.ParseBool(vs[len(vs)-1])

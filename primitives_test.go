@@ -3,6 +3,7 @@ package dlock_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/dlock-go/dlock"
@@ -88,4 +89,36 @@ func TestNestedHoldEndsWithOutermost(t *testing.T) {
 		t.Fatalf("key still held after the outermost release: %v", err)
 	}
 	_ = again.Release(ctx)
+}
+
+// TestLabelValidation: a label longer than backend.MaxLabelLen or with a
+// character that is not printable is refused at Open and at Acquire; the
+// DSN parameter label sets it.
+func TestLabelValidation(t *testing.T) {
+	ctx := context.Background()
+	for _, bad := range []string{strings.Repeat("x", 129), "tab\there", "nl\n", string([]byte{0xff})} {
+		if _, err := dlock.Open(ctx, "mem://label-bad", dlock.WithLabel(bad)); !errors.Is(err, dlock.ErrInvalidOption) {
+			t.Errorf("WithLabel(%q) at Open: %v, want ErrInvalidOption", bad, err)
+		}
+	}
+	l, err := dlock.Open(ctx, "mem://label-dsn?label=from-dsn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if _, err := l.Acquire(ctx, "k", dlock.WithLabel("bad\x00")); !errors.Is(err, dlock.ErrInvalidOption) {
+		t.Errorf("WithLabel with NUL at Acquire: %v, want ErrInvalidOption", err)
+	}
+	lease, err := l.Acquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(ctx)
+	info, err := dlock.Inspect(ctx, l, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Label != "from-dsn" {
+		t.Errorf("label from the DSN: %q, want from-dsn", info.Label)
+	}
 }

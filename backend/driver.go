@@ -43,6 +43,9 @@ var (
 	ErrClosed = errors.New("locker closed")
 )
 
+// MaxLabelLen is the longest AcquireRequest.Label, in bytes.
+const MaxLabelLen = 128
+
 // Driver is implemented by each backend. Package dlock serialises nothing on a
 // driver's behalf: every method may be called concurrently from many goroutines,
 // for different grants and for the same key.
@@ -113,6 +116,12 @@ type AcquireRequest struct {
 
 	// Wait selects between one attempt (false) and waiting until granted (true).
 	Wait bool
+
+	// Label names the holder for people (dlock.WithLabel; by default
+	// "hostname:pid"): a driver that implements Inspector stores it with the
+	// grant where its backend has room, and reports it in LockInfo.Label. It
+	// is at most MaxLabelLen bytes of printable UTF-8; "" stores none.
+	Label string
 
 	// OnLost is set by dlock. A driver that learns the lock granted by this
 	// Acquire is gone before its validity ends (a session expired, a watch saw

@@ -73,6 +73,8 @@ func Run(t *testing.T, h Harness) {
 		{"ReentrantLoss", s.testReentrantLoss},
 		{"AcquireAllOverlapping", s.testAcquireAllOverlapping},
 		{"AcquireAllNothingLeft", s.testAcquireAllNothingLeft},
+		{"Inspect", s.testInspect},
+		{"Break", s.testBreak},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, tc.fn)

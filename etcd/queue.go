@@ -126,7 +126,7 @@ func (d *Driver) acquireOnce(ctx context.Context, req backend.AcquireRequest) (*
 // of name.
 func (d *Driver) enqueue(ctx context.Context, req backend.AcquireRequest, name string, ls *lease) (*backend.Grant, error) {
 	key := name + strconv.FormatInt(int64(ls.id), 16)
-	put := clientv3.OpPut(key, req.Owner, clientv3.WithLease(ls.id))
+	put := clientv3.OpPut(key, holderValue(req.Owner, req.Label), clientv3.WithLease(ls.id))
 	// The request that may create the key is not cancelled the moment ctx
 	// ends: its answer tells whether there is a key to delete (a put
 	// cancelled in flight may still be applied after the delete that

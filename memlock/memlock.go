@@ -26,6 +26,8 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -72,6 +74,9 @@ type Store struct {
 
 type holder struct {
 	owner   string
+	label   string
+	token   uint64
+	granted time.Time
 	lost    chan struct{} // closed when the store forgets this holder without a release
 	timer   *time.Timer   // expires the holder after its TTL
 	expires time.Time
@@ -79,6 +84,7 @@ type holder struct {
 
 type waiter struct {
 	owner string
+	label string
 	ttl   time.Duration
 	grant chan *backend.Grant // buffered(1): the hand-off
 }
@@ -125,12 +131,12 @@ func (s *Store) Expire(key string) bool {
 }
 
 // grantLocked makes owner the holder of key. s.mu must be held.
-func (s *Store) grantLocked(key, owner string, ttl time.Duration) *backend.Grant {
+func (s *Store) grantLocked(key, owner, label string, ttl time.Duration) *backend.Grant {
 	s.tokens[key]++
 	// Start must not be later than the moment the expiry counts from, or the
 	// lease's deadline would fall after the store forgets the holder.
 	start := time.Now()
-	h := &holder{owner: owner, lost: make(chan struct{}), expires: start.Add(ttl)}
+	h := &holder{owner: owner, label: label, token: s.tokens[key], granted: start, lost: make(chan struct{}), expires: start.Add(ttl)}
 	h.timer = time.AfterFunc(ttl, func() { s.expireOwner(key, owner) })
 	s.locks[key] = h
 	return &backend.Grant{
@@ -169,7 +175,7 @@ func (s *Store) dropLocked(key string, h *holder, lost bool) {
 	} else {
 		s.queues[key] = q[1:]
 	}
-	w.grant <- s.grantLocked(key, w.owner, w.ttl)
+	w.grant <- s.grantLocked(key, w.owner, w.label, w.ttl)
 }
 
 // errClosed is returned by a driver used after Close.
@@ -196,7 +202,7 @@ func (d *driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 	s := d.store
 	s.mu.Lock()
 	if _, taken := s.locks[req.Key]; !taken {
-		g := s.grantLocked(req.Key, req.Owner, req.TTL)
+		g := s.grantLocked(req.Key, req.Owner, req.Label, req.TTL)
 		s.mu.Unlock()
 		return g, nil
 	}
@@ -204,7 +210,7 @@ func (d *driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 		s.mu.Unlock()
 		return nil, backend.ErrHeld
 	}
-	w := &waiter{owner: req.Owner, ttl: req.TTL, grant: make(chan *backend.Grant, 1)}
+	w := &waiter{owner: req.Owner, label: req.Label, ttl: req.TTL, grant: make(chan *backend.Grant, 1)}
 	s.queues[req.Key] = append(s.queues[req.Key], w)
 	s.mu.Unlock()
 
@@ -262,6 +268,62 @@ func (d *driver) Release(_ context.Context, g *backend.Grant) error {
 	}
 	s.dropLocked(g.Key, h, false)
 	return nil
+}
+
+// infoLocked reports key's lock; s.mu must be held.
+func (s *Store) infoLocked(key string) backend.LockInfo {
+	info := backend.LockInfo{Key: key, Waiters: len(s.queues[key])}
+	if h, ok := s.locks[key]; ok {
+		info.Held, info.Token, info.Owner, info.Label = true, h.token, h.owner, h.label
+		info.Granted, info.Expires = h.granted, h.expires
+	}
+	return info
+}
+
+// Inspect implements backend.Inspector.
+func (d *driver) Inspect(_ context.Context, key string) (backend.LockInfo, error) {
+	if d.closed() {
+		return backend.LockInfo{}, errClosed
+	}
+	d.store.mu.Lock()
+	defer d.store.mu.Unlock()
+	return d.store.infoLocked(key), nil
+}
+
+// List implements backend.Inspector.
+func (d *driver) List(_ context.Context, prefix string) ([]backend.LockInfo, error) {
+	if d.closed() {
+		return nil, errClosed
+	}
+	s := d.store
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var infos []backend.LockInfo
+	for key := range s.locks {
+		if strings.HasPrefix(key, prefix) {
+			infos = append(infos, s.infoLocked(key))
+		}
+	}
+	slices.SortFunc(infos, func(a, b backend.LockInfo) int { return strings.Compare(a.Key, b.Key) })
+	return infos, nil
+}
+
+// Break implements backend.Breaker: the holder is forgotten as on expiry
+// (its Grant.Lost is closed) and the next waiter is granted.
+func (d *driver) Break(_ context.Context, key string) (backend.LockInfo, error) {
+	if d.closed() {
+		return backend.LockInfo{}, errClosed
+	}
+	s := d.store
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	info := s.infoLocked(key)
+	h, ok := s.locks[key]
+	if !ok {
+		return info, fmt.Errorf("key %q: %w", key, backend.ErrNotHeld)
+	}
+	s.dropLocked(key, h, true)
+	return info, nil
 }
 
 func (d *driver) Capabilities() backend.Capabilities {

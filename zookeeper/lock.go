@@ -124,7 +124,7 @@ func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 		return nil, err
 	}
 	parent := LockPath(d.root, req.Key)
-	n, err := d.create(ctx, s, req.Wait, parent, nodePrefix(protectedID(req.Owner)))
+	n, err := d.create(ctx, s, req.Wait, parent, nodePrefix(protectedID(req.Owner)), []byte(req.Label))
 	if err != nil {
 		return nil, err
 	}
@@ -141,16 +141,17 @@ func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 	return g, nil
 }
 
-// create creates the lock node under parent, named prefix + sequence, and
-// returns it. If ctx ends first, the node the create still makes, if any, is
+// create creates the lock node under parent, named prefix + sequence, with
+// data (the holder's label, where Curator stores a participant's address),
+// and returns it. If ctx ends first, the node the create still makes, if any, is
 // deleted.
-func (d *Driver) create(ctx context.Context, s *session, wait bool, parent, prefix string) (*lockNode, error) {
+func (d *Driver) create(ctx context.Context, s *session, wait bool, parent, prefix string, data []byte) (*lockNode, error) {
 	if ctx.Done() == nil {
-		return d.createNode(ctx, s, wait, parent, prefix)
+		return d.createNode(ctx, s, wait, parent, prefix, data)
 	}
 	ch := make(chan callResult[*lockNode], 1)
 	d.wg.Go(func() {
-		n, err := d.createNode(ctx, s, wait, parent, prefix)
+		n, err := d.createNode(ctx, s, wait, parent, prefix, data)
 		ch <- callResult[*lockNode]{n, err}
 	})
 	select {
@@ -177,7 +178,7 @@ func (d *Driver) create(ctx context.Context, s *session, wait bool, parent, pref
 // applied, and the node must not stay behind as an orphan. If the session
 // ends before the node is made, it goes on in the next session (waiting for
 // one if wait is set).
-func (d *Driver) createNode(ctx context.Context, s *session, wait bool, parent, prefix string) (*lockNode, error) {
+func (d *Driver) createNode(ctx context.Context, s *session, wait bool, parent, prefix string, data []byte) (*lockNode, error) {
 	b := retryBackoff()
 	noNode := 0
 	for {
@@ -193,7 +194,7 @@ func (d *Driver) createNode(ctx context.Context, s *session, wait bool, parent, 
 		// node's czxid (the token), and its child count says whether the new
 		// node is the only one (then it holds the lock at once).
 		res, err := d.conn.Multi(
-			&zk.CreateRequest{Path: parent + "/" + prefix, Acl: d.acl, Flags: zk.FlagEphemeralSequential},
+			&zk.CreateRequest{Path: parent + "/" + prefix, Data: data, Acl: d.acl, Flags: zk.FlagEphemeralSequential},
 			&zk.SetDataRequest{Path: parent, Version: -1},
 		)
 		switch {

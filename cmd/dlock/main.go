@@ -88,6 +88,20 @@
 // if a measurement failed, 64 on a usage error, 69 if a backend cannot be
 // reached.
 //
+// # dlock ls, dlock inspect, dlock break
+//
+//	dlock ls [--dsn DSN] [PREFIX]
+//	dlock inspect [--dsn DSN] KEY
+//	dlock break [--dsn DSN] [--yes] KEY
+//
+// ls lists the held locks under PREFIX with their holders: token, label (by
+// default host:pid), owner ID, expiry and waiters. inspect shows one lock
+// (exit 1 if nobody holds it). break force-releases a stuck lock, after
+// showing its holder and asking for confirmation unless --yes (exit 1 if it
+// was not held or not confirmed). A broken holder learns it at its next
+// renewal at the latest, and the next holder's fencing token is higher.
+// Redlock cannot do these (exit 69).
+//
 // # dlock migrate
 //
 //	dlock migrate dsn --from OLD --to NEW [--mode new]
@@ -150,6 +164,9 @@ Usage:
   dlock check [flags]                         run the conformance suite against a deployment
   dlock bench [flags]                         compare backends: latency, throughput, hand-off
   dlock migrate dsn|switch-tokens|status      move a fleet from Redis to etcd/ZooKeeper
+  dlock ls [flags] [PREFIX]                   list held locks and their holders
+  dlock inspect [flags] KEY                   who holds KEY, since and until when
+  dlock break [flags] KEY                     force-release a stuck lock (asks first)
   dlock help [COMMAND]                        show a command's flags and exit statuses
   dlock version                               print dlock's version
 
@@ -197,6 +214,12 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 		return benchMain(rest, stdout, stderr)
 	case "migrate":
 		return migrateMain(rest, stdout, stderr)
+	case "ls":
+		return lsMain(rest, stdout, stderr)
+	case "inspect":
+		return inspectMain(rest, stdout, stderr)
+	case "break":
+		return breakMain(rest, stdout, stderr)
 	case checkSuiteCommand:
 		return checkSuiteMain(rest)
 	case "help", "-h", "-help", "--help":
@@ -209,7 +232,7 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "dlock: flag %s before the command: flags go after it, as in dlock run --dsn DSN KEY -- COMMAND (see dlock help)\n", cmd)
 			return exitUsage
 		}
-		fmt.Fprintf(stderr, "dlock: unknown command %q: want run, check, bench or migrate (see dlock help)\n", cmd)
+		fmt.Fprintf(stderr, "dlock: unknown command %q: want run, check, bench, migrate, ls, inspect or break (see dlock help)\n", cmd)
 		return exitUsage
 	}
 }
@@ -228,8 +251,14 @@ func helpMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, benchUsage)
 	case "migrate":
 		fmt.Fprint(stdout, migrateUsage)
+	case "ls":
+		fmt.Fprint(stdout, lsUsage)
+	case "inspect":
+		fmt.Fprint(stdout, inspectUsage)
+	case "break":
+		fmt.Fprint(stdout, breakUsage)
 	default:
-		fmt.Fprintf(stderr, "dlock: no help for %q: want run, check, bench or migrate\n", args[0])
+		fmt.Fprintf(stderr, "dlock: no help for %q: want run, check, bench, migrate, ls, inspect or break\n", args[0])
 		return exitUsage
 	}
 	return exitOK

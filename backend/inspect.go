@@ -1,0 +1,69 @@
+package backend
+
+import (
+	"context"
+	"time"
+)
+
+// LockInfo is what a backend knows of one lock: who holds it, since and until
+// when, with which token, and how many wait for it.
+type LockInfo struct {
+	// Key is the lock's key.
+	Key string
+
+	// Held reports whether someone holds the lock. The fields below describe
+	// the holder and are zero when it is not held (Waiters excepted).
+	Held bool
+
+	// Token is the holder's fencing token, 0 if the backend cannot tell.
+	Token uint64
+
+	// Owner is the holder's owner ID (AcquireRequest.Owner), "" if the backend
+	// does not store it.
+	Owner string
+
+	// Label is the holder's label (AcquireRequest.Label: by default
+	// "hostname:pid"), "" if the holder stored none or the backend has no room
+	// for one.
+	Label string
+
+	// Granted is when the holder was granted the lock, by the server's clock;
+	// zero if the backend does not record it.
+	Granted time.Time
+
+	// Expires is when the server drops the lock unless its holder renews it,
+	// by the server's clock; zero where the lock lasts as long as a session
+	// (ZooKeeper, PostgreSQL) or the backend cannot tell.
+	Expires time.Time
+
+	// Waiters is how many clients the backend knows to wait for the lock; -1
+	// if it cannot tell (waiters that poll, or that the backend does not
+	// list).
+	Waiters int
+}
+
+// Inspector is an optional interface a Driver implements to report the state
+// of locks: dlock.Inspect and dlock.List (and `dlock inspect`, `dlock ls`) use
+// it. Both read only, and see every client's locks, not only the driver's.
+type Inspector interface {
+	// Inspect reports the state of key's lock; a lock nobody holds is not an
+	// error (LockInfo.Held false).
+	Inspect(ctx context.Context, key string) (LockInfo, error)
+
+	// List reports the held locks whose keys start with prefix ("" for all),
+	// in key order.
+	List(ctx context.Context, prefix string) ([]LockInfo, error)
+}
+
+// Breaker is an optional interface a Driver implements to force-release a
+// lock held by someone else (dlock.Break, `dlock break`).
+//
+// Break removes the current holder of key and returns what it removed. It
+// must leave the key's token state alone, so that the next grant's token is
+// higher than the broken holder's and a fencing guard rejects the broken
+// holder's writes once the next holder has written; and the broken holder
+// must learn of it no later than its next renewal. It returns an error
+// wrapping ErrNotHeld if nobody holds key.
+type Breaker interface {
+	Break(ctx context.Context, key string) (LockInfo, error)
+}

@@ -1,0 +1,160 @@
+package dlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/dlock-go/dlock/backend"
+)
+
+// LockInfo is what a backend knows of one lock: who holds it (token, owner
+// ID, label), since and until when, and how many wait for it. See
+// backend.LockInfo for each field; Inspect, List and Break return it.
+type LockInfo = backend.LockInfo
+
+// WithLabel sets the label stored with each grant, which Inspect, List and
+// `dlock ls` show as the holder: a name for people, such as a job or host
+// name. At most backend.MaxLabelLen (128) bytes of printable UTF-8; "" stores
+// none. Default "hostname:pid" of the process (DefaultLabel). Backends store
+// it where they have room: the lock's value (Redis, etcd), node data
+// (ZooKeeper, as Curator stores a participant's address), the session's
+// application_name (PostgreSQL).
+func WithLabel(label string) Option {
+	return func(s *settings) { s.label, s.labelSet = label, true }
+}
+
+// DefaultLabel is the label stored with grants unless WithLabel says
+// otherwise: "hostname:pid" of this process.
+var DefaultLabel = defaultLabel()
+
+func defaultLabel() string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown-host"
+	}
+	l := host + ":" + strconv.Itoa(os.Getpid())
+	if checkLabel(l) != nil {
+		return "pid:" + strconv.Itoa(os.Getpid())
+	}
+	return l
+}
+
+// checkLabel reports why label cannot be stored.
+func checkLabel(label string) error {
+	switch {
+	case len(label) > backend.MaxLabelLen:
+		return fmt.Errorf("%w: label is %d bytes, at most %d", ErrInvalidOption, len(label), backend.MaxLabelLen)
+	case !utf8.ValidString(label):
+		return fmt.Errorf("%w: label is not valid UTF-8", ErrInvalidOption)
+	case strings.IndexFunc(label, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0:
+		return fmt.Errorf("%w: label %q has a character that is not printable", ErrInvalidOption, label)
+	}
+	return nil
+}
+
+// errUnsupported wraps errors.ErrUnsupported for a Locker whose backend
+// cannot do op.
+func errUnsupported(l Locker, op, what string) error {
+	name := "unknown"
+	if lk, ok := l.(*locker); ok {
+		name = lk.name
+	}
+	return &Error{Op: op, Backend: name, Err: fmt.Errorf("the backend cannot %s: %w", what, errors.ErrUnsupported)}
+}
+
+// Inspect reports the state of key's lock on l's backend: whether it is
+// held, by whom (token, owner ID, label), since and until when, and how many
+// wait for it. It sees every client's locks. A lock nobody holds is not an
+// error. A backend that cannot report its locks returns an error matching
+// errors.ErrUnsupported.
+func Inspect(ctx context.Context, l Locker, key string) (LockInfo, error) {
+	lk, in, err := inspector(l, "inspect")
+	if err != nil {
+		return LockInfo{}, err
+	}
+	if err := validateKey(key); err != nil {
+		return LockInfo{}, lk.errorf("inspect", key, err)
+	}
+	if !lk.enter() {
+		return LockInfo{}, lk.errorf("inspect", key, ErrClosed)
+	}
+	defer lk.inflight.Done()
+	info, err := in.Inspect(ctx, key)
+	if err != nil {
+		return LockInfo{}, lk.errorf("inspect", key, err)
+	}
+	return info, nil
+}
+
+// List reports the locks held on l's backend whose keys start with prefix
+// ("" for all), in key order, with their holders. It sees every client's
+// locks under the backend's namespace (the driver's prefix, database or
+// path). A backend that cannot list its locks returns an error matching
+// errors.ErrUnsupported.
+func List(ctx context.Context, l Locker, prefix string) ([]LockInfo, error) {
+	lk, in, err := inspector(l, "list")
+	if err != nil {
+		return nil, err
+	}
+	if !lk.enter() {
+		return nil, lk.errorf("list", prefix, ErrClosed)
+	}
+	defer lk.inflight.Done()
+	infos, err := in.List(ctx, prefix)
+	if err != nil {
+		return nil, lk.errorf("list", prefix, err)
+	}
+	return infos, nil
+}
+
+// Break force-releases key's lock, whoever holds it, and returns what it
+// broke. The broken holder learns it at its next renewal at the latest (at
+// once where the backend reports loss), and its lease then ends with
+// ErrLeaseLost; the next grant of key gets a higher token, so a fencing
+// guard rejects the broken holder's writes once the next holder has
+// written. Breaking never makes two holders look legitimate to a resource
+// that checks tokens — but a holder that does not check Done may go on
+// working: break only a holder you know to be stuck.
+//
+// It returns an error matching ErrNotHeld if nobody holds key, and one
+// matching errors.ErrUnsupported if the backend cannot break locks.
+func Break(ctx context.Context, l Locker, key string) (LockInfo, error) {
+	lk, ok := l.(*locker)
+	if !ok {
+		return LockInfo{}, errUnsupported(l, "break", "break locks")
+	}
+	br, ok := lk.drv.(backend.Breaker)
+	if !ok {
+		return LockInfo{}, errUnsupported(l, "break", "break locks")
+	}
+	if err := validateKey(key); err != nil {
+		return LockInfo{}, lk.errorf("break", key, err)
+	}
+	if !lk.enter() {
+		return LockInfo{}, lk.errorf("break", key, ErrClosed)
+	}
+	defer lk.inflight.Done()
+	info, err := br.Break(ctx, key)
+	if err != nil {
+		return LockInfo{}, lk.errorf("break", key, err)
+	}
+	return info, nil
+}
+
+func inspector(l Locker, op string) (*locker, backend.Inspector, error) {
+	lk, ok := l.(*locker)
+	if !ok {
+		return nil, nil, errUnsupported(l, op, "report its locks")
+	}
+	in, ok := lk.drv.(backend.Inspector)
+	if !ok {
+		return nil, nil, errUnsupported(l, op, "report its locks")
+	}
+	return lk, in, nil
+}

@@ -1,0 +1,173 @@
+// Inspecting and breaking locks (backend.Inspector, backend.Breaker).
+
+package zookeeper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/go-zookeeper/zk"
+
+	"github.com/dlock-go/dlock/backend"
+)
+
+var (
+	_ backend.Inspector = (*Driver)(nil)
+	_ backend.Breaker   = (*Driver)(nil)
+)
+
+// Inspect implements backend.Inspector: the holder is the oldest lock node
+// under the key's node (as the queue orders them), its token the node's
+// czxid, its label the node's data, its owner ID the UUID of its protected
+// name; the other lock nodes are the waiters. A lock lasts as long as its
+// holder's session, so Expires is zero; ZooKeeper records no grant time.
+func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, error) {
+	if d.closed.Load() {
+		return backend.LockInfo{}, errClosed
+	}
+	info, _, err := d.inspect(ctx, key)
+	return info, err
+}
+
+// inspect reads key's lock and returns it with the holder's node path.
+func (d *Driver) inspect(ctx context.Context, key string) (backend.LockInfo, string, error) {
+	info := backend.LockInfo{Key: key}
+	parent := LockPath(d.root, key)
+	for range 3 { // the holder may go between the listing and the read
+		if err := ctx.Err(); err != nil {
+			return info, "", err
+		}
+		children, st, err := d.conn.Children(parent)
+		if errors.Is(err, zk.ErrNoNode) {
+			return info, "", nil
+		}
+		if err != nil {
+			return info, "", fmt.Errorf("list %s: %w", parent, err)
+		}
+		locks := sortedLocks(children, st.Cversion)
+		if len(locks) == 0 {
+			return info, "", nil
+		}
+		path := parent + "/" + locks[0]
+		data, nst, err := d.conn.Get(path)
+		if errors.Is(err, zk.ErrNoNode) {
+			continue
+		}
+		if err != nil {
+			return info, "", fmt.Errorf("read %s: %w", path, err)
+		}
+		info.Held = true
+		info.Token = uint64(nst.Czxid)
+		info.Label = string(data)
+		info.Owner = ownerOf(locks[0])
+		info.Waiters = len(locks) - 1
+		return info, path, nil
+	}
+	return info, "", fmt.Errorf("read the holder of %s: it changed three times in a row", parent)
+}
+
+// ownerOf returns the owner ID (32 hex digits) in a protected lock node's
+// name, or "" for a node of another kind.
+func ownerOf(child string) string {
+	rest, ok := strings.CutPrefix(child, protectedPrefix)
+	if !ok || len(rest) < 36 {
+		return ""
+	}
+	id := strings.ReplaceAll(rest[:36], "-", "")
+	if len(id) != 32 || !isHex(id) {
+		return ""
+	}
+	return id
+}
+
+// List implements backend.Inspector: the key nodes under the root whose keys
+// start with prefix, each read as Inspect does; key nodes nobody holds are
+// left out.
+func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, error) {
+	if d.closed.Load() {
+		return nil, errClosed
+	}
+	names, _, err := d.conn.Children(d.root)
+	if errors.Is(err, zk.ErrNoNode) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", d.root, err)
+	}
+	esc := EscapeKey(prefix)
+	if prefix == "" {
+		esc = ""
+	}
+	var infos []backend.LockInfo
+	for _, name := range names {
+		if !strings.HasPrefix(name, esc) {
+			continue
+		}
+		key, err := unescapeKey(name)
+		if err != nil {
+			continue // not a node of dlock's layout
+		}
+		info, _, err := d.inspect(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		if info.Held {
+			infos = append(infos, info)
+		}
+	}
+	slices.SortFunc(infos, func(a, b backend.LockInfo) int { return strings.Compare(a.Key, b.Key) })
+	return infos, nil
+}
+
+// unescapeKey inverts EscapeKey.
+func unescapeKey(name string) (string, error) {
+	if !strings.Contains(name, "%") {
+		return name, nil
+	}
+	var b strings.Builder
+	for i := 0; i < len(name); i++ {
+		if name[i] != '%' {
+			b.WriteByte(name[i])
+			continue
+		}
+		if i+2 >= len(name) {
+			return "", fmt.Errorf("bad escape in %q", name)
+		}
+		v, err := strconv.ParseUint(name[i+1:i+3], 16, 8)
+		if err != nil {
+			return "", fmt.Errorf("bad escape in %q", name)
+		}
+		b.WriteByte(byte(v))
+		i += 2
+	}
+	return b.String(), nil
+}
+
+// Break implements backend.Breaker: it deletes the holder's lock node, the
+// one it read (a node's sequential name is never used again).
+// The key's node, whose mzxid the tokens come from, stays: the next grant's
+// token is higher. The broken holder learns it at its next renewal, from its
+// node's watch; the first waiter is woken by its own watch of that node.
+func (d *Driver) Break(ctx context.Context, key string) (backend.LockInfo, error) {
+	if d.closed.Load() {
+		return backend.LockInfo{}, errClosed
+	}
+	info, path, err := d.inspect(ctx, key)
+	if err != nil {
+		return info, err
+	}
+	if !info.Held {
+		return info, fmt.Errorf("key %q: %w", key, backend.ErrNotHeld)
+	}
+	if err := d.conn.Delete(path, -1); err != nil {
+		if errors.Is(err, zk.ErrNoNode) {
+			return info, fmt.Errorf("key %q: its holder went before the break: %w", key, backend.ErrNotHeld)
+		}
+		return info, fmt.Errorf("delete %s: %w", path, err)
+	}
+	return info, nil
+}
