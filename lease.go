@@ -32,7 +32,8 @@ type Lease struct {
 	locker *locker
 	grant  *backend.Grant
 	set    settings
-	outer  *Lease // the enclosing lease of a nested hold (see WithReentrant); nil for a lease
+	outer  *Lease        // the enclosing lease of a nested hold (see WithReentrant); nil for a lease
+	obs    LeaseObserver // nil: none; set before the lease starts, never after
 
 	ctx    context.Context // cancelled, with Err as cause, when the lease ends
 	cancel context.CancelCauseFunc
@@ -44,6 +45,7 @@ type Lease struct {
 	deadlineAt time.Time     // deadline as a time.Time, as of the last grant or renewal
 	nextRenew  time.Duration // on locker.clk
 	renewing   bool
+	lossCause  LossCause // why it was lost, set by lose before it ends the lease
 }
 
 // newLease makes the lease for g, whose Start is start on the locker's clock.
@@ -204,7 +206,7 @@ func (l *Lease) expireIfPast() {
 	}
 	if l.locker.enter() {
 		defer l.locker.inflight.Done()
-		l.lose(errDeadlinePassed)
+		l.loseBy(LossDeadlinePassed, errDeadlinePassed)
 	} else if l.end(held, withKind(ErrLeaseLost, errDeadlinePassed)) {
 		l.locker.sched.unschedule(l)
 	}
@@ -231,9 +233,12 @@ func (l *Lease) Refresh(ctx context.Context) error {
 	defer l.locker.inflight.Done()
 	start := l.locker.clk.Now()
 	v, err := l.locker.drv.Refresh(ctx, l.grant, l.set.ttl)
+	if l.obs != nil {
+		l.obs.Renewed(l.locker.clk.Now()-start, err)
+	}
 	if err != nil {
 		if errors.Is(err, backend.ErrNotHeld) {
-			l.lose(err)
+			l.loseBy(LossBackendReported, err)
 			return l.Err()
 		}
 		if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
@@ -330,7 +335,14 @@ func (l *Lease) Release(ctx context.Context) error {
 		ctx, cancel = context.WithTimeout(ctx, l.set.releaseTimeout)
 		defer cancel()
 	}
+	var released func(error)
+	if l.obs != nil {
+		ctx, released = l.obs.StartRelease(ctx)
+	}
 	err := l.locker.drv.Release(ctx, l.grant)
+	if released != nil {
+		released(err)
+	}
 	switch {
 	case err == nil:
 		l.end(releasing, ErrReleased)
@@ -365,7 +377,15 @@ func (l *Lease) releaseOnClose() error {
 // lose ends a held lease as lost, then frees the lock on the backend in case the
 // holder is still recorded there (a conditional release, so it can never touch
 // another owner's lock).
-func (l *Lease) lose(cause error) {
+func (l *Lease) lose(cause error) { l.loseBy(LossBackendReported, cause) }
+
+// loseBy is lose with the kind of cause, for observers.
+func (l *Lease) loseBy(kind LossCause, cause error) {
+	l.mu.Lock()
+	if l.state == held && l.lossCause == "" {
+		l.lossCause = kind
+	}
+	l.mu.Unlock()
 	if !l.end(held, withKind(ErrLeaseLost, cause)) {
 		return
 	}
@@ -387,7 +407,20 @@ func (l *Lease) end(from leaseState, err error) bool {
 		op = "release"
 	}
 	l.err = l.locker.errorf(op, l.Key(), err)
+	lerr, cause := l.err, l.lossCause
 	l.mu.Unlock()
+	if l.obs != nil { // before Done closes, so that an observer has seen the end by then
+		lost := errors.Is(err, ErrLeaseLost)
+		switch {
+		case !lost:
+			cause = ""
+		case cause == "" && errors.Is(err, errDeadlinePassed):
+			cause = LossDeadlinePassed
+		case cause == "":
+			cause = LossBackendReported
+		}
+		l.obs.Ended(LeaseEnd{Lost: lost, Cause: cause, Held: time.Since(l.grant.Start), Err: lerr})
+	}
 	l.cancel(l.err)
 	l.locker.forget(l)
 	return true
@@ -417,8 +450,13 @@ func (l *Lease) tick(now time.Duration) {
 		return
 	}
 	if now >= l.deadline {
+		// A renewal still on its way did not finish in time: that is why.
+		kind := LossDeadlinePassed
+		if l.renewing {
+			kind = LossRenewalFailed
+		}
 		l.mu.Unlock()
-		l.lose(errDeadlinePassed)
+		l.loseBy(kind, errDeadlinePassed)
 		return
 	}
 	renew := l.set.autoRenew && !l.renewing && now >= l.nextRenew
@@ -447,16 +485,24 @@ func (l *Lease) autoRenew(deadline time.Duration) {
 	l.mu.Lock()
 	l.renewing = false
 	l.mu.Unlock()
+	if l.obs != nil && l.ctx.Err() == nil {
+		l.obs.Renewed(l.locker.clk.Now()-start, err)
+	}
 	if err != nil {
 		if l.ctx.Err() != nil {
 			return // the lease ended meanwhile; its error is already set
 		}
-		if ctx.Err() != nil {
+		kind := LossRenewalFailed
+		switch {
+		case ctx.Err() != nil:
 			err = fmt.Errorf("renewal did not finish before the deadline: %w", err)
-		} else {
+		case errors.Is(err, backend.ErrNotHeld):
+			kind = LossBackendReported
+			err = fmt.Errorf("renewal failed: %w", err)
+		default:
 			err = fmt.Errorf("renewal failed: %w", err)
 		}
-		l.lose(err)
+		l.loseBy(kind, err)
 		return
 	}
 	l.renewed(start, v)

@@ -146,6 +146,7 @@ type locker struct {
 	name    string
 	caps    backend.Capabilities
 	base    settings
+	obs     Observer // nil: none (WithObserver, WithLogger)
 	sched   *scheduler
 	closing context.Context // cancelled (cause ErrClosed) when Close starts
 	close   context.CancelCauseFunc
@@ -170,6 +171,7 @@ func newLockerClock(d backend.Driver, name string, s settings, clk clock.Clock) 
 		name:    name,
 		caps:    d.Capabilities(),
 		base:    s,
+		obs:     s.observers(),
 		sched:   newScheduler(clk),
 		closing: ctx,
 		close:   cancel,
@@ -208,6 +210,25 @@ func (l *locker) acquire(ctx context.Context, op, key string, wait bool, opts []
 			return outer.nest(op)
 		}
 	}
+	if l.obs == nil {
+		return l.grantLease(ctx, op, key, wait, s, nil)
+	}
+	began := time.Now()
+	octx, done := l.obs.StartAcquire(ctx, AcquireInfo{Backend: l.name, Key: key, Wait: wait})
+	observed := false
+	lease, err := l.grantLease(octx, op, key, wait, s, func(lease *Lease) {
+		observed = true
+		lease.obs = done(AcquireOutcome{Result: ResultGranted, Token: lease.Token(), Took: time.Since(began)})
+	})
+	if !observed {
+		done(AcquireOutcome{Result: resultOf(octx, err), Took: time.Since(began), Err: err})
+	}
+	return lease, err
+}
+
+// grantLease is acquire's request to the driver, once the arguments are
+// checked; observe, if not nil, is called with the lease before it starts.
+func (l *locker) grantLease(ctx context.Context, op, key string, wait bool, s settings, observe func(*Lease)) (*Lease, error) {
 	if !l.enter() {
 		return nil, l.errorf(op, key, ErrClosed)
 	}
@@ -269,6 +290,9 @@ func (l *locker) acquire(ctx context.Context, op, key string, wait bool, opts []
 	}
 	l.leases[lease] = struct{}{}
 	l.mu.Unlock()
+	if observe != nil {
+		observe(lease)
+	}
 	lease.start()
 	lost.attach(lease)
 	return lease, nil

@@ -2,6 +2,7 @@ package dlock
 
 import (
 	"fmt"
+	"log/slog"
 	"net/url"
 	"strconv"
 	"time"
@@ -35,10 +36,13 @@ type settings struct {
 	reentrant      bool
 	label          string
 	labelSet       bool // label was given (WithLabel), "" included
+	observer       Observer
+	logger         *slog.Logger
+	logKeys        bool
 }
 
 func defaultSettings() settings {
-	return settings{ttl: DefaultTTL, autoRenew: true, releaseTimeout: DefaultReleaseTimeout}
+	return settings{ttl: DefaultTTL, autoRenew: true, releaseTimeout: DefaultReleaseTimeout, logKeys: true}
 }
 
 // WithTTL sets how long the backend keeps a lock whose holder stops renewing it:

@@ -20,7 +20,7 @@ step() { printf '\n== %s\n' "$*"; }
 
 # The modules, each tested on its own (GOWORK=off), as its users build it. The
 # root comes first; bench is run separately, by its smoke test.
-modules=(. etcd migrate cmd/dlock examples)
+modules=(. etcd migrate dlockotel cmd/dlock examples)
 export GOWORK=off
 
 step "gofmt"

@@ -1,0 +1,309 @@
+// Package dlockotel reports dlock's lease events through OpenTelemetry:
+// metrics through the metric API and traces through the trace API, with the
+// providers you give it or the global ones. A program without an SDK pays
+// only for the API's no-op instruments.
+//
+//	obs, err := dlockotel.New() // the global MeterProvider and TracerProvider
+//	if err != nil { ... }
+//	locker, err := dlock.Open(ctx, dsn, dlock.WithObserver(obs))
+//
+// It is a module of its own, so that dlock's users who do not use
+// OpenTelemetry never download it.
+//
+// # Metrics
+//
+// Every instrument has the attribute dlock.backend (the DSN scheme).
+//
+//	dlock.acquire.duration   histogram, s   an Acquire or TryAcquire, wait included;
+//	                                        dlock.mode (wait, try), dlock.outcome
+//	                                        (granted, not-acquired, cancelled, error)
+//	dlock.leases.held        up-down counter  leases held now
+//	dlock.renewals           counter          renewals; dlock.outcome (ok, error)
+//	dlock.renewal.duration   histogram, s     a renewal's round trip(s)
+//	dlock.leases.lost        counter          leases lost; dlock.cause (renewal-failed,
+//	                                          deadline-passed, backend-reported)
+//	dlock.releases           counter          releases; dlock.outcome (ok, error)
+//	dlock.lease.duration     histogram, s     from grant to end; dlock.end (released, lost)
+//
+// # Traces
+//
+// A span "dlock.acquire" per Acquire or TryAcquire (wait included), a span
+// "dlock.release" per Release, and a span "dlock.lease" from the grant to
+// the lease's end, with an event per renewal ("renewed", or "renewal failed"
+// with the error) and, when the lease is lost, an event "lost" with the cause
+// and an error status. Attributes: dlock.backend, dlock.key (unless
+// WithoutKeys), dlock.mode, dlock.outcome, dlock.token.
+package dlockotel
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/dlock-go/dlock"
+)
+
+// ScopeName is the instrumentation scope of the meter and the tracer.
+const ScopeName = "github.com/dlock-go/dlock/dlockotel"
+
+// Option configures New.
+type Option func(*config)
+
+type config struct {
+	mp   metric.MeterProvider
+	tp   trace.TracerProvider
+	keys bool
+}
+
+// WithMeterProvider sets the MeterProvider. Default otel.GetMeterProvider().
+func WithMeterProvider(mp metric.MeterProvider) Option { return func(c *config) { c.mp = mp } }
+
+// WithTracerProvider sets the TracerProvider. Default otel.GetTracerProvider().
+func WithTracerProvider(tp trace.TracerProvider) Option { return func(c *config) { c.tp = tp } }
+
+// WithoutKeys leaves the lock's key out of spans (metrics never carry it:
+// keys are unbounded). Default: spans carry dlock.key.
+func WithoutKeys() Option { return func(c *config) { c.keys = false } }
+
+// Attribute keys.
+const (
+	AttrBackend = attribute.Key("dlock.backend")
+	AttrKey     = attribute.Key("dlock.key")
+	AttrMode    = attribute.Key("dlock.mode")
+	AttrOutcome = attribute.Key("dlock.outcome")
+	AttrCause   = attribute.Key("dlock.cause")
+	AttrEnd     = attribute.Key("dlock.end")
+	AttrToken   = attribute.Key("dlock.token")
+)
+
+// observer is the dlock.Observer New returns.
+type observer struct {
+	tracer trace.Tracer
+	keys   bool
+
+	acquireDur metric.Float64Histogram
+	held       metric.Int64UpDownCounter
+	renewals   metric.Int64Counter
+	renewalDur metric.Float64Histogram
+	lost       metric.Int64Counter
+	releases   metric.Int64Counter
+	leaseDur   metric.Float64Histogram
+
+	opts sync.Map // backend → *backendOpts
+}
+
+// backendOpts are the measurement options of one backend's data points,
+// built once: recording a measurement then allocates nothing for its
+// attributes.
+type backendOpts struct {
+	backend    attribute.KeyValue
+	acquire    map[string][]metric.RecordOption // mode + "/" + outcome
+	held       []metric.AddOption
+	renewOK    []metric.AddOption
+	renewErr   []metric.AddOption
+	renewDur   []metric.RecordOption
+	releaseOK  []metric.AddOption
+	releaseErr []metric.AddOption
+	lost       map[dlock.LossCause][]metric.AddOption
+	released   []metric.RecordOption
+	lostDur    []metric.RecordOption
+}
+
+func (o *observer) optsFor(backend string) *backendOpts {
+	if v, ok := o.opts.Load(backend); ok {
+		return v.(*backendOpts)
+	}
+	be := AttrBackend.String(backend)
+	set := func(kvs ...attribute.KeyValue) attribute.Set {
+		return attribute.NewSet(append([]attribute.KeyValue{be}, kvs...)...)
+	}
+	add := func(kvs ...attribute.KeyValue) []metric.AddOption {
+		return []metric.AddOption{metric.WithAttributeSet(set(kvs...))}
+	}
+	rec := func(kvs ...attribute.KeyValue) []metric.RecordOption {
+		return []metric.RecordOption{metric.WithAttributeSet(set(kvs...))}
+	}
+	b := &backendOpts{
+		backend:    be,
+		acquire:    map[string][]metric.RecordOption{},
+		held:       add(),
+		renewOK:    add(AttrOutcome.String("ok")),
+		renewErr:   add(AttrOutcome.String("error")),
+		renewDur:   rec(),
+		releaseOK:  add(AttrOutcome.String("ok")),
+		releaseErr: add(AttrOutcome.String("error")),
+		lost:       map[dlock.LossCause][]metric.AddOption{},
+		released:   rec(AttrEnd.String("released")),
+		lostDur:    rec(AttrEnd.String("lost")),
+	}
+	for _, m := range []string{"wait", "try"} {
+		for _, r := range []dlock.Result{dlock.ResultGranted, dlock.ResultNotAcquired, dlock.ResultCancelled, dlock.ResultError} {
+			b.acquire[m+"/"+string(r)] = rec(AttrMode.String(m), AttrOutcome.String(string(r)))
+		}
+	}
+	for _, c := range []dlock.LossCause{dlock.LossRenewalFailed, dlock.LossDeadlinePassed, dlock.LossBackendReported} {
+		b.lost[c] = add(AttrCause.String(string(c)))
+	}
+	v, _ := o.opts.LoadOrStore(backend, b)
+	return v.(*backendOpts)
+}
+
+// New returns a dlock.Observer (pass it to dlock.WithObserver) that records
+// the metrics and spans of the package doc.
+func New(opts ...Option) (dlock.Observer, error) {
+	c := config{keys: true}
+	for _, o := range opts {
+		o(&c)
+	}
+	if c.mp == nil {
+		c.mp = otel.GetMeterProvider()
+	}
+	if c.tp == nil {
+		c.tp = otel.GetTracerProvider()
+	}
+	m := c.mp.Meter(ScopeName)
+	o := &observer{tracer: c.tp.Tracer(ScopeName), keys: c.keys}
+	var err error
+	if o.acquireDur, err = m.Float64Histogram("dlock.acquire.duration", metric.WithUnit("s"),
+		metric.WithDescription("Time an Acquire or TryAcquire took, wait included.")); err != nil {
+		return nil, err
+	}
+	if o.held, err = m.Int64UpDownCounter("dlock.leases.held", metric.WithUnit("{lease}"),
+		metric.WithDescription("Leases held now.")); err != nil {
+		return nil, err
+	}
+	if o.renewals, err = m.Int64Counter("dlock.renewals", metric.WithUnit("{renewal}"),
+		metric.WithDescription("Lease renewals, by outcome.")); err != nil {
+		return nil, err
+	}
+	if o.renewalDur, err = m.Float64Histogram("dlock.renewal.duration", metric.WithUnit("s"),
+		metric.WithDescription("Time a lease renewal took.")); err != nil {
+		return nil, err
+	}
+	if o.lost, err = m.Int64Counter("dlock.leases.lost", metric.WithUnit("{lease}"),
+		metric.WithDescription("Leases lost, by cause.")); err != nil {
+		return nil, err
+	}
+	if o.releases, err = m.Int64Counter("dlock.releases", metric.WithUnit("{release}"),
+		metric.WithDescription("Releases, by outcome.")); err != nil {
+		return nil, err
+	}
+	if o.leaseDur, err = m.Float64Histogram("dlock.lease.duration", metric.WithUnit("s"),
+		metric.WithDescription("Time from a lease's grant to its end.")); err != nil {
+		return nil, err
+	}
+	return o, nil
+}
+
+func mode(wait bool) string {
+	if wait {
+		return "wait"
+	}
+	return "try"
+}
+
+func (o *observer) StartAcquire(ctx context.Context, a dlock.AcquireInfo) (context.Context, func(dlock.AcquireOutcome) dlock.LeaseObserver) {
+	bo := o.optsFor(a.Backend)
+	m := mode(a.Wait)
+	attrs := []attribute.KeyValue{bo.backend, AttrMode.String(m)}
+	if o.keys {
+		attrs = append(attrs, AttrKey.String(a.Key))
+	}
+	ctx, span := o.tracer.Start(ctx, "dlock.acquire", trace.WithAttributes(attrs...), trace.WithSpanKind(trace.SpanKindClient))
+	return ctx, func(out dlock.AcquireOutcome) dlock.LeaseObserver {
+		o.acquireDur.Record(ctx, out.Took.Seconds(), bo.acquire[m+"/"+string(out.Result)]...)
+		if span.IsRecording() {
+			span.SetAttributes(AttrOutcome.String(string(out.Result)))
+			if out.Result == dlock.ResultError {
+				span.RecordError(out.Err)
+				span.SetStatus(codes.Error, "acquire failed")
+			}
+		}
+		if out.Result != dlock.ResultGranted {
+			span.End()
+			return nil
+		}
+		if span.IsRecording() {
+			span.SetAttributes(AttrToken.Int64(int64(out.Token)))
+		}
+		span.End()
+		o.held.Add(ctx, 1, bo.held...)
+		l := &lease{o: o, bo: bo}
+		// The lease's span: from the grant to the end, in the caller's trace,
+		// outliving the caller's ctx.
+		l.ctx, l.span = o.tracer.Start(trace.ContextWithSpanContext(context.Background(), trace.SpanContextFromContext(ctx)), "dlock.lease")
+		if l.span.IsRecording() {
+			l.span.SetAttributes(bo.backend, AttrToken.Int64(int64(out.Token)))
+			if o.keys {
+				l.span.SetAttributes(AttrKey.String(a.Key))
+			}
+		}
+		return l
+	}
+}
+
+// lease observes one lease.
+type lease struct {
+	o    *observer
+	bo   *backendOpts
+	ctx  context.Context // carries the lease span
+	span trace.Span
+}
+
+func (l *lease) Renewed(took time.Duration, err error) {
+	if err != nil {
+		l.span.AddEvent("renewal failed", trace.WithAttributes(attribute.String("error", err.Error())))
+		l.o.renewals.Add(l.ctx, 1, l.bo.renewErr...)
+	} else {
+		if l.span.IsRecording() {
+			l.span.AddEvent("renewed", trace.WithAttributes(attribute.Float64("dlock.renewal.seconds", took.Seconds())))
+		}
+		l.o.renewals.Add(l.ctx, 1, l.bo.renewOK...)
+	}
+	l.o.renewalDur.Record(l.ctx, took.Seconds(), l.bo.renewDur...)
+}
+
+func (l *lease) StartRelease(ctx context.Context) (context.Context, func(error)) {
+	ctx, span := l.o.tracer.Start(ctx, "dlock.release", trace.WithSpanKind(trace.SpanKindClient))
+	return ctx, func(err error) {
+		outcome := "ok"
+		if err != nil {
+			outcome = "error"
+			span.RecordError(err)
+			span.SetStatus(codes.Error, "release failed")
+			l.o.releases.Add(l.ctx, 1, l.bo.releaseErr...)
+		} else {
+			l.o.releases.Add(l.ctx, 1, l.bo.releaseOK...)
+		}
+		if span.IsRecording() {
+			span.SetAttributes(l.bo.backend, AttrOutcome.String(outcome))
+		}
+		span.End()
+	}
+}
+
+func (l *lease) Ended(e dlock.LeaseEnd) {
+	end := "released"
+	dur := l.bo.released
+	if e.Lost {
+		end, dur = "lost", l.bo.lostDur
+		l.o.lost.Add(l.ctx, 1, l.bo.lost[e.Cause]...)
+		l.span.AddEvent("lost", trace.WithAttributes(AttrCause.String(string(e.Cause))))
+		if e.Err != nil {
+			l.span.RecordError(e.Err)
+		}
+		l.span.SetStatus(codes.Error, "lease lost")
+	}
+	l.o.held.Add(l.ctx, -1, l.bo.held...)
+	l.o.leaseDur.Record(l.ctx, e.Held.Seconds(), dur...)
+	if l.span.IsRecording() {
+		l.span.SetAttributes(AttrEnd.String(end))
+	}
+	l.span.End()
+}
