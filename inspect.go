@@ -58,14 +58,26 @@ func checkLabel(label string) error {
 	return nil
 }
 
+// Inspector is implemented by every Locker that Open and New return: it
+// reports the state of locks (see the package-level Inspect and List, which
+// are the way to call it). A Locker that wraps another can implement it by
+// forwarding to dlock.Inspect and dlock.List.
+type Inspector interface {
+	Inspect(ctx context.Context, key string) (LockInfo, error)
+	List(ctx context.Context, prefix string) ([]LockInfo, error)
+}
+
+// Breaker is implemented by every Locker that Open and New return: it
+// force-releases locks (see the package-level Break). A Locker that wraps
+// another can implement it by forwarding to dlock.Break.
+type Breaker interface {
+	Break(ctx context.Context, key string) (LockInfo, error)
+}
+
 // errUnsupported wraps errors.ErrUnsupported for a Locker whose backend
 // cannot do op.
-func errUnsupported(l Locker, op, what string) error {
-	name := "unknown"
-	if lk, ok := l.(*locker); ok {
-		name = lk.name
-	}
-	return &Error{Op: op, Backend: name, Err: fmt.Errorf("the backend cannot %s: %w", what, errors.ErrUnsupported)}
+func errUnsupported(backendName, op, what string) error {
+	return &Error{Op: op, Backend: backendName, Err: fmt.Errorf("the backend cannot %s: %w", what, errors.ErrUnsupported)}
 }
 
 // Inspect reports the state of key's lock on l's backend: whether it is
@@ -74,22 +86,11 @@ func errUnsupported(l Locker, op, what string) error {
 // error. A backend that cannot report its locks returns an error matching
 // errors.ErrUnsupported.
 func Inspect(ctx context.Context, l Locker, key string) (LockInfo, error) {
-	lk, in, err := inspector(l, "inspect")
-	if err != nil {
-		return LockInfo{}, err
+	in, ok := l.(Inspector)
+	if !ok {
+		return LockInfo{}, errUnsupported(fmt.Sprintf("%T", l), "inspect", "report its locks")
 	}
-	if err := validateKey(key); err != nil {
-		return LockInfo{}, lk.errorf("inspect", key, err)
-	}
-	if !lk.enter() {
-		return LockInfo{}, lk.errorf("inspect", key, ErrClosed)
-	}
-	defer lk.inflight.Done()
-	info, err := in.Inspect(ctx, key)
-	if err != nil {
-		return LockInfo{}, lk.errorf("inspect", key, err)
-	}
-	return info, nil
+	return in.Inspect(ctx, key)
 }
 
 // List reports the locks held on l's backend whose keys start with prefix
@@ -98,19 +99,11 @@ func Inspect(ctx context.Context, l Locker, key string) (LockInfo, error) {
 // path). A backend that cannot list its locks returns an error matching
 // errors.ErrUnsupported.
 func List(ctx context.Context, l Locker, prefix string) ([]LockInfo, error) {
-	lk, in, err := inspector(l, "list")
-	if err != nil {
-		return nil, err
+	in, ok := l.(Inspector)
+	if !ok {
+		return nil, errUnsupported(fmt.Sprintf("%T", l), "list", "report its locks")
 	}
-	if !lk.enter() {
-		return nil, lk.errorf("list", prefix, ErrClosed)
-	}
-	defer lk.inflight.Done()
-	infos, err := in.List(ctx, prefix)
-	if err != nil {
-		return nil, lk.errorf("list", prefix, err)
-	}
-	return infos, nil
+	return in.List(ctx, prefix)
 }
 
 // Break force-releases key's lock, whoever holds it, and returns what it
@@ -125,36 +118,63 @@ func List(ctx context.Context, l Locker, prefix string) ([]LockInfo, error) {
 // It returns an error matching ErrNotHeld if nobody holds key, and one
 // matching errors.ErrUnsupported if the backend cannot break locks.
 func Break(ctx context.Context, l Locker, key string) (LockInfo, error) {
-	lk, ok := l.(*locker)
+	br, ok := l.(Breaker)
 	if !ok {
-		return LockInfo{}, errUnsupported(l, "break", "break locks")
+		return LockInfo{}, errUnsupported(fmt.Sprintf("%T", l), "break", "break locks")
 	}
-	br, ok := lk.drv.(backend.Breaker)
+	return br.Break(ctx, key)
+}
+
+func (l *locker) Inspect(ctx context.Context, key string) (LockInfo, error) {
+	in, ok := l.drv.(backend.Inspector)
 	if !ok {
-		return LockInfo{}, errUnsupported(l, "break", "break locks")
+		return LockInfo{}, errUnsupported(l.name, "inspect", "report its locks")
 	}
 	if err := validateKey(key); err != nil {
-		return LockInfo{}, lk.errorf("break", key, err)
+		return LockInfo{}, l.errorf("inspect", key, err)
 	}
-	if !lk.enter() {
-		return LockInfo{}, lk.errorf("break", key, ErrClosed)
+	if !l.enter() {
+		return LockInfo{}, l.errorf("inspect", key, ErrClosed)
 	}
-	defer lk.inflight.Done()
-	info, err := br.Break(ctx, key)
+	defer l.inflight.Done()
+	info, err := in.Inspect(ctx, key)
 	if err != nil {
-		return LockInfo{}, lk.errorf("break", key, err)
+		return LockInfo{}, l.errorf("inspect", key, err)
 	}
 	return info, nil
 }
 
-func inspector(l Locker, op string) (*locker, backend.Inspector, error) {
-	lk, ok := l.(*locker)
+func (l *locker) List(ctx context.Context, prefix string) ([]LockInfo, error) {
+	in, ok := l.drv.(backend.Inspector)
 	if !ok {
-		return nil, nil, errUnsupported(l, op, "report its locks")
+		return nil, errUnsupported(l.name, "list", "report its locks")
 	}
-	in, ok := lk.drv.(backend.Inspector)
+	if !l.enter() {
+		return nil, l.errorf("list", prefix, ErrClosed)
+	}
+	defer l.inflight.Done()
+	infos, err := in.List(ctx, prefix)
+	if err != nil {
+		return nil, l.errorf("list", prefix, err)
+	}
+	return infos, nil
+}
+
+func (l *locker) Break(ctx context.Context, key string) (LockInfo, error) {
+	br, ok := l.drv.(backend.Breaker)
 	if !ok {
-		return nil, nil, errUnsupported(l, op, "report its locks")
+		return LockInfo{}, errUnsupported(l.name, "break", "break locks")
 	}
-	return lk, in, nil
+	if err := validateKey(key); err != nil {
+		return LockInfo{}, l.errorf("break", key, err)
+	}
+	if !l.enter() {
+		return LockInfo{}, l.errorf("break", key, ErrClosed)
+	}
+	defer l.inflight.Done()
+	info, err := br.Break(ctx, key)
+	if err != nil {
+		return LockInfo{}, l.errorf("break", key, err)
+	}
+	return info, nil
 }

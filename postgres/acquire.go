@@ -118,7 +118,7 @@ func (d *Driver) acquireOn(ctx context.Context, p *pin, req backend.AcquireReque
 	var r grantRow
 	start := time.Now()
 	cancelled, err := withCancelRequest(ctx, p.pc, func(qctx context.Context) error {
-		return d.runAcquire(qctx, p.pc, stmt, p.key, req.Key, ms, &r)
+		return d.runAcquire(qctx, p.pc, stmt, p.key, req.Key, req.Label, ms, &r)
 	})
 	token, pid, granted := r.token, r.pid, r.granted
 	switch {
@@ -197,13 +197,13 @@ type grantRow struct {
 // runAcquire runs stmt (tryLock or lock) for key on pc: one statement on
 // the driver's own pool, a transaction that sets its session defaults on a
 // caller's (see statements).
-func (d *Driver) runAcquire(ctx context.Context, pc *pgxpool.Conn, stmt string, key AdvisoryKey, name string, ms int64, r *grantRow) error {
+func (d *Driver) runAcquire(ctx context.Context, pc *pgxpool.Conn, stmt string, key AdvisoryKey, name, label string, ms int64, r *grantRow) error {
 	msText := strconv.FormatInt(ms, 10)
-	args := append(key.args(), name, msText)
+	args := append(key.args(), name, msText, label)
 	scan := func(rows pgx.Rows) error {
 		defer rows.Close()
 		for rows.Next() {
-			if err := rows.Scan(&r.token, &r.pid, nil); err != nil {
+			if err := rows.Scan(&r.token, &r.pid, nil, nil); err != nil {
 				return err
 			}
 			r.granted = true

@@ -272,7 +272,7 @@ func (p *pin) release(ctx context.Context) error {
 	var held bool
 	var err error
 	if p.d.sql.owned {
-		err = p.pc.QueryRow(ctx, p.d.sql.unlock, p.key.args()...).Scan(&pid, &held, nil)
+		err = p.pc.QueryRow(ctx, p.d.sql.unlock, p.key.args()...).Scan(&pid, &held, nil, nil)
 	} else {
 		b := p.d.sql.releaseBatch(p.key.args(), func(r pgx.Row) error { return r.Scan(&pid, &held) })
 		err = p.pc.SendBatch(ctx, b).Close()

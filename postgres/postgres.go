@@ -140,7 +140,7 @@ type Driver struct {
 
 	mu              sync.Mutex
 	pins            map[*pin]struct{}
-	shared          map[int64]*shared         // by TTL in milliseconds (shared.go)
+	shared          map[sharedKey]*shared     // by TTL and label (shared.go)
 	lingering       sync.WaitGroup            // the shared sessions' linger timers (shared.go)
 	contendedAt     map[AdvisoryKey]time.Time // keys an acquire found held, and when (shared.go)
 	contendedPruned time.Time                 // when stale ones were last dropped
@@ -184,7 +184,7 @@ func newDriver(ctx context.Context, pool *pgxpool.Pool, opts *Options, owned boo
 		opts:        o,
 		table:       ident.Sanitize(),
 		pins:        map[*pin]struct{}{},
-		shared:      map[int64]*shared{},
+		shared:      map[sharedKey]*shared{},
 		contendedAt: map[AdvisoryKey]time.Time{},
 	}
 	d.sql = newStatements(d.table, o.Int4Pair, owned)

@@ -27,9 +27,10 @@ import (
 // of them twice: a second lease of the same key waits on a connection of its
 // own, behind the shared session, as a separate client would.
 type shared struct {
-	d  *Driver
-	ms int64 // its idle_session_timeout: the leases' TTL in milliseconds
-	p  *pin  // its connection; p.key is unused
+	d     *Driver
+	ms    int64  // its idle_session_timeout: the leases' TTL in milliseconds
+	label string // its application_name: the leases' label (Inspect reports it)
+	p     *pin   // its connection; p.key is unused
 
 	// Guarded by d.mu.
 	leases  map[AdvisoryKey]*sharedLease // held, and reserved by acquires in flight (nil)
@@ -49,12 +50,21 @@ type sharedLease struct {
 // errSessionGone is the loss reported for the leases of a session that ended.
 var errSessionGone = errors.New("the session holding the lock ended")
 
-// sharedFor returns the shared session for TTL ms, opening one if there is
+// sharedKey names a shared session: the leases of one TTL and one label
+// share one (its idle_session_timeout is the TTL, its application_name the
+// label).
+type sharedKey struct {
+	ms    int64
+	label string
+}
+
+// sharedFor returns the shared session for TTL ms and label, opening one if there is
 // none. An acquire that must not wait for a connection (TryAcquire) waits
 // for one at most poolWait.
-func (d *Driver) sharedFor(ctx context.Context, ms int64, wait bool) (*shared, error) {
+func (d *Driver) sharedFor(ctx context.Context, ms int64, label string, wait bool) (*shared, error) {
+	sk := sharedKey{ms, label}
 	d.mu.Lock()
-	if s := d.shared[ms]; s != nil {
+	if s := d.shared[sk]; s != nil {
 		d.mu.Unlock()
 		return s, nil
 	}
@@ -63,20 +73,20 @@ func (d *Driver) sharedFor(ctx context.Context, ms int64, wait bool) (*shared, e
 	if err != nil {
 		return nil, err
 	}
-	s := &shared{d: d, ms: ms, leases: map[AdvisoryKey]*sharedLease{}}
+	s := &shared{d: d, ms: ms, label: label, leases: map[AdvisoryKey]*sharedLease{}}
 	s.pings = batch.New(pingGap, &d.closing, s.ping)
 	s.p = newPin(d, pc, AdvisoryKey{})
 	s.p.onLost = s.lost
 	d.track(s.p)
 	d.mu.Lock()
-	if other := d.shared[ms]; other != nil { // another acquire opened one meanwhile
+	if other := d.shared[sk]; other != nil { // another acquire opened one meanwhile
 		d.mu.Unlock()
 		s.p.mu <- struct{}{}
 		s.p.giveBack()
 		<-s.p.mu
 		return other, nil
 	}
-	d.shared[ms] = s
+	d.shared[sk] = s
 	d.mu.Unlock()
 	return s, nil
 }
@@ -164,8 +174,8 @@ func (s *shared) lost() {
 func (s *shared) retire() {
 	if !s.retired {
 		s.retired = true
-		if s.d.shared[s.ms] == s {
-			delete(s.d.shared, s.ms)
+		if sk := (sharedKey{s.ms, s.label}); s.d.shared[sk] == s {
+			delete(s.d.shared, sk)
 		}
 	}
 }
@@ -174,7 +184,7 @@ func (s *shared) retire() {
 // is held, by anyone, this driver's shared session included. retry reports
 // a shared session that ended under the acquire: another may be tried.
 func (d *Driver) acquireShared(ctx context.Context, req backend.AcquireRequest, key AdvisoryKey, ms int64, validity time.Duration) (g *backend.Grant, retry bool, err error) {
-	s, err := d.sharedFor(ctx, ms, req.Wait)
+	s, err := d.sharedFor(ctx, ms, req.Label, req.Wait)
 	if err != nil {
 		return nil, false, err
 	}
@@ -213,7 +223,7 @@ func (d *Driver) acquireShared(ctx context.Context, req backend.AcquireRequest, 
 	var r grantRow
 	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	start := time.Now()
-	err = d.runAcquire(qctx, p.pc, d.sql.tryLock, key, req.Key, ms, &r)
+	err = d.runAcquire(qctx, p.pc, d.sql.tryLock, key, req.Key, req.Label, ms, &r)
 	cancel()
 	token, pid, granted := r.token, r.pid, r.granted
 	switch {

@@ -29,10 +29,11 @@ type statements struct {
 
 	// tryLock and lock take the lock and, only if it was granted, increment
 	// the key's counter and set the session's idle_session_timeout (which
-	// frees the lock of a silent client) to the TTL, in one statement; they
+	// frees the lock of a silent client) to the TTL and its application_name
+	// to the holder's label (what Inspect reports), in one statement; they
 	// return the token and the session's backend pid, or no row if the lock
 	// was not granted (the session is then as it was). Arguments: the lock
-	// arguments, the key, the TTL in milliseconds as text.
+	// arguments, the key, the TTL in milliseconds as text, the label.
 	tryLock, lock string
 
 	// ping resets the session's idle timer (and sets its timeout for the
@@ -69,16 +70,17 @@ const sessionDefaults = `SELECT set_config('default_transaction_isolation', 'rea
 	CASE WHEN current_setting('synchronous_commit') = 'off' THEN set_config('synchronous_commit', 'local', false) END`
 
 func newStatements(table string, pair, owned bool) statements {
-	lockArgs, keyArg, msArg := "$1::int8", "$2", "$3"
+	lockArgs, keyArg, msArg, labelArg := "$1::int8", "$2", "$3", "$4"
 	if pair {
-		lockArgs, keyArg, msArg = "$1::int4, $2::int4", "$3", "$4"
+		lockArgs, keyArg, msArg, labelArg = "$1::int4, $2::int4", "$3", "$4", "$5"
 	}
 	// RETURNING runs only for the row the grant inserted or updated.
 	fence := func(lockCall, cond string) string {
 		return fmt.Sprintf(`WITH l AS (SELECT %s AS ok)
 INSERT INTO %s AS f (key, token) SELECT %s::text, 1 FROM l%s
 ON CONFLICT (key) DO UPDATE SET token = f.token + 1
-RETURNING f.token, pg_backend_pid(), set_config('idle_session_timeout', %s::text, false)`, lockCall, table, keyArg, cond, msArg)
+RETURNING f.token, pg_backend_pid(), set_config('idle_session_timeout', %s::text, false),
+	set_config('application_name', %s::text, false)`, lockCall, table, keyArg, cond, msArg, labelArg)
 	}
 	s := statements{
 		owned:  owned,
@@ -95,17 +97,18 @@ RETURNING f.token, pg_backend_pid(), set_config('idle_session_timeout', %s::text
 	EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()
 		AND classid = $2::int8::oid AND objid = $3::int8::oid AND objsubid = $4::int2 AND granted)`,
 		unlock:   "SELECT pg_backend_pid(), pg_advisory_unlock(" + lockArgs + ")",
-		reset:    "RESET idle_session_timeout",
+		reset:    "SELECT set_config('idle_session_timeout', reset_val, false), set_config('application_name', (SELECT reset_val FROM pg_settings WHERE name = 'application_name'), false) FROM pg_settings WHERE name = 'idle_session_timeout'",
 		rollback: "ROLLBACK",
 		cleanup:  "SELECT pg_advisory_unlock(" + lockArgs + ")",
 
 		sharedUnlock: "SELECT pg_backend_pid(), pg_advisory_unlock(" + lockArgs + ")",
 		sharedPing:   "SELECT pg_backend_pid(), set_config('idle_session_timeout', $1::text, false)",
-		sharedReset:  "RESET idle_session_timeout",
+		sharedReset:  "SELECT set_config('idle_session_timeout', reset_val, false), set_config('application_name', (SELECT reset_val FROM pg_settings WHERE name = 'application_name'), false) FROM pg_settings WHERE name = 'idle_session_timeout'",
 	}
 	if owned {
-		s.unlock = "SELECT pg_backend_pid(), pg_advisory_unlock(" + lockArgs + "), set_config('idle_session_timeout', '0', false)"
-		s.sharedReset = "SELECT set_config('idle_session_timeout', '0', false)"
+		const appName = "set_config('application_name', (SELECT reset_val FROM pg_settings WHERE name = 'application_name'), false)"
+		s.unlock = "SELECT pg_backend_pid(), pg_advisory_unlock(" + lockArgs + "), set_config('idle_session_timeout', '0', false), " + appName
+		s.sharedReset = "SELECT set_config('idle_session_timeout', '0', false), " + appName
 	}
 	return s
 }

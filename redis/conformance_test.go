@@ -72,6 +72,19 @@ type clientLocker struct {
 	client goredis.UniversalClient
 }
 
+// Inspect, List and Break forward to the wrapped Locker.
+func (l *clientLocker) Inspect(ctx context.Context, key string) (dlock.LockInfo, error) {
+	return dlock.Inspect(ctx, l.Locker, key)
+}
+
+func (l *clientLocker) List(ctx context.Context, prefix string) ([]dlock.LockInfo, error) {
+	return dlock.List(ctx, l.Locker, prefix)
+}
+
+func (l *clientLocker) Break(ctx context.Context, key string) (dlock.LockInfo, error) {
+	return dlock.Break(ctx, l.Locker, key)
+}
+
 func (l *clientLocker) Close() error {
 	err := l.Locker.Close()
 	_ = l.client.Close() // a second Close, after Crash or Close, is harmless

@@ -78,6 +78,9 @@ func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 	if err != nil {
 		return nil, err
 	}
+	// The lock's value names the holder: its owner ID, and its label after a
+	// space (see Inspect). Every script compares the whole value.
+	req.Owner = rediscore.HolderValue(req.Owner, req.Label)
 	k := rediscore.KeysFor(d.prefix, req.Key)
 	a := d.attempt(ctx, req, k, ms, validity, nodeTimeout)
 	if a.grant != nil || a.kind == attemptCancelled || !req.Wait {

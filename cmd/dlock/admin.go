@@ -25,7 +25,7 @@ server expires the lock unless renewed, and how many clients wait for it
 ("-" where the backend cannot tell).
 
 Exit statuses: 0 listed (even if nothing is held); 64 usage error; 69 the
-backend is unreachable or cannot list its locks (Redlock).
+backend is unreachable.
 `
 
 const inspectUsage = `Usage: dlock inspect [--dsn DSN] KEY

@@ -100,7 +100,7 @@
 // showing its holder and asking for confirmation unless --yes (exit 1 if it
 // was not held or not confirmed). A broken holder learns it at its next
 // renewal at the latest, and the next holder's fencing token is higher.
-// Redlock cannot do these (exit 69).
+// (Redlock reports no token.)
 //
 // # dlock migrate
 //

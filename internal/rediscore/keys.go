@@ -44,3 +44,35 @@ func CheckPrefix(prefix string) error {
 	}
 	return nil
 }
+
+// HolderValue is the value of a held lock key: the owner ID, and the
+// holder's label after a space if it has one. The scripts compare the whole
+// value, so it stands for the owner.
+func HolderValue(owner, label string) string {
+	if label == "" {
+		return owner
+	}
+	return owner + " " + label
+}
+
+// SplitHolder splits a lock key's value into owner ID and label.
+func SplitHolder(v string) (owner, label string) {
+	owner, label, _ = strings.Cut(v, " ")
+	return owner, label
+}
+
+// KeyOf returns the dlock key of a lock key under prefix, and whether name
+// is one ("<prefix>{<tag>}", with no suffix).
+func KeyOf(prefix, name string) (string, bool) {
+	rest, ok := strings.CutPrefix(name, prefix+"{")
+	if !ok || !strings.HasSuffix(rest, "}") {
+		return "", false
+	}
+	tag := rest[:len(rest)-1]
+	if strings.ContainsAny(tag, "{}") {
+		return "", false
+	}
+	return tagUnescaper.Replace(tag), true
+}
+
+var tagUnescaper = strings.NewReplacer("%25", "%", "%7B", "{", "%7D", "}")

@@ -1,0 +1,176 @@
+// Inspecting and breaking locks (backend.Inspector, backend.Breaker).
+
+package postgres
+
+import (
+	"context"
+
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/dlock-go/dlock/backend"
+)
+
+var (
+	_ backend.Inspector = (*Driver)(nil)
+	_ backend.Breaker   = (*Driver)(nil)
+)
+
+// inspectSQL reads, for advisory locks of the current database given by
+// classid/objid/objsubid arrays, the holder's pid and application_name
+// (the label), and the number of sessions waiting for each lock.
+const inspectSQL = `WITH k AS (
+	SELECT * FROM unnest($1::oid[], $2::oid[], $3::int2[]) AS k(classid, objid, objsubid)
+), l AS (
+	SELECT l.* FROM pg_locks l JOIN k USING (classid, objid, objsubid)
+	WHERE l.locktype = 'advisory'
+	  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+)
+SELECT k.classid, k.objid, k.objsubid,
+	(SELECT l.pid FROM l WHERE (l.classid, l.objid, l.objsubid) = (k.classid, k.objid, k.objsubid) AND l.granted LIMIT 1),
+	(SELECT a.application_name FROM l JOIN pg_stat_activity a ON a.pid = l.pid
+	  WHERE (l.classid, l.objid, l.objsubid) = (k.classid, k.objid, k.objsubid) AND l.granted LIMIT 1),
+	(SELECT count(*) FROM l WHERE (l.classid, l.objid, l.objsubid) = (k.classid, k.objid, k.objsubid) AND NOT l.granted)
+FROM k`
+
+// holder is what inspectKeys found of one lock.
+type holder struct {
+	info backend.LockInfo
+	pid  uint32 // the holder's backend pid; 0 if not held
+}
+
+// inspectKeys reads the locks of keys in one query, and their tokens from
+// the fence table in another.
+func (d *Driver) inspectKeys(ctx context.Context, keys []string) ([]holder, error) {
+	cls, objs, subs := make([]uint32, len(keys)), make([]uint32, len(keys)), make([]int16, len(keys))
+	idx := map[[3]int64]int{}
+	for i, k := range keys {
+		cls[i], objs[i], subs[i] = d.opts.AdvisoryKey(k).PgLocks()
+		idx[[3]int64{int64(cls[i]), int64(objs[i]), int64(subs[i])}] = i
+	}
+	out := make([]holder, len(keys))
+	for i, k := range keys {
+		out[i].info = backend.LockInfo{Key: k}
+	}
+	rows, err := d.pool.Query(ctx, inspectSQL, cls, objs, subs)
+	if err != nil {
+		return nil, fmt.Errorf("read pg_locks: %w", err)
+	}
+	for rows.Next() {
+		var c, o uint32
+		var sub int16
+		var pid *uint32
+		var app *string
+		var waiters int64
+		if err := rows.Scan(&c, &o, &sub, &pid, &app, &waiters); err != nil {
+			rows.Close()
+			return nil, fmt.Errorf("read pg_locks: %w", err)
+		}
+		i := idx[[3]int64{int64(c), int64(o), int64(sub)}]
+		out[i].info.Waiters = int(waiters)
+		if pid != nil {
+			out[i].pid = *pid
+			out[i].info.Held = true
+			if app != nil {
+				out[i].info.Label = *app
+			}
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read pg_locks: %w", err)
+	}
+	rows, err = d.pool.Query(ctx, "SELECT key, token FROM "+d.table+" WHERE key = ANY($1::text[])", keys)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", d.table, err)
+	}
+	tokens, err := pgx.CollectRows(rows, pgx.RowToStructByPos[struct {
+		Key   string
+		Token int64
+	}])
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", d.table, err)
+	}
+	pos := map[string]int{}
+	for i, k := range keys {
+		pos[k] = i
+	}
+	for _, t := range tokens {
+		if i, ok := pos[t.Key]; ok && out[i].info.Held {
+			out[i].info.Token = uint64(t.Token)
+		}
+	}
+	return out, nil
+}
+
+// Inspect implements backend.Inspector: the session holding the key's
+// advisory lock in pg_locks, its application_name (the holder's label: the
+// driver sets it on the session it holds the lock in), the sessions waiting
+// for the lock, and the key's counter in the fence table (the holder's
+// token: no grant came after it while it holds the lock). A lock lasts as
+// long as its session, so Expires is zero; PostgreSQL records no grant time.
+// The owner ID is not stored.
+func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, error) {
+	hs, err := d.inspectKeys(ctx, []string{key})
+	if err != nil {
+		return backend.LockInfo{Key: key}, err
+	}
+	return hs[0].info, nil
+}
+
+// List implements backend.Inspector: the keys of the fence table that
+// start with prefix (every key ever granted has a row there: pg_locks holds
+// only the keys' hashes), read as Inspect reads one.
+func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, error) {
+	like := strings.NewReplacer(`\`, `\\`, "%", `\%`, "_", `\_`).Replace(prefix) + "%"
+	rows, err := d.pool.Query(ctx, "SELECT key FROM "+d.table+" WHERE key LIKE $1 ORDER BY key", like)
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", d.table, err)
+	}
+	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", d.table, err)
+	}
+	var infos []backend.LockInfo
+	for chunk := range slices.Chunk(keys, 1000) {
+		hs, err := d.inspectKeys(ctx, chunk)
+		if err != nil {
+			return nil, err
+		}
+		for _, h := range hs {
+			if h.info.Held {
+				infos = append(infos, h.info)
+			}
+		}
+	}
+	return infos, nil
+}
+
+// Break implements backend.Breaker: advisory locks can be released only by
+// the session holding them, so it ends that session
+// (pg_terminate_backend), which frees every lock the session holds: with
+// dlock's driver, every lease of the holder's Locker that shares the session
+// (the leases of one TTL and label that were granted without a wait). The
+// fence table is untouched, so the next grant's token is higher. The broken
+// holder learns it at once (its connection closes). It needs the right to
+// signal the holder's backend: the same role, or pg_signal_backend.
+func (d *Driver) Break(ctx context.Context, key string) (backend.LockInfo, error) {
+	hs, err := d.inspectKeys(ctx, []string{key})
+	if err != nil {
+		return backend.LockInfo{Key: key}, err
+	}
+	h := hs[0]
+	if !h.info.Held {
+		return h.info, fmt.Errorf("key %q: %w", key, backend.ErrNotHeld)
+	}
+	var ok bool
+	if err := d.pool.QueryRow(ctx, "SELECT pg_terminate_backend($1)", int32(h.pid)).Scan(&ok); err != nil {
+		return h.info, fmt.Errorf("end the holder's session (pid %d): %w", h.pid, err)
+	}
+	if !ok {
+		return h.info, fmt.Errorf("key %q: the holder's session (pid %d) ended before the break: %w", key, h.pid, backend.ErrNotHeld)
+	}
+	return h.info, nil
+}

@@ -1,0 +1,178 @@
+// Inspecting and breaking locks (backend.Inspector, backend.Breaker).
+
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/rediscore"
+)
+
+var (
+	_ backend.Inspector = (*Driver)(nil)
+	_ backend.Breaker   = (*Driver)(nil)
+)
+
+// Inspect implements backend.Inspector, in one pipeline: the lock key's
+// value (owner ID and label), its PTTL (Expires), the fencing counter (the
+// holder's token: no grant came after the holder's while it holds the lock)
+// and the number of clients subscribed to the release channel (Waiters; -1
+// on Redis Cluster, where subscriptions are counted per node). Redis records
+// no grant time.
+func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, error) {
+	if d.closed.Load() {
+		return backend.LockInfo{}, errClosed
+	}
+	return d.inspect(ctx, key, rediscore.KeysFor(d.prefix, key))
+}
+
+func (d *Driver) inspect(ctx context.Context, key string, k *rediscore.Keys) (backend.LockInfo, error) {
+	info := backend.LockInfo{Key: key, Waiters: -1}
+	_, cluster := d.client.(*goredis.ClusterClient)
+	var numsub *goredis.MapStringIntCmd
+	pipe := d.client.Pipeline()
+	get := pipe.Get(ctx, k.Lock)
+	pttl := pipe.PTTL(ctx, k.Lock)
+	fence := pipe.Get(ctx, k.Fence)
+	if !cluster {
+		numsub = pipe.PubSubNumSub(ctx, k.Channel)
+	}
+	start := time.Now()
+	_, err := pipe.Exec(ctx)
+	if err != nil && !errors.Is(err, goredis.Nil) {
+		return info, fmt.Errorf("read %s: %w", k.Lock, err)
+	}
+	if numsub != nil {
+		info.Waiters = int(numsub.Val()[k.Channel])
+	}
+	v, err := get.Result()
+	if errors.Is(err, goredis.Nil) {
+		return info, nil
+	}
+	info.Held = true
+	info.Owner, info.Label = rediscore.SplitHolder(v)
+	if ms := pttl.Val(); ms > 0 {
+		info.Expires = start.Add(ms)
+	}
+	if f, err := fence.Result(); err == nil {
+		if n, err := strconv.ParseUint(f, 10, 64); err == nil {
+			info.Token = n
+		}
+	}
+	return info, nil
+}
+
+// List implements backend.Inspector: SCAN for the lock keys under the
+// driver's prefix whose keys start with prefix (on every master of a
+// Cluster), each read as Inspect does.
+func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, error) {
+	if d.closed.Load() {
+		return nil, errClosed
+	}
+	pattern := globEscape(d.prefix+"{"+rediscore.HashTag(prefix)) + "*}"
+	var names []string
+	scan := func(ctx context.Context, c goredis.UniversalClient) error {
+		it := c.Scan(ctx, 0, pattern, 1000).Iterator()
+		for it.Next(ctx) {
+			names = append(names, it.Val())
+		}
+		return it.Err()
+	}
+	var err error
+	if cc, ok := d.client.(*goredis.ClusterClient); ok {
+		var mu sync.Mutex
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error {
+			var local []string
+			it := c.Scan(ctx, 0, pattern, 1000).Iterator()
+			for it.Next(ctx) {
+				local = append(local, it.Val())
+			}
+			mu.Lock()
+			names = append(names, local...)
+			mu.Unlock()
+			return it.Err()
+		})
+	} else {
+		err = scan(ctx, d.client)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("scan %s: %w", pattern, err)
+	}
+	var infos []backend.LockInfo
+	for _, name := range names {
+		key, ok := rediscore.KeyOf(d.prefix, name)
+		if !ok || !strings.HasPrefix(key, prefix) {
+			continue
+		}
+		info, err := d.inspect(ctx, key, rediscore.KeysFor(d.prefix, key))
+		if err != nil {
+			return nil, err
+		}
+		if info.Held {
+			infos = append(infos, info)
+		}
+	}
+	slices.SortFunc(infos, func(a, b backend.LockInfo) int { return strings.Compare(a.Key, b.Key) })
+	return infos, nil
+}
+
+// globEscape escapes the characters SCAN's MATCH pattern reads as special.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		switch r {
+		case '*', '?', '[', ']', '\\':
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// breakScript deletes the lock key if its value is still the holder's that
+// Break read, and announces the release to waiters; the fencing counter
+// stays, so the next grant's token is higher. KEYS: lock. ARGV: value,
+// channel. Reply: 1 if deleted.
+var breakScript = goredis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], '')
+  return 1
+end
+return 0`)
+
+// Break implements backend.Breaker: it deletes the lock key if it still
+// holds the holder Inspect read (so a holder that changed meanwhile is not
+// touched), keeps the fencing counter, and publishes the release so that
+// waiters try at once. The broken holder learns it at its next renewal.
+func (d *Driver) Break(ctx context.Context, key string) (backend.LockInfo, error) {
+	if d.closed.Load() {
+		return backend.LockInfo{}, errClosed
+	}
+	k := rediscore.KeysFor(d.prefix, key)
+	info, err := d.inspect(ctx, key, k)
+	if err != nil {
+		return info, err
+	}
+	if !info.Held {
+		return info, fmt.Errorf("key %q: %w", key, backend.ErrNotHeld)
+	}
+	n, err := breakScript.Run(ctx, d.client, []string{k.Lock}, rediscore.HolderValue(info.Owner, info.Label), k.Channel).Int64()
+	if err != nil {
+		return info, fmt.Errorf("break %s: %w", k.Lock, err)
+	}
+	if n == 0 {
+		return info, fmt.Errorf("key %q: its holder went before the break: %w", key, backend.ErrNotHeld)
+	}
+	return info, nil
+}

@@ -1,0 +1,203 @@
+// Inspecting and breaking locks (backend.Inspector, backend.Breaker).
+
+package redlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/rediscore"
+)
+
+var (
+	_ backend.Inspector = (*Driver)(nil)
+	_ backend.Breaker   = (*Driver)(nil)
+)
+
+// nodeView is what one node says of a lock.
+type nodeView struct {
+	value   string // "" if the lock key is absent
+	expires time.Time
+	err     error
+}
+
+// views reads k on every node at once, each bounded by the node timeout.
+func (d *Driver) views(ctx context.Context, k *rediscore.Keys) []nodeView {
+	out := make([]nodeView, len(d.nodes))
+	var wg sync.WaitGroup
+	for i, n := range d.nodes {
+		wg.Go(func() {
+			nctx, cancel := context.WithTimeout(ctx, d.nodeTimeout)
+			defer cancel()
+			pipe := n.client.Pipeline()
+			get := pipe.Get(nctx, k.Lock)
+			pttl := pipe.PTTL(nctx, k.Lock)
+			start := time.Now()
+			if _, err := pipe.Exec(nctx); err != nil && !errors.Is(err, goredis.Nil) {
+				out[i].err = d.redact(err)
+				return
+			}
+			out[i].value = get.Val()
+			if ms := pttl.Val(); ms > 0 {
+				out[i].expires = start.Add(ms)
+			}
+		})
+	}
+	wg.Wait()
+	return out
+}
+
+// Inspect implements backend.Inspector: the lock is held if one holder's
+// value is on a quorum of nodes. Token is 0: a holder's token is the highest
+// counter of the first quorum of nodes that answered its acquire, and the
+// nodes that answered later hold higher counters, so no read tells which it
+// was. Expires is when fewer than a quorum of nodes will hold it;
+// Waiters is -1 (waiters poll and subscribe on every node). It fails if
+// fewer than a quorum of nodes answer.
+func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, error) {
+	if d.closed.Load() {
+		return backend.LockInfo{}, errClosed
+	}
+	info, _, err := d.inspect(ctx, key)
+	return info, err
+}
+
+func (d *Driver) inspect(ctx context.Context, key string) (backend.LockInfo, *rediscore.Keys, error) {
+	k := rediscore.KeysFor(d.prefix, key)
+	info := backend.LockInfo{Key: key, Waiters: -1}
+	vs := d.views(ctx, k)
+	answered := 0
+	votes := map[string][]time.Time{}
+	var errs []error
+	for _, v := range vs {
+		if v.err != nil {
+			errs = append(errs, v.err)
+			continue
+		}
+		answered++
+		if v.value != "" {
+			votes[v.value] = append(votes[v.value], v.expires)
+		}
+	}
+	if answered < d.quorum {
+		return info, k, fmt.Errorf("%d of %d nodes answered, need %d: %w", answered, len(d.nodes), d.quorum, errors.Join(errs...))
+	}
+	for value, exp := range votes {
+		if len(exp) < d.quorum {
+			continue
+		}
+		info.Held = true
+		info.Owner, info.Label = rediscore.SplitHolder(value)
+		slices.SortFunc(exp, func(a, b time.Time) int { return b.Compare(a) })
+		info.Expires = exp[d.quorum-1]
+		return info, k, nil
+	}
+	return info, k, nil
+}
+
+// List implements backend.Inspector: SCAN every node for lock keys under the
+// driver's prefix whose keys start with prefix, then Inspect each.
+func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, error) {
+	if d.closed.Load() {
+		return nil, errClosed
+	}
+	pattern := globEscape(d.prefix+"{"+rediscore.HashTag(prefix)) + "*}"
+	seen := map[string]bool{}
+	answered := 0
+	for _, n := range d.nodes {
+		nctx, cancel := context.WithTimeout(ctx, 10*d.nodeTimeout)
+		it := n.client.Scan(nctx, 0, pattern, 1000).Iterator()
+		for it.Next(nctx) {
+			seen[it.Val()] = true
+		}
+		err := it.Err()
+		cancel()
+		if err == nil {
+			answered++
+		}
+	}
+	if answered < d.quorum {
+		return nil, fmt.Errorf("%d of %d nodes could be scanned, need %d", answered, len(d.nodes), d.quorum)
+	}
+	var infos []backend.LockInfo
+	for name := range seen {
+		key, ok := rediscore.KeyOf(d.prefix, name)
+		if !ok || !strings.HasPrefix(key, prefix) {
+			continue
+		}
+		info, _, err := d.inspect(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		if info.Held {
+			infos = append(infos, info)
+		}
+	}
+	slices.SortFunc(infos, func(a, b backend.LockInfo) int { return strings.Compare(a.Key, b.Key) })
+	return infos, nil
+}
+
+// globEscape escapes the characters SCAN's MATCH pattern reads as special.
+func globEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		switch r {
+		case '*', '?', '[', ']', '\\':
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// breakScript deletes the lock key if its value is still the holder's that
+// Break read, and announces the release; the fencing counter stays.
+var breakScript = goredis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], '')
+  return 1
+end
+return 0`)
+
+// Break implements backend.Breaker: it deletes the holder's lock key on
+// every node that has it (conditional on the holder's value), keeping the
+// fencing counters, and succeeds once the holder is left on fewer than a
+// quorum of nodes. The broken holder learns it at its next renewal, which
+// can no longer reach a quorum.
+func (d *Driver) Break(ctx context.Context, key string) (backend.LockInfo, error) {
+	if d.closed.Load() {
+		return backend.LockInfo{}, errClosed
+	}
+	info, k, err := d.inspect(ctx, key)
+	if err != nil {
+		return info, err
+	}
+	if !info.Held {
+		return info, fmt.Errorf("key %q: %w", key, backend.ErrNotHeld)
+	}
+	value := rediscore.HolderValue(info.Owner, info.Label)
+	left := make([]bool, len(d.nodes)) // the holder may still be on node i
+	var wg sync.WaitGroup
+	for i, n := range d.nodes {
+		wg.Go(func() {
+			nctx, cancel := context.WithTimeout(ctx, d.nodeTimeout)
+			defer cancel()
+			_, err := breakScript.Run(nctx, n.client, []string{k.Lock}, value, k.Channel).Int64()
+			left[i] = err != nil
+		})
+	}
+	wg.Wait()
+	if still := len(slices.DeleteFunc(left, func(b bool) bool { return !b })); still >= d.quorum {
+		return info, fmt.Errorf("break %q: %d nodes could not be reached; the holder may still have a quorum", key, still)
+	}
+	return info, nil
+}
