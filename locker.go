@@ -270,10 +270,21 @@ func (l *locker) grantLease(ctx context.Context, op, key string, wait bool, s se
 		}
 		return nil, l.errorf(op, key, err)
 	}
+	return l.hold(op, g, s, lost, called, onClock, observe)
+}
+
+// hold makes the lease of a grant the driver returned for an acquire that
+// began at called, and starts it; observe, if not nil, is called with the
+// lease before it starts.
+func (l *locker) hold(op string, g *backend.Grant, s settings, lost *lossLatch, called time.Time, onClock func(time.Time) time.Duration, observe func(*Lease)) (*Lease, error) {
 	if g == nil || g.Validity <= 0 {
 		// A driver bug; never hand out a lease nobody can vouch for.
 		if g != nil {
 			l.releaseDetached(g, s.releaseTimeout)
+		}
+		key := ""
+		if g != nil {
+			key = g.Key
 		}
 		return nil, l.errorf(op, key, fmt.Errorf("driver returned an invalid grant (nil or validity ≤ 0)"))
 	}
@@ -286,7 +297,7 @@ func (l *locker) grantLease(ctx context.Context, op, key string, wait bool, s se
 	if l.closed {
 		l.mu.Unlock()
 		l.releaseDetached(g, s.releaseTimeout)
-		return nil, l.errorf(op, key, ErrClosed)
+		return nil, l.errorf(op, g.Key, ErrClosed)
 	}
 	l.leases[lease] = struct{}{}
 	l.mu.Unlock()

@@ -5,7 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
+	"time"
+
+	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/clock"
 )
 
 // LeaseSet is a set of leases taken all or nothing by AcquireAll or
@@ -23,10 +28,12 @@ type LeaseSet struct {
 	released bool
 }
 
-// AcquireAll takes every key in keys on l, or none: it acquires them one at a
-// time in sorted order, waiting for each as Acquire does, so that two callers
-// asking for overlapping sets never deadlock (the one that holds the lowest
-// common key goes first). If any acquire fails — ctx ends, the Locker closes,
+// AcquireAll takes every key in keys on l, or none. Where the backend can
+// take a set in one atomic step (etcd: one transaction; see
+// backend.MultiAcquirer) it tries that first; otherwise, or if a key is held,
+// it acquires the keys one at a time in sorted order, waiting for each as
+// Acquire does, so that two callers asking for overlapping sets never
+// deadlock (the one that holds the lowest common key goes first). If any acquire fails — ctx ends, the Locker closes,
 // the backend fails — the leases already taken are released before it
 // returns, and the error names the key that failed (it matches what that
 // Acquire's error matches: ErrNotAcquired and ctx.Err() when ctx ended).
@@ -50,6 +57,17 @@ func acquireAll(ctx context.Context, l Locker, keys []string, wait bool, opts []
 	if err != nil {
 		return nil, err
 	}
+	if lk, ok := l.(*locker); ok && len(sorted) > 1 {
+		leases, err := lk.tryAll(ctx, sorted, opts)
+		switch {
+		case err == nil:
+			return newLeaseSet(leases), nil
+		case errors.Is(err, errNoAtomic), wait && errors.Is(err, ErrNotAcquired) && ctx.Err() == nil:
+			// One key at a time, below.
+		default:
+			return nil, fmt.Errorf("all of %d keys: %w", len(sorted), err)
+		}
+	}
 	leases := make([]*Lease, 0, len(sorted))
 	for _, k := range sorted {
 		var lease *Lease
@@ -64,12 +82,104 @@ func acquireAll(ctx context.Context, l Locker, keys []string, wait bool, opts []
 		}
 		leases = append(leases, lease)
 	}
+	return newLeaseSet(leases), nil
+}
+
+func newLeaseSet(leases []*Lease) *LeaseSet {
 	set := &LeaseSet{leases: leases}
 	set.ctx, set.cancel = context.WithCancelCause(context.Background())
 	for _, lease := range leases {
 		set.stops = append(set.stops, context.AfterFunc(lease.ctx, func() { set.cancel(lease.Err()) }))
 	}
-	return set, nil
+	return set
+}
+
+// errNoAtomic means the Locker cannot take a set of keys in one step.
+var errNoAtomic = errors.New("no atomic multi-key acquire")
+
+// tryAll takes every key of sorted (sorted, distinct, more than one) in one
+// atomic step of the driver (backend.MultiAcquirer): all leases, or an error
+// matching ErrNotAcquired if one is held, or errNoAtomic if the driver
+// cannot, or the acquire is re-entrant (nested holds are per key).
+func (l *locker) tryAll(ctx context.Context, sorted []string, opts []Option) ([]*Lease, error) {
+	ma, ok := l.drv.(backend.MultiAcquirer)
+	if !ok {
+		return nil, errNoAtomic
+	}
+	s, err := l.base.with(opts)
+	if err != nil {
+		return nil, l.errorf("acquire-all", sorted[0], err)
+	}
+	if s.reentrant {
+		return nil, errNoAtomic
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, l.errorf("acquire-all", sorted[0], withKind(ErrNotAcquired, err))
+	}
+	if !l.enter() {
+		return nil, l.errorf("acquire-all", sorted[0], ErrClosed)
+	}
+	defer l.inflight.Done()
+
+	began := time.Now()
+	dones := make([]func(AcquireOutcome) LeaseObserver, len(sorted))
+	if l.obs != nil {
+		for i, k := range sorted {
+			_, dones[i] = l.obs.StartAcquire(ctx, AcquireInfo{Backend: l.name, Key: k, Wait: false})
+		}
+	}
+	onClock := clock.Offset(l.clk)
+	reqs := make([]backend.AcquireRequest, len(sorted))
+	lost := make([]*lossLatch, len(sorted))
+	for i, k := range sorted {
+		lost[i] = new(lossLatch)
+		reqs[i] = backend.AcquireRequest{Key: k, Owner: backend.NewOwnerID(), TTL: s.ttl, Label: s.label, OnLost: lost[i].fire}
+	}
+	gs, err := ma.TryAcquireAll(ctx, reqs)
+	if err == nil && len(gs) != len(reqs) {
+		for _, g := range gs {
+			l.releaseDetached(g, s.releaseTimeout)
+		}
+		err = fmt.Errorf("driver returned %d grants for %d keys", len(gs), len(reqs))
+	}
+	if err != nil {
+		switch {
+		case l.closing.Err() != nil:
+			err = ErrClosed
+		case ctx.Err() != nil:
+			if !errors.Is(err, ctx.Err()) {
+				err = fmt.Errorf("%w (%w)", ctx.Err(), err)
+			}
+			err = withKind(ErrNotAcquired, err)
+		case errors.Is(err, backend.ErrHeld):
+			err = withKind(ErrNotAcquired, err)
+		}
+		for _, done := range dones {
+			if done != nil {
+				done(AcquireOutcome{Result: resultOf(ctx, err), Took: time.Since(began), Err: err})
+			}
+		}
+		return nil, l.errorf("acquire-all", strings.Join(sorted, ", "), err)
+	}
+	leases := make([]*Lease, 0, len(gs))
+	for i, g := range gs {
+		var observe func(*Lease)
+		if done := dones[i]; done != nil {
+			observe = func(lease *Lease) {
+				lease.obs = done(AcquireOutcome{Result: ResultGranted, Token: lease.Token(), Took: time.Since(began)})
+			}
+		}
+		lease, err := l.hold("acquire-all", g, s, lost[i], began, onClock, observe)
+		if err != nil {
+			releaseAll(leases)
+			for _, g := range gs[i+1:] {
+				l.releaseDetached(g, s.releaseTimeout)
+			}
+			return nil, err
+		}
+		leases = append(leases, lease)
+	}
+	return leases, nil
 }
 
 // sortedKeys returns keys sorted, or an error if it is empty or has a

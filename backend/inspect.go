@@ -67,3 +67,15 @@ type Inspector interface {
 type Breaker interface {
 	Break(ctx context.Context, key string) (LockInfo, error)
 }
+
+// MultiAcquirer is an optional interface a Driver implements when it can take
+// several locks in one atomic step: dlock.AcquireAll and TryAcquireAll use it
+// for their first attempt (falling back to one key at a time, in sorted
+// order, when a key is held and they are to wait).
+type MultiAcquirer interface {
+	// TryAcquireAll makes one attempt to take every lock of reqs (distinct
+	// keys, Wait false, one TTL) at once. It returns a grant for each, in
+	// order, or none and an error wrapping ErrHeld if any of them is held,
+	// leaving nothing behind.
+	TryAcquireAll(ctx context.Context, reqs []AcquireRequest) ([]*Grant, error)
+}

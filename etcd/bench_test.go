@@ -155,3 +155,33 @@ func pct(d []time.Duration, p int) time.Duration {
 	slices.Sort(s)
 	return s[(len(s)-1)*p/100]
 }
+
+// plainLocker hides the Locker's type, so that dlock.AcquireAll takes its
+// keys one at a time (it uses the driver's one-transaction acquire only on
+// a Locker it made itself).
+type plainLocker struct{ dlock.Locker }
+
+// BenchmarkAcquireAll takes and releases 5 free keys with dlock.AcquireAll:
+// in one transaction (atomic), and one key at a time (one-by-one), in turn.
+func BenchmarkAcquireAll(b *testing.B) {
+	srv := testenv.StartEtcd(b)
+	l := openLocker(b, srv.URL()+testPrefix)
+	ctx := context.Background()
+	keys := []string{"all/1", "all/2", "all/3", "all/4", "all/5"}
+	for _, c := range []struct {
+		name string
+		l    dlock.Locker
+	}{{"atomic", l}, {"one-by-one", plainLocker{l}}} {
+		b.Run(c.name, func(b *testing.B) {
+			for b.Loop() {
+				set, err := dlock.AcquireAll(ctx, c.l, keys)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := set.Release(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

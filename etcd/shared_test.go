@@ -271,3 +271,50 @@ func waitQueued(t *testing.T, raw *clientv3.Client, key string, n int64) {
 		}
 	}
 }
+
+// TestAcquireAllIsOneTransaction: AcquireAll of free keys takes them all in
+// one transaction; with one of them held, TryAcquireAll takes none and
+// leaves nothing behind.
+func TestAcquireAllIsOneTransaction(t *testing.T) {
+	srv := testenv.StartEtcd(t)
+	l, c := countingLocker(t, srv)
+	other := openLocker(t, srv.URL()+testPrefix)
+	ctx := testCtx(t)
+	keys := []string{"multi/e", "multi/a", "multi/c", "multi/b", "multi/d"}
+	warm, err := l.Acquire(ctx, "warm") // grants the shared lease
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer warm.Release(ctx)
+	c.reset()
+	set, err := dlock.AcquireAll(ctx, l, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.get(rpcTxn); got != 1 {
+		t.Errorf("AcquireAll of %d free keys sent %d transactions, want 1", len(keys), got)
+	}
+	for _, k := range keys {
+		if _, err := other.TryAcquire(ctx, k); !errors.Is(err, dlock.ErrNotAcquired) {
+			t.Fatalf("%s after AcquireAll: %v, want held", k, err)
+		}
+	}
+	if err := set.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	blocker, err := other.Acquire(ctx, "multi/c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := dlock.TryAcquireAll(ctx, l, keys); !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatalf("TryAcquireAll with one key held: %v", err)
+	}
+	resp, err := rawClient(t, []string{srv.Endpoint()}).Get(ctx, testPrefix+"/multi%2F", clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Count != 1 {
+		t.Errorf("after a refused TryAcquireAll, %d keys under multi/, want only the blocker's", resp.Count)
+	}
+	_ = blocker.Release(ctx)
+}

@@ -270,6 +270,26 @@ func (d *driver) Release(_ context.Context, g *backend.Grant) error {
 	return nil
 }
 
+// TryAcquireAll implements backend.MultiAcquirer: every key, or none.
+func (d *driver) TryAcquireAll(_ context.Context, reqs []backend.AcquireRequest) ([]*backend.Grant, error) {
+	if d.closed() {
+		return nil, errClosed
+	}
+	s := d.store
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, r := range reqs {
+		if _, taken := s.locks[r.Key]; taken {
+			return nil, fmt.Errorf("key %q: %w", r.Key, backend.ErrHeld)
+		}
+	}
+	gs := make([]*backend.Grant, len(reqs))
+	for i, r := range reqs {
+		gs[i] = s.grantLocked(r.Key, r.Owner, r.Label, r.TTL)
+	}
+	return gs, nil
+}
+
 // infoLocked reports key's lock; s.mu must be held.
 func (s *Store) infoLocked(key string) backend.LockInfo {
 	info := backend.LockInfo{Key: key, Waiters: len(s.queues[key])}
