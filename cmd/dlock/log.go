@@ -44,13 +44,17 @@ func (h *lineHandler) Enabled(_ context.Context, l slog.Level) bool { return l >
 
 func (h *lineHandler) Handle(_ context.Context, r slog.Record) error {
 	var b strings.Builder
-	if !strings.HasPrefix(r.Message, "dlock") {
+	msg, lib := strings.CutPrefix(r.Message, "dlock: ") // the library's own events
+	if lib || !strings.HasPrefix(msg, "dlock") {
 		b.WriteString("dlock: ")
 	}
-	if r.Level >= slog.LevelWarn {
+	switch {
+	case r.Level >= slog.LevelError:
+		b.WriteString("error: ")
+	case r.Level >= slog.LevelWarn:
 		b.WriteString("warning: ")
 	}
-	b.WriteString(r.Message)
+	b.WriteString(msg)
 	attrs := append([]slog.Attr(nil), h.attrs...)
 	r.Attrs(func(a slog.Attr) bool {
 		attrs = append(attrs, a)

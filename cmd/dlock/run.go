@@ -52,6 +52,10 @@ Flags:
                  (default 10s; 0 sends SIGKILL at once)
   -v, --verbose  report the token, acquire and release, and the driver's
                  notes, on standard error
+  --log-format F text (default) or json: how the lease's events are logged
+                 on standard error (a failed renewal, a lost lease with its
+                 cause; with -v also each grant, renewal and release); json
+                 writes one slog JSON object per line
 
 Exit status:
   COMMAND's own status, or 128+N if COMMAND was killed by signal N
@@ -89,6 +93,7 @@ type runOptions struct {
 	noWait  bool
 	grace   time.Duration
 	verbose bool
+	logJSON bool // --log-format json
 }
 
 func runMain(args []string, stdout, stderr io.Writer) int {
@@ -113,6 +118,7 @@ func parseRunArgs(args []string, stdout, stderr io.Writer) (o runOptions, code i
 	fs.DurationVar(&o.grace, "grace", defaultGrace, "")
 	fs.BoolVar(&o.verbose, "v", false, "")
 	fs.BoolVar(&o.verbose, "verbose", false, "")
+	logFormat := fs.String("log-format", "text", "")
 	if code, ok := parseFlags(fs, args, runUsage, stdout, stderr); !ok {
 		return o, code, false
 	}
@@ -147,7 +153,10 @@ func parseRunArgs(args []string, stdout, stderr io.Writer) (o runOptions, code i
 		return o, usageError(stderr, "run", "--ttl must be a positive duration such as 30s"), false
 	case o.grace < 0:
 		return o, usageError(stderr, "run", "--grace must not be negative"), false
+	case *logFormat != "text" && *logFormat != "json":
+		return o, usageError(stderr, "run", "--log-format must be text or json, got %q", *logFormat), false
 	}
+	o.logJSON = *logFormat == "json"
 	if set["ttl"] {
 		o.lockOpt = append(o.lockOpt, dlock.WithTTL(*ttl))
 	}
@@ -173,6 +182,17 @@ func interrupted(ctx context.Context) (os.Signal, bool) {
 }
 
 // run takes the lock, runs the command under it and returns the exit status.
+// leaseLogger is the logger of the lease's events (dlock.WithLogger): in
+// text, dlock's own one-line format, warnings and errors only unless -v (-v
+// prints the grant and release itself); in JSON, every event at the -v
+// level.
+func (o *runOptions) leaseLogger(stderr io.Writer) *slog.Logger {
+	if o.logJSON {
+		return slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: &logLevel}))
+	}
+	return slog.New(&lineHandler{level: slog.LevelWarn, out: func(line string) { fmt.Fprintln(stderr, line) }})
+}
+
 func (o *runOptions) run(stderr io.Writer) int {
 	logf := func(format string, args ...any) { fmt.Fprintf(stderr, "dlock: "+format+"\n", args...) }
 
@@ -207,7 +227,7 @@ func (o *runOptions) run(stderr io.Writer) int {
 		<-watchDone
 	}
 
-	locker, err := openLocker(ctx, o.dsn)
+	locker, err := openLocker(ctx, o.dsn, dlock.WithLogger(o.leaseLogger(stderr)))
 	if err != nil {
 		endWatch()
 		if sig, ok := interrupted(ctx); ok {

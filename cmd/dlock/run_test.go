@@ -5,6 +5,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -131,13 +132,33 @@ func TestRunLeaseLost(t *testing.T) {
 			t.Fatalf("exit status %d, want %d\nstderr:\n%s", code, exitLost, b.stderr)
 		}
 		stderr := b.stderr.String()
-		for _, want := range []string{`dlock: lost the lock "lost-term"`, "SIGTERM now, SIGKILL in 10s", "may not have run alone"} {
+		for _, want := range []string{`dlock: lost the lock "lost-term"`, "dlock: error: lease lost (backend=redis, key=lost-term", "SIGTERM now, SIGKILL in 10s", "may not have run alone"} {
 			if !strings.Contains(stderr, want) {
 				t.Errorf("stderr lacks %q:\n%s", want, stderr)
 			}
 		}
 		if strings.Contains(stderr, "still running") {
 			t.Errorf("SIGKILL sent to a command that stopped on SIGTERM:\n%s", stderr)
+		}
+	})
+
+	t.Run("JSON", func(t *testing.T) {
+		t.Parallel()
+		b := start(t, env, "run", "--ttl", "1s", "--log-format", "json", "lost-json", "--", "sh", "-c", "echo started; exec sleep 60")
+		b.expectLine("started")
+		forget(t, "lost-json")
+		if code := b.wait(20 * time.Second); code != exitLost {
+			t.Fatalf("exit status %d, want %d\nstderr:\n%s", code, exitLost, b.stderr)
+		}
+		var lost map[string]any
+		for _, line := range strings.Split(b.stderr.String(), "\n") {
+			var rec map[string]any
+			if json.Unmarshal([]byte(line), &rec) == nil && rec["msg"] == "dlock: lease lost" {
+				lost = rec
+			}
+		}
+		if lost == nil || lost["level"] != "ERROR" || lost["key"] != "lost-json" || lost["cause"] != "backend-reported" || lost["backend"] != "redis" {
+			t.Errorf("no JSON record of the lost lease with its key, backend and cause:\n%s", b.stderr)
 		}
 	})
 
