@@ -24,6 +24,8 @@
 //	                                          deadline-passed, backend-reported)
 //	dlock.releases           counter          releases; dlock.outcome (ok, error)
 //	dlock.lease.duration     histogram, s     from grant to end; dlock.end (released, lost)
+//	dlock.fencing.rejections counter          stale tokens a fencing guard rejected
+//	                                          (RejectionCounter; no dlock.backend)
 //
 // # Traces
 //
@@ -47,6 +49,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/fencing"
 )
 
 // ScopeName is the instrumentation scope of the meter and the tracer.
@@ -306,4 +309,26 @@ func (l *lease) Ended(e dlock.LeaseEnd) {
 		l.span.SetAttributes(AttrEnd.String(end))
 	}
 	l.span.End()
+}
+
+// RejectionCounter returns a function for fencing.Guard's and
+// fencing.SQLGuard's OnReject that counts each rejected stale token in the
+// counter dlock.fencing.rejections (no attributes: resources are
+// unbounded). Only the MeterProvider option applies.
+//
+//	guard.OnReject, err = dlockotel.RejectionCounter()
+func RejectionCounter(opts ...Option) (func(*fencing.StaleTokenError), error) {
+	c := config{}
+	for _, o := range opts {
+		o(&c)
+	}
+	if c.mp == nil {
+		c.mp = otel.GetMeterProvider()
+	}
+	n, err := c.mp.Meter(ScopeName).Int64Counter("dlock.fencing.rejections", metric.WithUnit("{write}"),
+		metric.WithDescription("Writes a fencing guard rejected for a stale token."))
+	if err != nil {
+		return nil, err
+	}
+	return func(*fencing.StaleTokenError) { n.Add(context.Background(), 1) }, nil
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/dlockotel"
+	"github.com/dlock-go/dlock/fencing"
 	"github.com/dlock-go/dlock/internal/testenv"
 	_ "github.com/dlock-go/dlock/memlock"
 	"github.com/dlock-go/dlock/redis"
@@ -242,5 +243,27 @@ func TestRedis(t *testing.T) {
 	<-lease.Done()
 	if got := s.sum(t, "dlock.leases.lost", dlockotel.AttrBackend.String("redis"), dlockotel.AttrCause.String("renewal-failed")); got != 1 {
 		t.Errorf("dlock.leases.lost{cause=renewal-failed} = %d after the server died, want 1 (lease: %v)", got, lease.Err())
+	}
+}
+
+// TestRejectionCounter: a guard's rejected stale write is counted.
+func TestRejectionCounter(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer mp.Shutdown(context.Background())
+	count, err := dlockotel.RejectionCounter(dlockotel.WithMeterProvider(mp))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := fencing.Guard{OnReject: count}
+	if err := g.Do("r", 5, func() error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Do("r", 4, func() error { return nil }); !errors.Is(err, fencing.ErrStaleToken) {
+		t.Fatalf("stale write: %v", err)
+	}
+	s := &sdk{reader: reader}
+	if got := s.sum(t, "dlock.fencing.rejections"); got != 1 {
+		t.Errorf("dlock.fencing.rejections = %d after one stale write, want 1", got)
 	}
 }

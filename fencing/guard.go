@@ -51,6 +51,11 @@ func (e *StaleTokenError) Is(target error) bool { return target == ErrStaleToken
 // Guard remembers the highest token accepted per resource, in memory. The zero
 // value is ready to use, and it is safe for concurrent use.
 type Guard struct {
+	// OnReject, if set, is called with every rejection, after the guard's
+	// lock is released: count it (package dlockotel's RejectionCounter) or
+	// log it. It must not block.
+	OnReject func(*StaleTokenError)
+
 	mu      sync.Mutex
 	highest map[string]dlock.Token
 }
@@ -83,11 +88,16 @@ func (g *Guard) Highest(resource string) dlock.Token {
 
 func (g *Guard) do(resource string, token dlock.Token, strict bool, write func() error) error {
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	hi := g.highest[resource]
 	if token == 0 || token < hi || (strict && token == hi) {
-		return &StaleTokenError{Resource: resource, Token: token, Highest: hi}
+		g.mu.Unlock()
+		e := &StaleTokenError{Resource: resource, Token: token, Highest: hi}
+		if g.OnReject != nil {
+			g.OnReject(e)
+		}
+		return e
 	}
+	defer g.mu.Unlock()
 	if g.highest == nil {
 		g.highest = map[string]dlock.Token{}
 	}

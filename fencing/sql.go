@@ -114,6 +114,19 @@ type SQLGuard struct {
 	// Placeholder renders the n-th (1-based) statement parameter. Default
 	// Dollar ($n, PostgreSQL); QuestionMark for MySQL and SQLite.
 	Placeholder func(n int) string
+
+	// OnReject, if set, is called with every rejection of a stale token:
+	// count it (package dlockotel's RejectionCounter) or log it. It must not
+	// block.
+	OnReject func(*StaleTokenError)
+}
+
+// reject returns e, after telling OnReject.
+func (g *SQLGuard) reject(e *StaleTokenError) error {
+	if g.OnReject != nil {
+		g.OnReject(e)
+	}
+	return e
 }
 
 // Update runs
@@ -133,7 +146,7 @@ func (g *SQLGuard) Update(ctx context.Context, db Execer, token dlock.Token, key
 	}
 	resource := g.Table + ":" + fmt.Sprint(key)
 	if token == 0 || token > math.MaxInt64 {
-		return &StaleTokenError{Resource: resource, Token: token}
+		return g.reject(&StaleTokenError{Resource: resource, Token: token})
 	}
 	ph := g.Placeholder
 	if ph == nil {
@@ -162,7 +175,7 @@ func (g *SQLGuard) Update(ctx context.Context, db Execer, token dlock.Token, key
 	}
 	qr, ok := db.(rowQuerier)
 	if !ok {
-		return &StaleTokenError{Resource: resource, Token: token}
+		return g.reject(&StaleTokenError{Resource: resource, Token: token})
 	}
 	// Why did no row change? (A statement of its own: the answer is only
 	// for the error message, and for MySQL, which counts a row whose values
@@ -177,7 +190,7 @@ func (g *SQLGuard) Update(ctx context.Context, db Execer, token dlock.Token, key
 	case !highest.Valid || highest.Int64 <= tok:
 		return nil // matched but unchanged (MySQL)
 	}
-	return &StaleTokenError{Resource: resource, Token: token, Highest: dlock.Token(highest.Int64)}
+	return g.reject(&StaleTokenError{Resource: resource, Token: token, Highest: dlock.Token(highest.Int64)})
 }
 
 // Fence advances the row's fence to token, or fails as Update does: it is
