@@ -57,6 +57,11 @@ Flags:
                  cause; with -v also each grant, renewal and release); json
                  writes one slog JSON object per line
 
+OpenTelemetry: set the standard OTEL_ variables (OTEL_TRACES_EXPORTER,
+OTEL_METRICS_EXPORTER, OTEL_EXPORTER_OTLP_ENDPOINT, ...) and dlock run exports
+the lease's metrics and spans (package dlockotel) through them; with none
+set, it exports nothing.
+
 Exit status:
   COMMAND's own status, or 128+N if COMMAND was killed by signal N
   64    usage error: a bad flag, DSN, key or TTL
@@ -227,7 +232,18 @@ func (o *runOptions) run(stderr io.Writer) int {
 		<-watchDone
 	}
 
-	locker, err := openLocker(ctx, o.dsn, dlock.WithLogger(o.leaseLogger(stderr)))
+	otelOpt, otelShutdown, err := setupOTel(ctx)
+	if err != nil {
+		endWatch()
+		logf("OpenTelemetry export (OTEL_ variables): %v", err)
+		return exitUsage
+	}
+	defer otelShutdown()
+	lockerOpts := []dlock.Option{dlock.WithLogger(o.leaseLogger(stderr))}
+	if otelOpt != nil {
+		lockerOpts = append(lockerOpts, otelOpt)
+	}
+	locker, err := openLocker(ctx, o.dsn, lockerOpts...)
 	if err != nil {
 		endWatch()
 		if sig, ok := interrupted(ctx); ok {
