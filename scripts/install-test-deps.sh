@@ -14,6 +14,7 @@ packages=(
   zookeeper                  # zookeeper driver (pulls a JRE)
   postgresql pgbouncer       # postgres driver (pgbouncer: the transaction-pooling refusal test)
   etcd-server etcd-client    # etcd driver (etcd 3.4; etcdctl for the interop test)
+  chromium                   # cmd/dlock: renders dlock bench's HTML report headless (TestBench)
 )
 
 sudo=""

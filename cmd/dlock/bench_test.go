@@ -54,6 +54,7 @@ func TestBench(t *testing.T) {
 	if !bytes.Contains(html, []byte("<td>"+srv.URL()+"</td>")) {
 		t.Errorf("report table lacks the backend %s", srv.URL())
 	}
+	checkRendered(t, out, []string{"mem://bench", srv.URL()})
 
 	// The benchmark's fence counters were deleted.
 	raw := goredis.NewClient(&goredis.Options{Addr: srv.Addr()})

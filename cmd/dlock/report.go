@@ -15,6 +15,7 @@ import (
 // per series (such as p50 and p99).
 type barChart struct {
 	Title  string
+	Axis   string // what the bars' length measures, with its unit, under the value axis
 	Labels []string
 	Series []chartSeries
 	Format func(float64) string // a value as text, next to its bar
@@ -35,7 +36,7 @@ const (
 	barGap      = 3
 	groupGap    = 14
 	chartTop    = 52 // title and legend
-	chartBottom = 12
+	chartBottom = 30 // the value axis and its caption
 )
 
 // svg renders the chart as a standalone <svg> element.
@@ -85,6 +86,11 @@ func (c barChart) svg() string {
 		}
 		y += groupGap - barGap
 	}
+	axisY := height - chartBottom + 4
+	fmt.Fprintf(&b, `<line class="axis" x1="%d" y1="%d" x2="%d" y2="%d" stroke="#888888"/>`, labelWidth, axisY, chartWidth-valueWidth, axisY)
+	fmt.Fprintf(&b, `<text class="axis-label" x="%d" y="%d" fill="#555555" font-size="11">0</text>`, labelWidth-3, axisY+14)
+	fmt.Fprintf(&b, `<text class="axis-label" x="%d" y="%d" text-anchor="middle" fill="#555555" font-size="11">%s</text>`,
+		(labelWidth+chartWidth-valueWidth)/2, axisY+14, xmlText(c.Axis))
 	b.WriteString(`</svg>`)
 	return b.String()
 }
@@ -127,18 +133,21 @@ func benchCharts(results []benchResult) []barChart {
 	return []barChart{
 		{
 			Title:  "Uncontended acquire latency (lower is better)",
+			Axis:   "time from acquire call to grant, p50 and p99",
 			Labels: labels,
 			Series: []chartSeries{{"p50", p50Color, acqP50}, {"p99", p99Color, acqP99}},
 			Format: dur,
 		},
 		{
 			Title:  fmt.Sprintf("Contended throughput, %d clients on one key (higher is better)", clients),
+			Axis:   "grants per second",
 			Labels: labels,
 			Series: []chartSeries{{"grants per second", "#59a14f", rate}},
 			Format: func(v float64) string { return formatRate(v) + "/s" },
 		},
 		{
 			Title:  "Hand-off latency, release to next grant (lower is better)",
+			Axis:   "time from a release to the next holder's grant, p50 and p99",
 			Labels: labels,
 			Series: []chartSeries{{"p50", p50Color, hoP50}, {"p99", p99Color, hoP99}},
 			Format: dur,
