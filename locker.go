@@ -257,20 +257,27 @@ func (l *locker) grantLease(ctx context.Context, op, key string, wait bool, s se
 		OnLost: lost.fire,
 	})
 	if err != nil {
-		switch {
-		case l.closing.Err() != nil:
-			err = ErrClosed
-		case ctx.Err() != nil:
-			if !errors.Is(err, ctx.Err()) {
-				err = fmt.Errorf("%w (%w)", ctx.Err(), err)
-			}
-			err = withKind(ErrNotAcquired, err)
-		case errors.Is(err, backend.ErrHeld):
-			err = withKind(ErrNotAcquired, err)
-		}
-		return nil, l.errorf(op, key, err)
+		return nil, l.errorf(op, key, l.acquireErr(ctx, err))
 	}
 	return l.hold(op, g, s, lost, called, onClock, observe)
+}
+
+// acquireErr maps a driver's acquire error onto the contract: ErrClosed once
+// Close has begun, ErrNotAcquired with ctx's error when ctx ended, and
+// ErrNotAcquired for a held lock.
+func (l *locker) acquireErr(ctx context.Context, err error) error {
+	switch {
+	case l.closing.Err() != nil:
+		return ErrClosed
+	case ctx.Err() != nil:
+		if !errors.Is(err, ctx.Err()) {
+			err = fmt.Errorf("%w (%w)", ctx.Err(), err)
+		}
+		return withKind(ErrNotAcquired, err)
+	case errors.Is(err, backend.ErrHeld):
+		return withKind(ErrNotAcquired, err)
+	}
+	return err
 }
 
 // hold makes the lease of a grant the driver returned for an acquire that

@@ -143,17 +143,7 @@ func (l *locker) tryAll(ctx context.Context, sorted []string, opts []Option) ([]
 		err = fmt.Errorf("driver returned %d grants for %d keys", len(gs), len(reqs))
 	}
 	if err != nil {
-		switch {
-		case l.closing.Err() != nil:
-			err = ErrClosed
-		case ctx.Err() != nil:
-			if !errors.Is(err, ctx.Err()) {
-				err = fmt.Errorf("%w (%w)", ctx.Err(), err)
-			}
-			err = withKind(ErrNotAcquired, err)
-		case errors.Is(err, backend.ErrHeld):
-			err = withKind(ErrNotAcquired, err)
-		}
+		err = l.acquireErr(ctx, err)
 		for _, done := range dones {
 			if done != nil {
 				done(AcquireOutcome{Result: resultOf(ctx, err), Took: time.Since(began), Err: err})

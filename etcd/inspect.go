@@ -5,8 +5,8 @@ package etcd
 import (
 	"context"
 	"fmt"
+	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -128,28 +128,12 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, e
 	return infos, nil
 }
 
-// unescapeName inverts the escaping of LockName.
+// unescapeName inverts the escaping of LockName (percent-encoding).
 func unescapeName(name string) (string, error) {
 	if strings.Contains(name, "/") {
 		return "", fmt.Errorf("%q has an unescaped '/'", name)
 	}
-	var b strings.Builder
-	for i := 0; i < len(name); i++ {
-		if name[i] != '%' {
-			b.WriteByte(name[i])
-			continue
-		}
-		if i+2 >= len(name) {
-			return "", fmt.Errorf("bad escape in %q", name)
-		}
-		v, err := strconv.ParseUint(name[i+1:i+3], 16, 8)
-		if err != nil {
-			return "", fmt.Errorf("bad escape in %q", name)
-		}
-		b.WriteByte(byte(v))
-		i += 2
-	}
-	return b.String(), nil
+	return url.PathUnescape(name)
 }
 
 // Break implements backend.Breaker: it deletes the holder's key, in a

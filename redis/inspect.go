@@ -79,7 +79,7 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, e
 	if d.closed.Load() {
 		return nil, errClosed
 	}
-	pattern := globEscape(d.prefix+"{"+rediscore.HashTag(prefix)) + "*}"
+	pattern := rediscore.LockPattern(d.prefix, prefix)
 	var names []string
 	scan := func(ctx context.Context, c goredis.UniversalClient) error {
 		it := c.Scan(ctx, 0, pattern, 1000).Iterator()
@@ -126,31 +126,6 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, e
 	return infos, nil
 }
 
-// globEscape escapes the characters SCAN's MATCH pattern reads as special.
-func globEscape(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		switch r {
-		case '*', '?', '[', ']', '\\':
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
-}
-
-// breakScript deletes the lock key if its value is still the holder's that
-// Break read, and announces the release to waiters; the fencing counter
-// stays, so the next grant's token is higher. KEYS: lock. ARGV: value,
-// channel. Reply: 1 if deleted.
-var breakScript = goredis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], '')
-  return 1
-end
-return 0`)
-
 // Break implements backend.Breaker: it deletes the lock key if it still
 // holds the holder Inspect read (so a holder that changed meanwhile is not
 // touched), keeps the fencing counter, and publishes the release so that
@@ -167,7 +142,7 @@ func (d *Driver) Break(ctx context.Context, key string) (backend.LockInfo, error
 	if !info.Held {
 		return info, fmt.Errorf("key %q: %w", key, backend.ErrNotHeld)
 	}
-	n, err := breakScript.Run(ctx, d.client, []string{k.Lock}, rediscore.HolderValue(info.Owner, info.Label), k.Channel).Int64()
+	n, err := rediscore.Break.Run(ctx, d.client, []string{k.Lock}, rediscore.HolderValue(info.Owner, info.Label), k.Channel).Int64()
 	if err != nil {
 		return info, fmt.Errorf("break %s: %w", k.Lock, err)
 	}

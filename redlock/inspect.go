@@ -109,7 +109,7 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, e
 	if d.closed.Load() {
 		return nil, errClosed
 	}
-	pattern := globEscape(d.prefix+"{"+rediscore.HashTag(prefix)) + "*}"
+	pattern := rediscore.LockPattern(d.prefix, prefix)
 	seen := map[string]bool{}
 	answered := 0
 	for _, n := range d.nodes {
@@ -145,29 +145,6 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, e
 	return infos, nil
 }
 
-// globEscape escapes the characters SCAN's MATCH pattern reads as special.
-func globEscape(s string) string {
-	var b strings.Builder
-	for _, r := range s {
-		switch r {
-		case '*', '?', '[', ']', '\\':
-			b.WriteByte('\\')
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
-}
-
-// breakScript deletes the lock key if its value is still the holder's that
-// Break read, and announces the release; the fencing counter stays.
-var breakScript = goredis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], '')
-  return 1
-end
-return 0`)
-
 // Break implements backend.Breaker: it deletes the holder's lock key on
 // every node that has it (conditional on the holder's value), keeping the
 // fencing counters, and succeeds once the holder is left on fewer than a
@@ -191,7 +168,7 @@ func (d *Driver) Break(ctx context.Context, key string) (backend.LockInfo, error
 		wg.Go(func() {
 			nctx, cancel := context.WithTimeout(ctx, d.nodeTimeout)
 			defer cancel()
-			_, err := breakScript.Run(nctx, n.client, []string{k.Lock}, value, k.Channel).Int64()
+			_, err := rediscore.Break.Run(nctx, n.client, []string{k.Lock}, value, k.Channel).Int64()
 			left[i] = err != nil
 		})
 	}

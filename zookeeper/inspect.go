@@ -6,8 +6,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/go-zookeeper/zk"
@@ -123,29 +123,8 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, e
 	return infos, nil
 }
 
-// unescapeKey inverts EscapeKey.
-func unescapeKey(name string) (string, error) {
-	if !strings.Contains(name, "%") {
-		return name, nil
-	}
-	var b strings.Builder
-	for i := 0; i < len(name); i++ {
-		if name[i] != '%' {
-			b.WriteByte(name[i])
-			continue
-		}
-		if i+2 >= len(name) {
-			return "", fmt.Errorf("bad escape in %q", name)
-		}
-		v, err := strconv.ParseUint(name[i+1:i+3], 16, 8)
-		if err != nil {
-			return "", fmt.Errorf("bad escape in %q", name)
-		}
-		b.WriteByte(byte(v))
-		i += 2
-	}
-	return b.String(), nil
-}
+// unescapeKey inverts EscapeKey (percent-encoding).
+func unescapeKey(name string) (string, error) { return url.PathUnescape(name) }
 
 // Break implements backend.Breaker: it deletes the holder's lock node, the
 // one it read (a node's sequential name is never used again).

@@ -76,3 +76,22 @@ func KeyOf(prefix, name string) (string, bool) {
 }
 
 var tagUnescaper = strings.NewReplacer("%25", "%", "%7B", "{", "%7D", "}")
+
+// GlobEscape escapes the characters SCAN's MATCH pattern reads as special.
+func GlobEscape(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		switch r {
+		case '*', '?', '[', ']', '\\':
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// LockPattern is the SCAN MATCH pattern of the lock keys under prefix whose
+// keys start with keyPrefix.
+func LockPattern(prefix, keyPrefix string) string {
+	return GlobEscape(prefix+"{"+HashTag(keyPrefix)) + "*}"
+}

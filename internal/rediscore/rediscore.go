@@ -44,6 +44,18 @@ var (
 	// Extend resets the lock's TTL if it is this owner's. KEYS: lock [, fence].
 	// ARGV: owner, TTL in ms [, token]. Reply: 1 if extended, else 0.
 	Extend = goredis.NewScript(extendSrc)
+
+	// Break deletes the lock key if its value is still the holder's that
+	// the caller read, and announces the release to waiters; the fencing
+	// counter stays, so the next grant's token is higher. KEYS: lock.
+	// ARGV: value, channel. Reply: 1 if deleted.
+	Break = goredis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], '')
+  return 1
+end
+return 0`)
 )
 
 // MayHaveRun reports whether a failed command may still have reached the
