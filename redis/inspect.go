@@ -6,9 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -108,22 +106,9 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, e
 	if err != nil {
 		return nil, fmt.Errorf("scan %s: %w", pattern, err)
 	}
-	var infos []backend.LockInfo
-	for _, name := range names {
-		key, ok := rediscore.KeyOf(d.prefix, name)
-		if !ok || !strings.HasPrefix(key, prefix) {
-			continue
-		}
-		info, err := d.inspect(ctx, key, rediscore.KeysFor(d.prefix, key))
-		if err != nil {
-			return nil, err
-		}
-		if info.Held {
-			infos = append(infos, info)
-		}
-	}
-	slices.SortFunc(infos, func(a, b backend.LockInfo) int { return strings.Compare(a.Key, b.Key) })
-	return infos, nil
+	return rediscore.HeldLocks(ctx, d.prefix, prefix, names, func(ctx context.Context, key string) (backend.LockInfo, error) {
+		return d.inspect(ctx, key, rediscore.KeysFor(d.prefix, key))
+	})
 }
 
 // Break implements backend.Breaker: it deletes the lock key if it still

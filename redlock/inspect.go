@@ -6,8 +6,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -127,22 +127,10 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, e
 	if answered < d.quorum {
 		return nil, fmt.Errorf("%d of %d nodes could be scanned, need %d", answered, len(d.nodes), d.quorum)
 	}
-	var infos []backend.LockInfo
-	for name := range seen {
-		key, ok := rediscore.KeyOf(d.prefix, name)
-		if !ok || !strings.HasPrefix(key, prefix) {
-			continue
-		}
+	return rediscore.HeldLocks(ctx, d.prefix, prefix, slices.Collect(maps.Keys(seen)), func(ctx context.Context, key string) (backend.LockInfo, error) {
 		info, _, err := d.inspect(ctx, key)
-		if err != nil {
-			return nil, err
-		}
-		if info.Held {
-			infos = append(infos, info)
-		}
-	}
-	slices.SortFunc(infos, func(a, b backend.LockInfo) int { return strings.Compare(a.Key, b.Key) })
-	return infos, nil
+		return info, err
+	})
 }
 
 // Break implements backend.Breaker: it deletes the holder's lock key on

@@ -1,8 +1,12 @@
 package rediscore
 
 import (
+	"context"
 	"fmt"
+	"slices"
 	"strings"
+
+	"github.com/dlock-go/dlock/backend"
 )
 
 // tagEscaper percent-encodes the three bytes that would break a hash tag or
@@ -94,4 +98,27 @@ func GlobEscape(s string) string {
 // keys start with keyPrefix.
 func LockPattern(prefix, keyPrefix string) string {
 	return GlobEscape(prefix+"{"+HashTag(keyPrefix)) + "*}"
+}
+
+// HeldLocks reads, with inspect, the locks of the lock keys among names
+// (Redis key names under prefix) whose dlock keys start with keyPrefix, and
+// returns the held ones in key order.
+func HeldLocks(ctx context.Context, prefix, keyPrefix string, names []string,
+	inspect func(ctx context.Context, key string) (backend.LockInfo, error)) ([]backend.LockInfo, error) {
+	var infos []backend.LockInfo
+	for _, name := range names {
+		key, ok := KeyOf(prefix, name)
+		if !ok || !strings.HasPrefix(key, keyPrefix) {
+			continue
+		}
+		info, err := inspect(ctx, key)
+		if err != nil {
+			return nil, err
+		}
+		if info.Held {
+			infos = append(infos, info)
+		}
+	}
+	slices.SortFunc(infos, func(a, b backend.LockInfo) int { return strings.Compare(a.Key, b.Key) })
+	return infos, nil
 }
