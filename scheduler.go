@@ -29,7 +29,10 @@ type scheduler struct {
 	wake  chan struct{} // buffered(1): an event earlier than armed was added
 	quit  chan struct{}
 	wg    sync.WaitGroup // the loop, renewals, loss watchers, clean-up releases
-	once  sync.Once
+	// stopped is set (under mu) when stop begins: spawn adds no goroutine
+	// after it.
+	stopped bool
+	once    sync.Once
 
 	armedHook func(sleep time.Duration) // tests: called each time the loop goes to sleep
 }
@@ -99,14 +102,25 @@ func (s *scheduler) poke() {
 	}
 }
 
-// spawn runs f in a goroutine that stop waits for.
+// spawn runs f in a goroutine that stop waits for. Once stop has begun, f
+// is not run: the Locker is closing, and its driver is about to be closed.
+// (A loss reported by the driver during Close used to start a goroutine
+// while stop was already waiting, which a WaitGroup does not allow.)
 func (s *scheduler) spawn(f func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped {
+		return
+	}
 	s.wg.Go(f)
 }
 
 // stop ends the loop and waits for every goroutine the scheduler owns. The
 // Locker calls it after every lease has ended.
 func (s *scheduler) stop() {
+	s.mu.Lock()
+	s.stopped = true
+	s.mu.Unlock()
 	s.once.Do(func() { close(s.quit) })
 	s.wg.Wait()
 }
