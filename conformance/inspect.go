@@ -108,6 +108,10 @@ func (s *suite) testInspect(t *testing.T) {
 	}
 
 	infos, err := dlock.List(ctx, viewer, base)
+	if errors.Is(err, errors.ErrUnsupported) {
+		t.Logf("the backend cannot list its locks: %v", err)
+		return
+	}
 	if err != nil {
 		t.Fatalf("List: %v", err)
 	}

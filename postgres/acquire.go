@@ -200,24 +200,57 @@ type grantRow struct {
 func (d *Driver) runAcquire(ctx context.Context, pc *pgxpool.Conn, stmt string, key AdvisoryKey, name, label string, ms int64, r *grantRow) error {
 	msText := strconv.FormatInt(ms, 10)
 	args := append(key.args(), name, msText, label)
+	var token *int64 // NULL: sequence mode found no marker (see sequenceTokens)
 	scan := func(rows pgx.Rows) error {
 		defer rows.Close()
 		for rows.Next() {
-			if err := rows.Scan(&r.token, &r.pid, nil, nil); err != nil {
+			if err := rows.Scan(&token, &r.pid, nil, nil); err != nil {
 				return err
 			}
 			r.granted = true
 		}
 		return rows.Err()
 	}
+	var err error
 	if d.sql.owned { // one statement: no batch needed
-		rows, err := pc.Query(ctx, stmt, args...)
-		if err != nil {
-			return err
+		var rows pgx.Rows
+		if rows, err = pc.Query(ctx, stmt, args...); err == nil {
+			err = scan(rows)
 		}
-		return scan(rows)
+	} else {
+		err = pc.SendBatch(ctx, d.sql.acquireBatch(stmt, args, msText, scan)).Close()
 	}
-	return pc.SendBatch(ctx, d.sql.acquireBatch(stmt, args, msText, scan)).Close()
+	switch {
+	case err != nil || !r.granted:
+		return err
+	case token != nil:
+		r.token = *token
+		return nil
+	case d.sql.newEpoch == "":
+		return fmt.Errorf("fence counter of %q in %s is NULL", name, d.table)
+	}
+	// The server lost its marker (a crash, a promotion): a new epoch first.
+	// The lock is held; an error here is handled as one after the grant.
+	// On a caller's pool, in a transaction whose setup makes its commit
+	// flush, as counter mode's grants are.
+	if d.sql.owned {
+		err = pc.QueryRow(ctx, d.sql.newEpoch).Scan(&r.token)
+	} else {
+		err = pc.SendBatch(ctx, d.sql.acquireBatch(d.sql.newEpoch, nil, msText, func(rows pgx.Rows) error {
+			defer rows.Close()
+			if !rows.Next() {
+				if err := rows.Err(); err != nil {
+					return err
+				}
+				return errors.New("the statement returned no row")
+			}
+			return rows.Scan(&r.token)
+		})).Close()
+	}
+	if err != nil {
+		return fmt.Errorf("new token epoch: %w", err)
+	}
+	return nil
 }
 
 // cleanup rolls back and releases p's lock, in case the acquire took it,

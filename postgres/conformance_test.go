@@ -17,7 +17,8 @@ import (
 // harness runs the conformance suite on one private PostgreSQL cluster. Each
 // locker is opened from the DSN, with its own pool.
 type harness struct {
-	srv *testenv.Postgres
+	srv    *testenv.Postgres
+	params string // added to the DSN, e.g. "&tokens=sequence"
 }
 
 func newHarness(t testing.TB) *harness {
@@ -26,9 +27,9 @@ func newHarness(t testing.TB) *harness {
 
 func (h *harness) NewLocker(t testing.TB) dlock.Locker {
 	t.Helper()
-	l, err := dlock.Open(context.Background(), h.srv.URL())
+	l, err := dlock.Open(context.Background(), h.srv.URL()+h.params)
 	if err != nil {
-		t.Fatalf("dlock.Open(%q): %v", h.srv.URL(), err)
+		t.Fatalf("dlock.Open(%q): %v", h.srv.URL()+h.params, err)
 	}
 	t.Cleanup(func() { _ = l.Close() })
 	return l
@@ -79,6 +80,13 @@ func TestConformance(t *testing.T) {
 	conformance.Run(t, newHarness(t))
 }
 
+// TestConformanceSequenceTokens runs the suite with tokens=sequence.
+func TestConformanceSequenceTokens(t *testing.T) {
+	h := newHarness(t)
+	h.params = "&tokens=sequence"
+	conformance.Run(t, h)
+}
+
 // Waiters counts the sessions waiting for key's advisory lock.
 func (h *harness) Waiters(t testing.TB, key string) int {
 	t.Helper()
@@ -118,7 +126,7 @@ func (h *harness) Residue(t testing.TB, key string) []string {
 }
 
 // DSN is the DSN NewLocker opens.
-func (h *harness) DSN(testing.TB) string { return h.srv.URL() }
+func (h *harness) DSN(testing.TB) string { return h.srv.URL() + h.params }
 
 var (
 	_ conformance.Inspector = (*harness)(nil)

@@ -4,6 +4,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 
 	"fmt"
 	"slices"
@@ -82,6 +83,9 @@ func (d *Driver) inspectKeys(ctx context.Context, keys []string) ([]holder, erro
 	if err := rows.Err(); err != nil {
 		return nil, fmt.Errorf("read pg_locks: %w", err)
 	}
+	if d.opts.Tokens == TokensSequence {
+		return out, nil // no token is stored per key (Token 0: cannot tell)
+	}
 	rows, err = d.pool.Query(ctx, "SELECT key, token FROM "+d.table+" WHERE key = ANY($1::text[])", keys)
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", d.table, err)
@@ -122,8 +126,12 @@ func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, err
 
 // List implements backend.Inspector: the keys of the fence table that
 // start with prefix (every key ever granted has a row there: pg_locks holds
-// only the keys' hashes), read as Inspect reads one.
+// only the keys' hashes), read as Inspect reads one. With tokens=sequence no
+// key is recorded, and List returns an error matching errors.ErrUnsupported.
 func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, error) {
+	if d.opts.Tokens == TokensSequence {
+		return nil, fmt.Errorf("with tokens=%s no key is recorded (pg_locks holds only their hashes): %w", TokensSequence, errors.ErrUnsupported)
+	}
 	like := strings.NewReplacer(`\`, `\\`, "%", `\%`, "_", `\_`).Replace(prefix) + "%"
 	rows, err := d.pool.Query(ctx, "SELECT key FROM "+d.table+" WHERE key LIKE $1 ORDER BY key", like)
 	if err != nil {

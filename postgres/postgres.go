@@ -76,7 +76,26 @@ type Options struct {
 	// ("locks.dlock_fence"); each part is quoted as an identifier. Empty means
 	// DefaultTable ("dlock_fence"). DSN parameter "table".
 	Table string
+
+	// Tokens selects where fencing tokens come from (see docs/postgres.md,
+	// "Fencing tokens"): TokensCounter (the default), a durable counter per
+	// key in Table, incremented and flushed to the WAL with every grant; or
+	// TokensSequence, one sequence for all keys that is never flushed per
+	// grant, combined with an epoch that is bumped, durably, once after every
+	// crash or failover (detected with an unlogged marker table, which
+	// PostgreSQL empties in crash recovery and on a promoted standby). Both
+	// are strictly increasing per key across restarts and crashes of the
+	// server. Every client of a database must use the same mode: a driver in
+	// counter mode refuses to open a database that sequence mode has used.
+	// DSN parameter "tokens".
+	Tokens string
 }
+
+// The token modes of Options.Tokens.
+const (
+	TokensCounter  = "counter"
+	TokensSequence = "sequence"
+)
 
 func (o *Options) withDefaults() (Options, error) {
 	var r Options
@@ -95,7 +114,27 @@ func (o *Options) withDefaults() (Options, error) {
 	if _, err := tableIdent(r.Table); err != nil {
 		return r, err
 	}
+	switch r.Tokens {
+	case "":
+		r.Tokens = TokensCounter
+	case TokensCounter, TokensSequence:
+	default:
+		return r, fmt.Errorf("tokens %q: want %s or %s", r.Tokens, TokensCounter, TokensSequence)
+	}
 	return r, nil
+}
+
+// sequenceIdents returns the sanitized names of the sequence mode's objects,
+// next to the fence table: its epoch table, its unlogged marker table and
+// its sequence ("dlock_fence_epoch", "dlock_fence_live", "dlock_fence_seq").
+func sequenceIdents(table string) (epoch, live, seq string) {
+	ident, _ := tableIdent(table)
+	with := func(suffix string) string {
+		id := append(pgx.Identifier(nil), ident...)
+		id[len(id)-1] += suffix
+		return id.Sanitize()
+	}
+	return with("_epoch"), with("_live"), with("_seq")
 }
 
 // AdvisoryKey returns the advisory lock a Driver with these options takes for
@@ -188,6 +227,9 @@ func newDriver(ctx context.Context, pool *pgxpool.Pool, opts *Options, owned boo
 		contendedAt: map[AdvisoryKey]time.Time{},
 	}
 	d.sql = newStatements(d.table, o.Int4Pair, owned)
+	if o.Tokens == TokensSequence {
+		d.sql.sequenceTokens(o.Table, o.Int4Pair)
+	}
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("connect: %w", err)
@@ -197,6 +239,9 @@ func newDriver(ctx context.Context, pool *pgxpool.Pool, opts *Options, owned boo
 		return nil, err
 	}
 	if err := ensureTable(ctx, conn, d.table); err != nil {
+		return nil, err
+	}
+	if err := ensureTokenMode(ctx, conn, o); err != nil {
 		return nil, err
 	}
 	return d, nil
@@ -219,6 +264,7 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 	o := Options{
 		Namespace: p.String("namespace", DefaultNamespace),
 		Table:     p.String("table", DefaultTable),
+		Tokens:    p.String("tokens", TokensCounter),
 	}
 	if s := p.String("classid", ""); s != "" {
 		n, err := strconv.ParseInt(s, 10, 32)
@@ -259,12 +305,44 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 		pool.Close()
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42704" { // undefined_object: a parameter the server does not know
-			err = fmt.Errorf("%w: %w (the driver reads namespace, classid and table; dlock reads ttl and autorenew; "+
+			err = fmt.Errorf("%w: %w (the driver reads namespace, classid, table and tokens; dlock reads ttl and autorenew; "+
 				"pgx reads its own parameters and sends the rest to the server as settings)", dlock.ErrInvalidOption, err)
 		}
 		return nil, backend.RedactError(err, u)
 	}
 	return d, nil
+}
+
+// ensureTokenMode creates the sequence mode's objects (o.Tokens is
+// TokensSequence), or checks that the database has none (TokensCounter): a
+// counter-mode token after sequence-mode grants would go backwards.
+func ensureTokenMode(ctx context.Context, conn *pgxpool.Conn, o Options) error {
+	epoch, live, seq := sequenceIdents(o.Table)
+	if o.Tokens != TokensSequence {
+		var used bool
+		if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", epoch).Scan(&used); err != nil {
+			return fmt.Errorf("looking up %s: %w", epoch, err)
+		}
+		if used {
+			return fmt.Errorf("%w: this database's locks take their tokens from a sequence (%s exists): open it with tokens=%s; counter tokens would go backwards",
+				dlock.ErrInvalidOption, epoch, TokensSequence)
+		}
+		return nil
+	}
+	for _, stmt := range []string{
+		"CREATE TABLE IF NOT EXISTS " + epoch + " (id int PRIMARY KEY, epoch bigint NOT NULL)",
+		"CREATE UNLOGGED TABLE IF NOT EXISTS " + live + " (id int PRIMARY KEY, epoch bigint NOT NULL)",
+		"CREATE SEQUENCE IF NOT EXISTS " + seq + " MAXVALUE " + strconv.FormatInt(epochUnit-1, 10) + " CACHE 1",
+	} {
+		if _, err := conn.Exec(ctx, stmt); err != nil {
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07" || pgErr.Code == "42710") {
+				continue // another client made it at the same moment
+			}
+			return fmt.Errorf("creating the token objects (or create them yourself: %s): %w", stmt, err)
+		}
+	}
+	return nil
 }
 
 // ensureTable creates the fence table if it does not exist.

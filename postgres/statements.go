@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -58,6 +59,9 @@ type statements struct {
 	// rollback and cleanup end a cancelled acquire: cleanup releases the lock
 	// in case the grant raced the cancellation.
 	rollback, cleanup string
+	// newEpoch is sequence mode's token statement for a server that lost its
+	// marker (see sequenceTokens); empty in counter mode.
+	newEpoch string
 }
 
 // sessionDefaults is what AfterConnect runs on every connection of a pool the
@@ -132,3 +136,49 @@ func (s *statements) releaseBatch(args []any, onRow func(pgx.Row) error) *pgx.Ba
 	b.Queue(s.reset)
 	return b
 }
+
+// sequenceTokens makes the acquire statements take their token from the
+// sequence mode's objects (Options.Tokens), next to table: the epoch in the
+// unlogged marker table times 2^44 plus the sequence's next value, drawn
+// after the lock is granted. A grant that finds the marker writes nothing
+// durable (nextval's WAL is not flushed per call) and is one plain SELECT.
+// If the marker is gone (PostgreSQL empties unlogged tables in crash
+// recovery and on a promoted standby), the token comes back NULL and the
+// acquire runs s.newEpoch: it bumps the durable epoch and writes the marker
+// in one transaction that writes to a logged table, so its commit is
+// flushed (synchronous_commit is at least local) before the client sees
+// the token it returns. Two sessions that find the marker gone at once
+// both bump the epoch, but both use the one that reached the marker first
+// (ON CONFLICT DO UPDATE reads the committed row).
+func (s *statements) sequenceTokens(table string, pair bool) {
+	epoch, live, seq := sequenceIdents(table)
+	seq = strings.ReplaceAll(seq, "'", "''")
+	lockArgs, keyArg, msArg, labelArg := "$1::int8", "$2", "$3", "$4"
+	if pair {
+		lockArgs, keyArg, msArg, labelArg = "$1::int4, $2::int4", "$3", "$4", "$5"
+	}
+	// The CTE is not inlined (its function is volatile): the lock is taken
+	// before the token is drawn. The key's name is not needed here; the
+	// condition keeps the statements' parameters those of counter mode.
+	stmt := func(lockCall, cond string) string {
+		return fmt.Sprintf(`WITH l AS (SELECT %s AS ok)
+SELECT (SELECT epoch FROM %s WHERE id = 1) * %d + nextval('%s'),
+	pg_backend_pid(), set_config('idle_session_timeout', %s::text, false),
+	set_config('application_name', %s::text, false)
+FROM l WHERE %s %s::text IS NOT NULL`,
+			lockCall, live, epochUnit, seq, msArg, labelArg, cond, keyArg)
+	}
+	s.tryLock = stmt("pg_try_advisory_lock("+lockArgs+")", "l.ok AND")
+	s.lock = stmt("pg_advisory_lock("+lockArgs+")", "")
+	s.newEpoch = fmt.Sprintf(`WITH cur AS (SELECT epoch FROM %s WHERE id = 1),
+bump AS (INSERT INTO %s AS e (id, epoch) SELECT 1, 1 WHERE NOT EXISTS (SELECT 1 FROM cur)
+	ON CONFLICT (id) DO UPDATE SET epoch = e.epoch + 1 RETURNING e.epoch),
+mark AS (INSERT INTO %s AS m (id, epoch) SELECT 1, epoch FROM bump
+	ON CONFLICT (id) DO UPDATE SET epoch = m.epoch RETURNING m.epoch)
+SELECT COALESCE((SELECT epoch FROM cur), (SELECT epoch FROM mark)) * %d + nextval('%s')`,
+		live, epoch, live, epochUnit, seq)
+}
+
+// epochUnit is 2^44: a sequence-mode token is epoch × epochUnit plus the
+// sequence's value, which stays below it (the sequence's MAXVALUE).
+const epochUnit = 1 << 44
