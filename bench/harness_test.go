@@ -67,9 +67,9 @@ func (d dlockLocker) lock(ctx context.Context, key string, wait bool) (func() er
 }
 
 // openDlock opens dsn with the given TTL; tb's cleanup closes it.
-func openDlock(tb testing.TB, dsn string, ttl time.Duration) dlock.Locker {
+func openDlock(tb testing.TB, dsn string, ttl time.Duration, opts ...dlock.Option) dlock.Locker {
 	tb.Helper()
-	l, err := dlock.Open(context.Background(), dsn, dlock.WithTTL(ttl))
+	l, err := dlock.Open(context.Background(), dsn, append([]dlock.Option{dlock.WithTTL(ttl)}, opts...)...)
 	if err != nil {
 		tb.Fatalf("open %s: %v", redactDSN(dsn), err)
 	}
