@@ -47,6 +47,7 @@ func startRedisEnv(tb testing.TB) *redisEnv {
 	five := sumReqs(fives...)
 	e.impls = []impl{
 		dlockImpl("dlock", e.single.URL(), one),
+		dlockImpl("dlock-fair", e.single.URL()+"?fair=true", one),
 		{name: "redsync", newLocker: func(tb testing.TB) locker { return newRedsync(tb, e.single.Addr()) }, canWait: true, reqs: one},
 		{name: "redislock", newLocker: func(tb testing.TB) locker { return newRedislock(tb, e.single.Addr()) }, canWait: true, reqs: one},
 		{name: "floor", newLocker: func(tb testing.TB) locker { return newRedisFloor(tb, e.single.Addr()) }, reqs: one},

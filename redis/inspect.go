@@ -25,8 +25,9 @@ var (
 // value (owner ID and label), its PTTL (Expires), the fencing counter (the
 // holder's token: no grant came after the holder's while it holds the lock)
 // and the number of clients subscribed to the release channel (Waiters; -1
-// on Redis Cluster, where subscriptions are counted per node). Redis records
-// no grant time.
+// on Redis Cluster, where subscriptions are counted per node) or, in fair
+// mode, the number of waiters queued (a crashed one counts until its TTL
+// has passed and a later acquire drops it). Redis records no grant time.
 func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, error) {
 	if d.closed.Load() {
 		return backend.LockInfo{}, errClosed
@@ -38,11 +39,15 @@ func (d *Driver) inspect(ctx context.Context, key string, k *rediscore.Keys) (ba
 	info := backend.LockInfo{Key: key, Waiters: -1}
 	_, cluster := d.client.(*goredis.ClusterClient)
 	var numsub *goredis.MapStringIntCmd
+	var queued *goredis.IntCmd
 	pipe := d.client.Pipeline()
 	get := pipe.Get(ctx, k.Lock)
 	pttl := pipe.PTTL(ctx, k.Lock)
 	fence := pipe.Get(ctx, k.Fence)
-	if !cluster {
+	switch {
+	case d.opts.Fair:
+		queued = pipe.ZCard(ctx, k.Queue)
+	case !cluster:
 		numsub = pipe.PubSubNumSub(ctx, k.Channel)
 	}
 	start := time.Now()
@@ -50,7 +55,10 @@ func (d *Driver) inspect(ctx context.Context, key string, k *rediscore.Keys) (ba
 	if err != nil && !errors.Is(err, goredis.Nil) {
 		return info, fmt.Errorf("read %s: %w", k.Lock, err)
 	}
-	if numsub != nil {
+	switch {
+	case queued != nil:
+		info.Waiters = int(queued.Val())
+	case numsub != nil:
 		info.Waiters = int(numsub.Val()[k.Channel])
 	}
 	v, err := get.Result()

@@ -89,6 +89,20 @@ type Options struct {
 	// Logger receives the startup check's warnings and notes. nil means
 	// slog.Default(). Not settable from a DSN.
 	Logger *slog.Logger
+
+	// Fair grants waiting Acquires in the order they began waiting (FIFO):
+	// waiters queue in Redis, next to the lock (the keys :queue, :qexp and
+	// :qseq, with the lock's hash tag), and a release wakes only the waiter
+	// at the head of the queue, so a hand-off costs the server the same two
+	// requests however many clients wait. A waiter renews its place within
+	// its own TTL (the lease TTL it asked for), so one that crashed is
+	// dropped after that TTL and holds the queue up no longer. TryAcquire
+	// takes a free lock only when nobody is queued. Every client of a key
+	// must use the same mode: the modes exclude each other, but a client
+	// without Fair ignores the queue and its waiters fall back to polling.
+	// Default false (no queue: a release wakes every waiting client, and the
+	// fastest wins). DSN parameter "fair" (true or false).
+	Fair bool
 }
 
 func (o *Options) withDefaults() (Options, error) {
@@ -197,6 +211,7 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 		MinReplicas:  p.Int("min_replicas", 0, 0, 1000),
 		WaitTimeout:  p.Duration("wait_timeout", DefaultWaitTimeout),
 		Checks:       CheckMode(p.String("checks", string(CheckWarn))),
+		Fair:         p.Bool("fair", false),
 	}
 	rest := p.Rest()
 	if err := p.Done(); err != nil {
@@ -212,7 +227,7 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 	if err != nil {
 		msg := strings.TrimPrefix(backend.RedactError(err, u).Error(), "redis: ")
 		if strings.HasPrefix(msg, "unexpected option") {
-			msg += " (the driver reads prefix, poll, min_replicas, wait_timeout and checks; dlock reads ttl and autorenew; go-redis reads the rest)"
+			msg += " (the driver reads prefix, poll, min_replicas, wait_timeout, checks and fair; dlock reads ttl and autorenew; go-redis reads the rest)"
 		}
 		return nil, fmt.Errorf("%w: DSN: %s", dlock.ErrInvalidOption, msg)
 	}
@@ -250,13 +265,13 @@ func (d *Driver) Name() string { return "redis" }
 func (d *Driver) Prefix() string { return d.prefix }
 
 // Capabilities reports strict fencing, server-side expiry and push-based
-// waiting; no FIFO order, no fault tolerance and no immediate loss
-// notification (a lost lock is noticed at the next refresh). See the package
-// doc for the assumptions behind each.
+// waiting; FIFO order only with Options.Fair; no fault tolerance and no
+// immediate loss notification (a lost lock is noticed at the next refresh).
+// See the package doc for the assumptions behind each.
 func (d *Driver) Capabilities() backend.Capabilities {
 	return backend.Capabilities{
 		Fencing:       backend.FencingStrict,
-		FIFO:          false,
+		FIFO:          d.opts.Fair,
 		FaultTolerant: false,
 		TimeAuthority: backend.TimeServer,
 		PushWait:      true,
@@ -342,18 +357,28 @@ func heldError(pttl time.Duration) error {
 // was transient.
 func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *rediscore.Keys, ms int64, validity, pttl time.Duration, lastErr error) (*backend.Grant, error) {
 	wake, ready := make(chan struct{}, 1), make(chan struct{}, 1)
-	w, err := d.mux.Subscribe(k.Channel, wake, ready)
+	id := ""
+	if d.opts.Fair {
+		id = req.Owner
+	}
+	w, err := d.mux.SubscribeAs(k.Channel, id, wake, ready)
 	if err != nil {
 		return nil, err
 	}
 	granted := false
-	defer func() { d.mux.Unsubscribe(w, granted) }()
+	defer func() {
+		if d.opts.Fair && !granted {
+			d.leaveQueue(ctx, req.Owner, k)
+		}
+		d.mux.Unsubscribe(w, granted)
+	}()
 
 	// Try again only once the subscription is active, so a release between
 	// the attempt and the subscription cannot go unnoticed; but never wait
 	// for the confirmation longer than a poll.
 	backoff := backend.Backoff{Min: 10 * time.Millisecond, Max: d.poll}
-	next := d.nextWait(pttl)
+	rank := int64(0)
+	next := d.nextWaitAt(pttl, rank, req.TTL)
 	if lastErr != nil {
 		next = backoff.Next()
 	}
@@ -369,7 +394,7 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *redisc
 	}
 	for {
 		var g *backend.Grant
-		g, pttl, err = d.attempt(ctx, req, k, ms, validity)
+		g, pttl, rank, err = d.attemptRank(ctx, req, k, ms, validity)
 		switch {
 		case g != nil:
 			granted = true
@@ -377,7 +402,7 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *redisc
 		case err == nil:
 			lastErr = nil
 			backoff.Reset()
-			next = d.nextWait(pttl)
+			next = d.nextWaitAt(pttl, rank, req.TTL)
 		case ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
 			// ctx is ending (the attempt saw its deadline a moment before
 			// ctx.Err does): report that, with the outage if there was one.
@@ -429,21 +454,64 @@ func (d *Driver) nextWait(pttl time.Duration) time.Duration {
 	return wait
 }
 
+// nextWaitAt is nextWait for a waiter at place rank in the fair queue (0:
+// next, or not in fair mode): a waiter behind another has no reason to try
+// when the holder's TTL runs out, only to renew its place, within its own
+// TTL; the head is woken by name. In fair mode no wait is longer than a
+// third of the waiter's TTL.
+func (d *Driver) nextWaitAt(pttl time.Duration, rank int64, ttl time.Duration) time.Duration {
+	if !d.opts.Fair {
+		return d.nextWait(pttl)
+	}
+	renew := backend.Jitter(ttl / 3)
+	if rank > 0 {
+		return renew
+	}
+	return min(d.nextWait(pttl), renew)
+}
+
+// leaveQueue takes a fair-mode waiter that gives up out of the queue (and
+// names the next waiter if the lock is free), on a context detached from the
+// caller's and bounded by cleanupTimeout. If it fails, the entry expires
+// after the waiter's TTL.
+func (d *Driver) leaveQueue(ctx context.Context, owner string, k *rediscore.Keys) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	_ = rediscore.FairRelease.Run(ctx, d.client, []string{k.Lock, k.Queue, k.QueueExpiry}, owner, k.Channel, "1").Err()
+}
+
 // attempt runs the acquire script once. It returns the grant, or the holder's
 // remaining TTL (-1 if unknown) when the lock is held. It leaves nothing
 // behind when it fails or when ctx ends while the grant is in flight.
 func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, k *rediscore.Keys, ms int64, validity time.Duration) (*backend.Grant, time.Duration, error) {
+	g, pttl, _, err := d.attemptRank(ctx, req, k, ms, validity)
+	return g, pttl, err
+}
+
+// attemptRank is attempt, also returning the caller's place in the fair
+// queue (0 outside fair mode). A waiting Acquire in fair mode joins the
+// queue.
+func (d *Driver) attemptRank(ctx context.Context, req backend.AcquireRequest, k *rediscore.Keys, ms int64, validity time.Duration) (*backend.Grant, time.Duration, int64, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, 0, err
+		return nil, 0, 0, err
 	}
 	start := time.Now()
-	keys := []string{k.Lock, k.Fence}
+	script, keys, args := rediscore.Acquire, []string{k.Lock, k.Fence}, []any{req.Owner, ms}
+	if d.opts.Fair {
+		join := "0"
+		if req.Wait {
+			join = "1"
+		}
+		script = rediscore.FairAcquire
+		keys = []string{k.Lock, k.Fence, k.Queue, k.QueueExpiry, k.QueueSeq}
+		args = append(args, join, req.TTL.Milliseconds(), k.Channel)
+	}
 	var (
 		res []int64
 		err error
 	)
 	if d.opts.MinReplicas > 0 {
-		cmd, acks, werr := d.runWait(ctx, rediscore.Acquire, keys, req.Owner, ms)
+		cmd, acks, werr := d.runWait(ctx, script, keys, args...)
 		if cmd == nil {
 			err = werr
 		} else if err = cmd.Err(); err == nil {
@@ -453,16 +521,16 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, k *red
 				// failed) may not survive a failover: give it back.
 				if werr != nil {
 					d.cleanup(ctx, req.Owner, k)
-					return nil, 0, fmt.Errorf("acquire: %w", werr)
+					return nil, 0, 0, fmt.Errorf("acquire: %w", werr)
 				}
 				if acks < int64(d.opts.MinReplicas) {
 					d.cleanup(ctx, req.Owner, k)
-					return nil, 0, d.tooFew(acks)
+					return nil, 0, 0, d.tooFew(acks)
 				}
 			}
 		}
 	} else {
-		res, err = rediscore.Acquire.Run(ctx, d.client, keys, req.Owner, ms).Int64Slice()
+		res, err = script.Run(ctx, d.client, keys, args...).Int64Slice()
 	}
 	if err != nil {
 		if rediscore.MayHaveRun(err) {
@@ -473,22 +541,30 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, k *red
 		if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
 			err = fmt.Errorf("%w (%w)", ctx.Err(), err)
 		}
-		return nil, 0, fmt.Errorf("acquire script: %w", err)
+		return nil, 0, 0, fmt.Errorf("acquire script: %w", err)
 	}
-	if len(res) != 2 {
-		return nil, 0, fmt.Errorf("acquire script: unexpected reply %v", res)
+	refusedLen := 2
+	if d.opts.Fair {
+		refusedLen = 3 // with the caller's place in the queue
+	}
+	if !(len(res) == 2 && res[0] == 1) && !(len(res) == refusedLen && res[0] == 0) {
+		return nil, 0, 0, fmt.Errorf("acquire script: unexpected reply %v", res)
 	}
 	if res[0] == 0 {
 		pttl := time.Duration(-1)
 		if res[1] >= 0 {
 			pttl = time.Duration(res[1]) * time.Millisecond
 		}
-		return nil, pttl, nil
+		var rank int64
+		if len(res) == 3 {
+			rank = res[2]
+		}
+		return nil, pttl, rank, nil
 	}
 	if ctx.Err() != nil {
 		// The grant raced the caller's cancellation: give it back.
 		d.cleanup(ctx, req.Owner, k)
-		return nil, 0, ctx.Err()
+		return nil, 0, 0, ctx.Err()
 	}
 	return &backend.Grant{
 		Key:      req.Key,
@@ -497,7 +573,7 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, k *red
 		Start:    start,
 		Validity: validity,
 		Data:     k,
-	}, 0, nil
+	}, 0, 0, nil
 }
 
 // cleanup releases owner's lock, if it holds it, on a context detached from
@@ -505,7 +581,16 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, k *red
 func (d *Driver) cleanup(ctx context.Context, owner string, k *rediscore.Keys) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	_ = rediscore.Release.Run(ctx, d.client, []string{k.Lock}, owner, k.Channel).Err()
+	_ = d.release(ctx, owner, k).Err()
+}
+
+// release runs the release script for owner's lock: in fair mode, the one
+// that names the next waiter.
+func (d *Driver) release(ctx context.Context, owner string, k *rediscore.Keys) *goredis.Cmd {
+	if d.opts.Fair {
+		return rediscore.FairRelease.Run(ctx, d.client, []string{k.Lock, k.Queue, k.QueueExpiry}, owner, k.Channel, "0")
+	}
+	return rediscore.Release.Run(ctx, d.client, []string{k.Lock}, owner, k.Channel)
 }
 
 // Refresh implements backend.Driver: it resets the lock's TTL to ttl if g's
@@ -556,7 +641,7 @@ func (d *Driver) Release(ctx context.Context, g *backend.Grant) error {
 		return errClosed
 	}
 	k := d.keys(g)
-	n, err := rediscore.Release.Run(ctx, d.client, []string{k.Lock}, g.Owner, k.Channel).Int64()
+	n, err := d.release(ctx, g.Owner, k).Int64()
 	if err != nil {
 		return fmt.Errorf("release script: %w", err)
 	}

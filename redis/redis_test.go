@@ -331,6 +331,7 @@ func TestDSN(t *testing.T) {
 		{"bad go-redis parameter", "redis://u:" + secret + "@" + host + "/0?dial_timeout=soon", []string{"dial_timeout"}},
 		{"bad poll", "redis://u:" + secret + "@" + host + "/0?poll=-1s", []string{"poll"}},
 		{"repeated poll", "redis://u:" + secret + "@" + host + "/0?poll=1s&poll=2s", []string{"poll"}},
+		{"bad fair", "redis://u:" + secret + "@" + host + "/0?fair=maybe", []string{"fair"}},
 		{"brace in prefix", "redis://u:" + secret + "@" + host + "/0?prefix=a{b}:", []string{"prefix"}},
 		{"empty prefix", "redis://u:" + secret + "@" + host + "/0?prefix=", []string{"prefix"}},
 		{"bad db", "redis://u:" + secret + "@" + host + "/zero", []string{"database"}},

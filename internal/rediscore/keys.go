@@ -30,15 +30,19 @@ func FenceKey(prefix, key string) string { return LockKey(prefix, key) + ":fence
 // announcing that key was released.
 func ReleaseChannel(prefix, key string) string { return LockKey(prefix, key) + ":released" }
 
-// Keys are the Redis names of one dlock key.
+// Keys are the Redis names of one dlock key. Queue, QueueExpiry and
+// QueueSeq are the fair mode's (package redis, Options.Fair): the waiters in
+// arrival order, their expiries, and the arrival counter.
 type Keys struct {
-	Lock, Fence, Channel string
+	Lock, Fence, Channel         string
+	Queue, QueueExpiry, QueueSeq string
 }
 
 // KeysFor returns the names of key under prefix.
 func KeysFor(prefix, key string) *Keys {
 	lock := LockKey(prefix, key)
-	return &Keys{Lock: lock, Fence: lock + ":fence", Channel: lock + ":released"}
+	return &Keys{Lock: lock, Fence: lock + ":fence", Channel: lock + ":released",
+		Queue: lock + ":queue", QueueExpiry: lock + ":qexp", QueueSeq: lock + ":qseq"}
 }
 
 // CheckPrefix reports why prefix cannot prefix the drivers' keys.

@@ -65,6 +65,7 @@ type chanState struct {
 // Waiter is one Acquire call waiting on one channel of one Mux.
 type Waiter struct {
 	st    *chanState
+	id    string // a fair-mode waiter's name in the queue; "" otherwise
 	wake  chan<- struct{}
 	ready chan<- struct{}
 }
@@ -106,6 +107,14 @@ func NewMux(client goredis.UniversalClient, errClosed error) *Mux {
 // many, may share wake and ready channels. The waiter must be handed back to
 // Unsubscribe.
 func (m *Mux) Subscribe(channel string, wake, ready chan<- struct{}) (*Waiter, error) {
+	return m.SubscribeAs(channel, "", wake, ready)
+}
+
+// SubscribeAs is Subscribe for a waiter named id in a fair queue: a message
+// whose payload is id wakes it, and only it; a message naming another waiter
+// wakes no one here; an empty message wakes the first waiter, as for
+// Subscribe.
+func (m *Mux) SubscribeAs(channel, id string, wake, ready chan<- struct{}) (*Waiter, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
@@ -123,7 +132,7 @@ func (m *Mux) Subscribe(channel string, wake, ready chan<- struct{}) (*Waiter, e
 		m.chans[channel] = st
 		m.enqueueLocked(muxOp{kind: opSubscribe, st: st})
 	}
-	w := &Waiter{st: st, wake: wake, ready: ready}
+	w := &Waiter{st: st, id: id, wake: wake, ready: ready}
 	st.waiters = append(st.waiters, w)
 	if st.confirmed {
 		signal(ready)
@@ -292,7 +301,7 @@ func (m *Mux) readLoop(ps *goredis.PubSub) {
 		}
 		switch msg := msg.(type) {
 		case *goredis.Message:
-			m.dispatch(msg.Channel)
+			m.dispatch(msg.Channel, msg.Payload)
 		case *goredis.Pong:
 			if seq, err := strconv.ParseUint(msg.Payload, 10, 64); err == nil {
 				m.confirm(seq)
@@ -314,15 +323,27 @@ func (m *Mux) requestPing() {
 	}
 }
 
-// dispatch wakes the first waiter on channel. One waiter per process is
+// dispatch wakes the first waiter on channel, or, if the message names a
+// waiter (fair mode), that waiter if it is here. One waiter per process is
 // enough: if it takes the lock, its release wakes the next; if it leaves
 // without it, unsubscribe passes the wake-up on. Waiters in other processes
 // get the message on their own connections.
-func (m *Mux) dispatch(channel string) {
+func (m *Mux) dispatch(channel, payload string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if st := m.chans[channel]; st != nil && len(st.waiters) > 0 {
+	st := m.chans[channel]
+	if st == nil || len(st.waiters) == 0 {
+		return
+	}
+	if payload == "" {
 		signal(st.waiters[0].wake)
+		return
+	}
+	for _, w := range st.waiters {
+		if w.id == payload {
+			signal(w.wake)
+			return
+		}
 	}
 }
 

@@ -25,6 +25,10 @@ var (
 	releaseSrc string
 	//go:embed extend.lua
 	extendSrc string
+	//go:embed fair_acquire.lua
+	fairAcquireSrc string
+	//go:embed fair_release.lua
+	fairReleaseSrc string
 )
 
 // The scripts. Run sends EVALSHA and falls back to EVAL when the server
@@ -44,6 +48,18 @@ var (
 	// Extend resets the lock's TTL if it is this owner's. KEYS: lock [, fence].
 	// ARGV: owner, TTL in ms [, token]. Reply: 1 if extended, else 0.
 	Extend = goredis.NewScript(extendSrc)
+
+	// FairAcquire is Acquire in FIFO order, with a queue of waiters whose
+	// entries expire unless renewed. KEYS: lock, fence, queue, qexp, qseq.
+	// ARGV: owner, TTL in ms, join ('1') or try ('0'), waiter TTL in ms,
+	// channel. Reply: {1, token} or {0, pttl, rank}.
+	FairAcquire = goredis.NewScript(fairAcquireSrc)
+
+	// FairRelease deletes the lock if it is this owner's (or, with ARGV[3]
+	// '1', takes the caller out of the queue) and names the next waiter on
+	// the channel. KEYS: lock, queue, qexp. ARGV: owner, channel, leave.
+	// Reply: 1 if deleted (or dequeued), else 0.
+	FairRelease = goredis.NewScript(fairReleaseSrc)
 
 	// Break deletes the lock key if its value is still the holder's that
 	// the caller read, and announces the release to waiters; the fencing

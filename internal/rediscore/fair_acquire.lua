@@ -1,0 +1,80 @@
+-- fair_acquire: take the lock in FIFO order (the Redis driver's fair mode).
+--
+-- KEYS[1]  the lock key            <prefix>{<tag>}
+-- KEYS[2]  the fencing counter     <prefix>{<tag>}:fence
+-- KEYS[3]  the queue               <prefix>{<tag>}:queue   zset: waiter → arrival number
+-- KEYS[4]  the waiters' expiries   <prefix>{<tag>}:qexp    zset: waiter → expiry (server ms)
+-- KEYS[5]  the arrival counter     <prefix>{<tag>}:qseq
+-- ARGV[1]  the owner id (the lock's value; a waiter's name in the queue)
+-- ARGV[2]  the TTL in milliseconds
+-- ARGV[3]  '1': join (or stay in) the queue if not granted; '0': a try
+-- ARGV[4]  the waiter's own TTL in milliseconds: it is dropped from the
+--          queue unless it calls again within it
+-- ARGV[5]  the release channel     <prefix>{<tag>}:released
+--
+-- The lock is granted when it is free and the caller heads the queue (or the
+-- queue is empty). Waiters whose TTL has passed are dropped first, so a
+-- crashed waiter holds the queue up for at most its TTL. If the lock is free
+-- but another waiter heads the queue, the head is named on the release
+-- channel (its wake-up may have been lost, or the waiter before it dropped).
+--
+-- Returns {1, token} when granted, else {0, pttl, rank}: the holder's
+-- remaining TTL in ms (-1 if none or not held), and the caller's place in the
+-- queue (0 = next; -1 if not queued).
+
+if redis.replicate_commands then redis.replicate_commands() end
+
+local t = redis.call('TIME')
+local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local nowms = math.floor(nowus / 1000)
+
+local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', nowms)
+for i = 1, #dead, 500 do
+  local part = {unpack(dead, i, math.min(i + 499, #dead))}
+  redis.call('ZREM', KEYS[4], unpack(part))
+  redis.call('ZREM', KEYS[3], unpack(part))
+end
+
+local holder = redis.call('GET', KEYS[1])
+local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+
+local function grant()
+  redis.call('ZREM', KEYS[3], ARGV[1])
+  redis.call('ZREM', KEYS[4], ARGV[1])
+  -- As in acquire.lua: the counter, floored at the server's clock in µs.
+  local token = redis.call('INCR', KEYS[2])
+  if token < nowus then
+    token = nowus
+    redis.call('SET', KEYS[2], string.format('%.0f', nowus))
+  end
+  return {1, token}
+end
+
+if holder == ARGV[1] then
+  -- A retry of a grant whose reply was lost: grant it again.
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return grant()
+end
+if not holder and (head == nil or head == ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return grant()
+end
+
+if ARGV[3] == '1' then
+  if not redis.call('ZSCORE', KEYS[3], ARGV[1]) then
+    redis.call('ZADD', KEYS[3], redis.call('INCR', KEYS[5]), ARGV[1])
+    if not head then head = ARGV[1] end
+  end
+  local wttl = tonumber(ARGV[4])
+  redis.call('ZADD', KEYS[4], nowms + wttl, ARGV[1])
+  -- The queue's keys outlive their last waiter by a little, then go.
+  for i = 3, 5 do redis.call('PEXPIRE', KEYS[i], 2 * wttl) end
+end
+if not holder and head and head ~= ARGV[1] then
+  redis.call('PUBLISH', ARGV[5], head)
+end
+local rank = redis.call('ZRANK', KEYS[3], ARGV[1])
+if not rank then rank = -1 end
+local pttl = -1
+if holder then pttl = redis.call('PTTL', KEYS[1]) end
+return {0, pttl, rank}
