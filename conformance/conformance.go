@@ -75,6 +75,9 @@ func Run(t *testing.T, h Harness) {
 		{"AcquireAllNothingLeft", s.testAcquireAllNothingLeft},
 		{"Inspect", s.testInspect},
 		{"Break", s.testBreak},
+		{"Election", s.testElection},
+		{"ElectionHandover", s.testElectionHandover},
+		{"ElectionLossCancelsRun", s.testElectionLossCancelsRun},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, tc.fn)

@@ -21,19 +21,17 @@ var (
 	_ backend.Breaker   = (*Driver)(nil)
 )
 
-// holderValue is the value of a holder's or waiter's key: the owner ID, and
-// the label after a space if there is one. concurrency.Mutex and etcdctl
-// lock read no values; `etcdctl get --prefix` shows who holds what.
-func holderValue(owner, label string) string {
-	if label == "" {
-		return owner
-	}
-	return owner + " " + label
-}
+// holderValue is the value of a holder's or waiter's key: its label, as a
+// concurrency.Election candidate's key holds its value (so that an election
+// on dlock is read by concurrency.Election.Leader and Observe, and `etcdctl
+// elect --listen`). concurrency.Mutex and etcdctl lock read no values;
+// `etcdctl get --prefix` shows who holds what. The owner ID is not stored:
+// the key's name (its lease) identifies the holder.
+func holderValue(_, label string) string { return label }
 
 // Inspect implements backend.Inspector: the holder is the key under the
-// lock's name with the lowest create revision (its token), its owner ID and
-// label its value, its expiry its lease's time to live (whole seconds); the
+// lock's name with the lowest create revision (its token), its label its
+// value (no owner ID is stored), its expiry its lease's time to live (whole seconds); the
 // other keys are the waiters. etcd records no grant time.
 func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, error) {
 	info, _, err := d.inspect(ctx, key)
@@ -63,8 +61,7 @@ func (d *Driver) inspect(ctx context.Context, key string) (backend.LockInfo, *mv
 
 // infoOf describes the holder whose key is kv.
 func (d *Driver) infoOf(key string, kv *mvccpb.KeyValue) backend.LockInfo {
-	owner, label, _ := strings.Cut(string(kv.Value), " ")
-	return backend.LockInfo{Key: key, Held: true, Token: uint64(kv.CreateRevision), Owner: owner, Label: label}
+	return backend.LockInfo{Key: key, Held: true, Token: uint64(kv.CreateRevision), Label: string(kv.Value)}
 }
 
 // expiry sets info.Expires from the time to live of lease id, if the server

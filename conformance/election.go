@@ -1,0 +1,239 @@
+package conformance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/election"
+)
+
+// testElection: three candidates, each on its own Locker, run election.Run
+// on one election until every one has led twice; each term does a fenced
+// read-modify-write and resigns. At most one term runs at any moment, no
+// update is lost, and each term's token is higher than the one before. An
+// observer on a fourth Locker sees the terms in strictly increasing token
+// order and ends on the last leader's value.
+func (s *suite) testElection(t *testing.T) {
+	ctx := s.ctx(t)
+	name := key(t)
+	const candidates, terms = 3, 2
+	viewer := s.locker(t)
+	if _, err := election.Leader(ctx, viewer, name); !supports(t, err, "report who leads") {
+		return
+	}
+	octx, stopObserving := context.WithCancel(ctx)
+	defer stopObserving()
+	seen, err := election.Observe(octx, viewer, name, election.WithInterval(5*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var observed []election.Info
+	observing := make(chan struct{})
+	go func() {
+		defer close(observing)
+		for in := range seen {
+			observed = append(observed, in)
+		}
+	}()
+
+	var (
+		mu        sync.Mutex
+		leading   int    // terms running now
+		counter   int    // the fenced resource
+		lastToken uint64 // the token of the last term to start
+		lastValue string
+		runErrs   = make(chan error, candidates)
+	)
+	for c := range candidates {
+		l := s.locker(t)
+		value := fmt.Sprintf("candidate-%d", c)
+		led := 0
+		go func() {
+			runErrs <- election.Run(ctx, l, name, value, election.Callbacks{}, func(tctx context.Context, ld *election.Leadership) error {
+				mu.Lock()
+				leading++
+				overlap := leading > 1
+				tok := uint64(ld.Token())
+				stale := s.fences() && tok <= lastToken
+				lastToken, lastValue = tok, value
+				mu.Unlock()
+				switch {
+				case overlap:
+					t.Errorf("%s leads while another term runs", value)
+				case stale:
+					t.Errorf("%s's term has token %d, not above the last term's", value, tok)
+				}
+				mu.Lock()
+				v := counter
+				mu.Unlock()
+				select { // think time, cut short by a loss
+				case <-time.After(5 * time.Millisecond):
+				case <-tctx.Done():
+				}
+				mu.Lock()
+				counter = v + 1
+				leading--
+				mu.Unlock()
+				if led++; led == terms {
+					return election.ErrStop
+				}
+				return nil
+			}, dlock.WithTTL(s.ttl))
+		}()
+	}
+	for range candidates {
+		if err := <-runErrs; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}
+	if counter != candidates*terms {
+		t.Errorf("counter %d after %d terms: an update was lost", counter, candidates*terms)
+	}
+
+	// The observer ends on the last leader, or on no leader once it resigned.
+	deadline := time.Now().Add(PushWaitBound + time.Second)
+	for {
+		in, err := election.Leader(ctx, viewer, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !in.Led {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("someone still leads after every candidate stopped: %+v", in)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // ten observe intervals
+	stopObserving()
+	<-observing
+	var top uint64
+	led := 0
+	for _, in := range observed {
+		if !in.Led {
+			continue
+		}
+		led++
+		if s.fences() && in.Token != 0 {
+			if in.Token <= top {
+				t.Errorf("observer saw token %d after %d: a stale leader after a newer one (%+v)", in.Token, top, observed)
+			}
+			top = in.Token
+		}
+	}
+	if led == 0 {
+		t.Fatalf("the observer never saw a leader (%d reads sent)", len(observed))
+	}
+	if last := observed[len(observed)-1]; last.Led {
+		t.Errorf("the observer's last read is a leader (%+v) after the last one (%s) resigned", last, lastValue)
+	}
+	t.Logf("observer saw %d leaders over %d terms", led, candidates*terms)
+}
+
+// testElectionHandover: Leader reports the leader's value and token; a
+// candidate waiting in Campaign leads within the push-wait bound of the
+// leader's Resign (3s without push waits).
+func (s *suite) testElectionHandover(t *testing.T) {
+	ctx := s.ctx(t)
+	name := key(t)
+	a, b, viewer := s.locker(t), s.locker(t), s.locker(t)
+	first, err := election.Campaign(ctx, a, name, "first")
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := election.Leader(ctx, viewer, name)
+	if !supports(t, err, "report who leads") {
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !in.Led || in.Value != "first" || (s.fences() && in.Token != 0 && in.Token != uint64(first.Token())) {
+		t.Errorf("Leader: %+v, want led by %q with token %d", in, "first", first.Token())
+	}
+	type result struct {
+		ld  *election.Leadership
+		err error
+		at  time.Time
+	}
+	next := make(chan result, 1)
+	go func() {
+		ld, err := election.Campaign(ctx, b, name, "second")
+		next <- result{ld, err, time.Now()}
+	}()
+	if wc, ok := s.h.(WaiterCounter); ok {
+		deadline := time.Now().Add(10 * time.Second)
+		for wc.Waiters(t, name) < 1 {
+			if time.Now().After(deadline) {
+				t.Fatal("the backend never saw the second candidate wait")
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	} else {
+		time.Sleep(200 * time.Millisecond)
+	}
+	resigned := time.Now()
+	if err := first.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-next
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	defer r.ld.Resign(context.Background())
+	bound := 3 * time.Second
+	if s.caps.PushWait {
+		bound = PushWaitBound
+	}
+	t.Logf("resign → next leader: %v", r.at.Sub(resigned))
+	if d := r.at.Sub(resigned); d > bound {
+		t.Errorf("the next candidate led %v after the resign (bound %v)", d, bound)
+	}
+	if s.fences() && r.ld.Token() <= first.Token() {
+		t.Errorf("the second term's token %d is not above the first's %d", r.ld.Token(), first.Token())
+	}
+	if !errors.Is(first.Err(), dlock.ErrReleased) {
+		t.Errorf("the resigned term's Err: %v, want ErrReleased", first.Err())
+	}
+}
+
+// testElectionLossCancelsRun: when the leader's term is lost behind its back
+// (the harness expires the lock), the ctx Run gave its function is cancelled
+// with a cause matching dlock.ErrLeaseLost, and OnStoppedLeading hears it.
+func (s *suite) testElectionLossCancelsRun(t *testing.T) {
+	ctx := s.ctx(t)
+	name := key(t)
+	l := s.locker(t)
+	started := make(chan struct{})
+	var stopped error
+	cause := make(chan error, 1)
+	err := election.Run(ctx, l, name, "leader", election.Callbacks{
+		OnStartedLeading: func(*election.Leadership) { close(started) },
+		OnStoppedLeading: func(_ *election.Leadership, err error) { stopped = err },
+	}, func(tctx context.Context, ld *election.Leadership) error {
+		s.h.Expire(t, name)
+		select {
+		case <-tctx.Done():
+			cause <- context.Cause(tctx)
+		case <-time.After(5*s.ttl + 5*time.Second):
+			cause <- errors.New("the term's ctx was not cancelled")
+		}
+		return election.ErrStop
+	}, dlock.WithTTL(s.ttl))
+	if err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	<-started
+	if c := <-cause; !errors.Is(c, dlock.ErrLeaseLost) {
+		t.Errorf("the term's ctx ended with %v, want a cause matching ErrLeaseLost", c)
+	}
+	if !errors.Is(stopped, dlock.ErrLeaseLost) {
+		t.Errorf("OnStoppedLeading heard %v, want ErrLeaseLost", stopped)
+	}
+}

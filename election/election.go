@@ -1,0 +1,275 @@
+// Package election elects one leader among candidates on any dlock backend,
+// with a fencing token per term.
+//
+// A candidate campaigns by acquiring the election's lock with its value (an
+// address, say) as the lock's label: the lock's holder is the leader, its
+// lease's token the term's fencing token, and its label the value everyone
+// else reads. So a leader learns it is no longer one exactly as a lock holder
+// learns its lease is lost (Done closes, at the latest by the lease's
+// deadline), and a resource that checks tokens rejects a deposed leader's
+// writes as it rejects a lost lease's.
+//
+//	lead, err := election.Campaign(ctx, locker, "scheduler", "10.0.0.7:8080")
+//	if err != nil { return err }
+//	defer lead.Resign(context.Background())
+//	// lead.Token() fences this term's writes; <-lead.Done() when it ends.
+//
+// Run does the common loop: campaign, run a function with a ctx that is
+// cancelled the moment leadership is lost, resign when it returns, and
+// campaign again.
+//
+// Where the value lives follows each backend's own layout: on etcd the
+// candidate's key under the election's prefix holds the value, as
+// concurrency.Election lays it out, so concurrency.Election.Leader and
+// Observe (and `etcdctl elect --listen`) see dlock's leaders and dlock sees
+// theirs; on ZooKeeper the node's data, as Curator stores a participant's id;
+// on Redis the lock key's value after the owner ID; on PostgreSQL the leader
+// session's application_name (at most 63 bytes are kept).
+//
+// Leader reads who leads now; Observe follows it by reading every interval
+// (it does not yet use the backends' watches).
+package election
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/dlock-go/dlock"
+)
+
+// Leadership is one term of a leader: the lease on the election's lock.
+type Leadership struct {
+	name  string
+	value string
+	lease *dlock.Lease
+}
+
+// Campaign blocks until this candidate leads the election name on l, or ctx
+// ends (the error then matches dlock.ErrNotAcquired and ctx's error). value
+// is what the leader publishes (see Leader); it is stored as the lock's
+// label, so it follows dlock.WithLabel's rules (at most 128 bytes of
+// printable UTF-8). opts are the acquire's options (WithTTL, say); a
+// WithLabel among them is overridden by value.
+func Campaign(ctx context.Context, l dlock.Locker, name, value string, opts ...dlock.Option) (*Leadership, error) {
+	lease, err := l.Acquire(ctx, name, append(opts[:len(opts):len(opts)], dlock.WithLabel(value))...)
+	if err != nil {
+		return nil, fmt.Errorf("election %q: campaign: %w", name, err)
+	}
+	return &Leadership{name: name, value: value, lease: lease}, nil
+}
+
+// Name returns the election's name.
+func (ld *Leadership) Name() string { return ld.name }
+
+// Value returns the value this leader published.
+func (ld *Leadership) Value() string { return ld.value }
+
+// Token returns the term's fencing token: strictly greater than every
+// earlier term's on the backends whose tokens are strict (see
+// dlock.Capabilities). Pass it with every write the leader makes.
+func (ld *Leadership) Token() dlock.Token { return ld.lease.Token() }
+
+// Lease returns the lease behind the term, for fencing guards and Do-style
+// helpers that take one.
+func (ld *Leadership) Lease() *dlock.Lease { return ld.lease }
+
+// Done is closed when the term ends: resigned, or lost (Err says which).
+func (ld *Leadership) Done() <-chan struct{} { return ld.lease.Done() }
+
+// Err is nil while this candidate leads; afterwards an error matching
+// dlock.ErrReleased (resigned) or dlock.ErrLeaseLost (lost: expired,
+// broken, or the backend reported it gone).
+func (ld *Leadership) Err() error { return ld.lease.Err() }
+
+// Resign ends the term and lets the next candidate lead. It reports an error
+// matching dlock.ErrLeaseLost if the term had already been lost.
+func (ld *Leadership) Resign(ctx context.Context) error {
+	if err := ld.lease.Release(ctx); err != nil {
+		return fmt.Errorf("election %q: resign: %w", ld.name, err)
+	}
+	return nil
+}
+
+// Info is who leads an election.
+type Info struct {
+	// Name is the election's name.
+	Name string
+	// Led reports whether a candidate leads.
+	Led bool
+	// Value is the leader's published value.
+	Value string
+	// Token is the leader's fencing token, 0 where the backend cannot tell
+	// (Redlock; PostgreSQL with tokens=sequence).
+	Token uint64
+	// Expires is when the server ends the term unless the leader renews it;
+	// zero where the backend holds it for a session (ZooKeeper, PostgreSQL).
+	Expires time.Time
+}
+
+// Leader reports who leads the election name on l now.
+func Leader(ctx context.Context, l dlock.Locker, name string) (Info, error) {
+	li, err := dlock.Inspect(ctx, l, name)
+	if err != nil {
+		return Info{Name: name}, fmt.Errorf("election %q: leader: %w", name, err)
+	}
+	return infoOf(name, li), nil
+}
+
+func infoOf(name string, li dlock.LockInfo) Info {
+	if !li.Held {
+		return Info{Name: name}
+	}
+	return Info{Name: name, Led: true, Value: li.Label, Token: li.Token, Expires: li.Expires}
+}
+
+// DefaultObserveInterval is how often Observe reads the leader unless
+// WithInterval says otherwise.
+const DefaultObserveInterval = time.Second
+
+// ObserveOption configures Observe.
+type ObserveOption func(*observeSettings)
+
+type observeSettings struct{ every time.Duration }
+
+// WithInterval sets how often Observe reads the leader. Default
+// DefaultObserveInterval (1s); it must be positive.
+func WithInterval(d time.Duration) ObserveOption {
+	return func(s *observeSettings) { s.every = d }
+}
+
+// ErrInvalidInterval is returned by Observe for an interval that is not
+// positive.
+var ErrInvalidInterval = errors.New("election: observe interval must be positive")
+
+// Observe follows who leads the election name on l: it sends the leader at
+// once, and again each time it changes (a new term, or no leader), until ctx
+// ends; then it closes the channel. It reads the leader every interval (see
+// WithInterval), so it sees a change within about that. A term is never sent
+// after a later one: where tokens are known, a read whose token is below the
+// last sent is dropped. Read errors are skipped (the next read tries again);
+// the channel is unbuffered, and a reader that falls behind sees only the
+// newest leader.
+func Observe(ctx context.Context, l dlock.Locker, name string, opts ...ObserveOption) (<-chan Info, error) {
+	s := observeSettings{every: DefaultObserveInterval}
+	for _, o := range opts {
+		o(&s)
+	}
+	if s.every <= 0 {
+		return nil, fmt.Errorf("%w, got %v", ErrInvalidInterval, s.every)
+	}
+	out := make(chan Info)
+	go func() { // owned by the caller's ctx: it returns when ctx ends
+		defer close(out)
+		var last Info
+		var top uint64 // the highest token sent
+		sent := false
+		worth := func(cur Info) bool {
+			switch {
+			case !sent:
+				return true
+			case !cur.Led:
+				return last.Led
+			case cur.Token != 0:
+				return cur.Token > top
+			default: // the backend cannot tell tokens: a change of value
+				return !last.Led || cur.Value != last.Value
+			}
+		}
+		tick := time.NewTicker(s.every)
+		defer tick.Stop()
+		for {
+			if cur, err := Leader(ctx, l, name); err == nil && worth(cur) {
+				select {
+				case out <- cur:
+					last, sent = cur, true
+					top = max(top, cur.Token)
+				case <-ctx.Done():
+					return
+				}
+			}
+			select {
+			case <-tick.C:
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	return out, nil
+}
+
+// ErrStop, returned by Run's function, ends Run after the term: Run resigns
+// and returns nil instead of campaigning again.
+var ErrStop = errors.New("election: stop")
+
+// Callbacks are what Run calls as leadership changes hands, as client-go's
+// leaderelection.LeaderCallbacks are. Each may be nil.
+type Callbacks struct {
+	// OnStartedLeading is called when this candidate becomes leader, before
+	// the term's function runs.
+	OnStartedLeading func(ld *Leadership)
+	// OnStoppedLeading is called when a term ends, with why: nil if the
+	// function returned and the term was resigned, else the term's error
+	// (matching dlock.ErrLeaseLost if it was lost) or the function's.
+	OnStoppedLeading func(ld *Leadership, err error)
+}
+
+// Run campaigns for the election name on l with value, and while leading runs
+// fn with a ctx that is cancelled, with the term's error as its cause
+// (context.Cause matches dlock.ErrLeaseLost), the moment leadership is lost.
+// When fn returns, Run resigns (leadership is released, not left to expire,
+// as client-go's ReleaseOnCancel) and campaigns again, until ctx ends (Run
+// then returns ctx's error) or fn returns ErrStop (Run returns nil). Any
+// other error from fn is passed to OnStoppedLeading and Run campaigns again;
+// an error from Campaign that is not ctx's ends Run.
+func Run(ctx context.Context, l dlock.Locker, name, value string, cb Callbacks, fn func(ctx context.Context, ld *Leadership) error, opts ...dlock.Option) error {
+	for {
+		ld, err := Campaign(ctx, l, name, value, opts...)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return err
+		}
+		if cb.OnStartedLeading != nil {
+			cb.OnStartedLeading(ld)
+		}
+		tctx, cancel := context.WithCancelCause(ctx)
+		stop := make(chan struct{})
+		watched := make(chan struct{})
+		go func() { // owned by this term: ends when the term or fn does
+			defer close(watched)
+			select {
+			case <-ld.Done():
+				cancel(ld.Err())
+			case <-stop:
+			}
+		}()
+		fnErr := fn(tctx, ld)
+		close(stop)
+		<-watched
+		cancel(nil)
+		lostErr := ld.Err()
+		resignErr := ld.Resign(context.WithoutCancel(ctx))
+		why := fnErr
+		if errors.Is(why, ErrStop) {
+			why = nil
+		}
+		switch {
+		case lostErr != nil && !errors.Is(lostErr, dlock.ErrReleased):
+			why = errors.Join(why, lostErr) // lost while fn ran
+		case resignErr != nil && !errors.Is(resignErr, dlock.ErrReleased):
+			why = errors.Join(why, resignErr)
+		}
+		if cb.OnStoppedLeading != nil {
+			cb.OnStoppedLeading(ld, why)
+		}
+		switch {
+		case errors.Is(fnErr, ErrStop):
+			return nil
+		case ctx.Err() != nil:
+			return ctx.Err()
+		}
+	}
+}
