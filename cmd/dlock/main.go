@@ -102,6 +102,18 @@
 // renewal at the latest, and the next holder's fencing token is higher.
 // (Redlock reports no token.)
 //
+// # dlock elect, dlock leader
+//
+//	dlock elect [--dsn DSN] [--value V] [--ttl 30s] [--wait 1m | --no-wait] [--grace 10s] NAME -- COMMAND [ARG...]
+//	dlock leader [--dsn DSN] [--watch] [--interval 1s] NAME
+//
+// elect campaigns in the election NAME (package election) and runs COMMAND
+// only while leading, as dlock run does under a lock: the term's token in
+// $DLOCK_TOKEN, the election in $DLOCK_KEY, the published value (--value,
+// default host:pid) in $DLOCK_VALUE; stopped on loss (exit 76); resigned when
+// it exits. leader shows who leads (exit 1 if nobody); --watch prints each
+// change.
+//
 // # dlock migrate
 //
 //	dlock migrate dsn --from OLD --to NEW [--mode new]
@@ -167,6 +179,8 @@ Usage:
   dlock ls [flags] [PREFIX]                   list held locks and their holders
   dlock inspect [flags] KEY                   who holds KEY, since and until when
   dlock break [flags] KEY                     force-release a stuck lock (asks first)
+  dlock elect [flags] NAME -- COMMAND [ARG...] run COMMAND only while leading the election NAME
+  dlock leader [flags] NAME                   who leads the election NAME (--watch to follow)
   dlock help [COMMAND]                        show a command's flags and exit statuses
   dlock version                               print dlock's version
 
@@ -220,6 +234,10 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 		return inspectMain(rest, stdout, stderr)
 	case "break":
 		return breakMain(rest, stdout, stderr)
+	case "elect":
+		return electMain(rest, stdout, stderr)
+	case "leader":
+		return leaderMain(rest, stdout, stderr)
 	case checkSuiteCommand:
 		return checkSuiteMain(rest)
 	case "help", "-h", "-help", "--help":
@@ -232,7 +250,7 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "dlock: flag %s before the command: flags go after it, as in dlock run --dsn DSN KEY -- COMMAND (see dlock help)\n", cmd)
 			return exitUsage
 		}
-		fmt.Fprintf(stderr, "dlock: unknown command %q: want run, check, bench, migrate, ls, inspect or break (see dlock help)\n", cmd)
+		fmt.Fprintf(stderr, "dlock: unknown command %q: want run, check, bench, migrate, ls, inspect, break, elect or leader (see dlock help)\n", cmd)
 		return exitUsage
 	}
 }
@@ -257,8 +275,12 @@ func helpMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, inspectUsage)
 	case "break":
 		fmt.Fprint(stdout, breakUsage)
+	case "elect":
+		fmt.Fprint(stdout, electUsage)
+	case "leader":
+		fmt.Fprint(stdout, leaderUsage)
 	default:
-		fmt.Fprintf(stderr, "dlock: no help for %q: want run, check, bench, migrate, ls, inspect or break\n", args[0])
+		fmt.Fprintf(stderr, "dlock: no help for %q: want run, check, bench, migrate, ls, inspect, break, elect or leader\n", args[0])
 		return exitUsage
 	}
 	return exitOK

@@ -88,10 +88,13 @@ const defaultGrace = 10 * time.Second
 // releaseTimeout bounds the release after COMMAND exits.
 const releaseTimeout = 10 * time.Second
 
-// runOptions are the parsed arguments of dlock run.
+// runOptions are the parsed arguments of dlock run (and of dlock elect, which
+// is dlock run with the candidate's value as the lock's label).
 type runOptions struct {
+	cmd     string // "run" or "elect"
 	dsn     string
 	key     string
+	value   string // elect: the value the leader publishes
 	command []string
 	lockOpt []dlock.Option // --ttl
 	wait    time.Duration  // 0: as long as it takes
@@ -101,8 +104,17 @@ type runOptions struct {
 	logJSON bool // --log-format json
 }
 
+// what names what dlock holds, for messages: the lock KEY, or the
+// leadership of the election NAME.
+func (o *runOptions) what() string {
+	if o.cmd == "elect" {
+		return fmt.Sprintf("the leadership of election %q", o.key)
+	}
+	return fmt.Sprintf("the lock %q", o.key)
+}
+
 func runMain(args []string, stdout, stderr io.Writer) int {
-	o, code, ok := parseRunArgs(args, stdout, stderr)
+	o, code, ok := parseRunArgs("run", args, stdout, stderr)
 	if !ok {
 		return code
 	}
@@ -112,11 +124,17 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	return o.run(stderr)
 }
 
-// parseRunArgs parses dlock run's arguments. ok is false when the caller
-// should exit with code.
-func parseRunArgs(args []string, stdout, stderr io.Writer) (o runOptions, code int, ok bool) {
-	fs := newFlagSet("run")
+// parseRunArgs parses the arguments of dlock run or dlock elect (cmd). ok is
+// false when the caller should exit with code.
+func parseRunArgs(cmd string, args []string, stdout, stderr io.Writer) (o runOptions, code int, ok bool) {
+	o.cmd = cmd
+	fs := newFlagSet(cmd)
 	dsn := fs.String("dsn", "", "")
+	usage, what := runUsage, "KEY"
+	if cmd == "elect" {
+		usage, what = electUsage, "NAME"
+		fs.StringVar(&o.value, "value", dlock.DefaultLabel, "")
+	}
 	ttl := fs.Duration("ttl", 0, "")
 	fs.DurationVar(&o.wait, "wait", 0, "")
 	fs.BoolVar(&o.noWait, "no-wait", false, "")
@@ -124,50 +142,55 @@ func parseRunArgs(args []string, stdout, stderr io.Writer) (o runOptions, code i
 	fs.BoolVar(&o.verbose, "v", false, "")
 	fs.BoolVar(&o.verbose, "verbose", false, "")
 	logFormat := fs.String("log-format", "text", "")
-	if code, ok := parseFlags(fs, args, runUsage, stdout, stderr); !ok {
+	if code, ok := parseFlags(fs, args, usage, stdout, stderr); !ok {
 		return o, code, false
 	}
 	rest := fs.Args()
 	if len(rest) == 0 {
-		return o, usageError(stderr, "run", "missing KEY and COMMAND: dlock run [flags] KEY -- COMMAND [ARG...]"), false
+		return o, usageError(stderr, cmd, "missing %s and COMMAND: dlock %s [flags] %s -- COMMAND [ARG...]", what, cmd, what), false
 	}
 	o.key, rest = rest[0], rest[1:]
 	// Flags may also come between KEY and "--".
 	if i := slices.Index(rest, "--"); i >= 0 {
 		if err := fs.Parse(rest[:i]); err != nil {
-			return o, usageError(stderr, "run", "%v", err), false
+			return o, usageError(stderr, cmd, "%v", err), false
 		}
 		if extra := fs.Args(); len(extra) > 0 {
-			return o, usageError(stderr, "run", "unexpected argument %q between KEY and --: COMMAND goes after --", extra[0]), false
+			return o, usageError(stderr, cmd, "unexpected argument %q between %s and --: COMMAND goes after --", extra[0], what), false
 		}
 		rest = rest[i+1:]
 	}
 	o.command = rest
 	if len(o.command) == 0 {
-		return o, usageError(stderr, "run", "missing COMMAND: dlock run [flags] KEY -- COMMAND [ARG...]"), false
+		return o, usageError(stderr, cmd, "missing COMMAND: dlock %s [flags] %s -- COMMAND [ARG...]", cmd, what), false
 	}
 
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	switch {
 	case o.noWait && set["wait"]:
-		return o, usageError(stderr, "run", "--wait and --no-wait exclude each other"), false
+		return o, usageError(stderr, cmd, "--wait and --no-wait exclude each other"), false
 	case set["wait"] && o.wait <= 0:
-		return o, usageError(stderr, "run", "--wait must be a positive duration such as 30s (use --no-wait not to wait)"), false
+		return o, usageError(stderr, cmd, "--wait must be a positive duration such as 30s (use --no-wait not to wait)"), false
 	case set["ttl"] && *ttl <= 0:
-		return o, usageError(stderr, "run", "--ttl must be a positive duration such as 30s"), false
+		return o, usageError(stderr, cmd, "--ttl must be a positive duration such as 30s"), false
 	case o.grace < 0:
-		return o, usageError(stderr, "run", "--grace must not be negative"), false
+		return o, usageError(stderr, cmd, "--grace must not be negative"), false
 	case *logFormat != "text" && *logFormat != "json":
-		return o, usageError(stderr, "run", "--log-format must be text or json, got %q", *logFormat), false
+		return o, usageError(stderr, cmd, "--log-format must be text or json, got %q", *logFormat), false
 	}
 	o.logJSON = *logFormat == "json"
 	if set["ttl"] {
 		o.lockOpt = append(o.lockOpt, dlock.WithTTL(*ttl))
 	}
+	if cmd == "elect" {
+		// A campaign is an acquire whose label is the candidate's value
+		// (package election).
+		o.lockOpt = append(o.lockOpt, dlock.WithLabel(o.value))
+	}
 	var err error
 	if o.dsn, err = resolveDSN(*dsn); err != nil {
-		return o, usageError(stderr, "run", "%v", err), false
+		return o, usageError(stderr, cmd, "%v", err), false
 	}
 	return o, 0, true
 }
@@ -295,20 +318,20 @@ func (o *runOptions) acquire(ctx context.Context, locker dlock.Locker, logf func
 		logf("%s", errText(err))
 	}
 	if sig, ok := interrupted(ctx); ok {
-		logf("interrupted by %s while waiting for the lock %q", signalName(sig), o.key)
+		logf("interrupted by %s while waiting for %s", signalName(sig), o.what())
 		return nil, exitSignal + signalNumber(sig)
 	}
 	if errors.Is(err, dlock.ErrNotAcquired) {
 		switch {
 		case o.noWait:
-			logf("lock %q is held by another owner (--no-wait)", o.key)
+			logf("%s is held by another owner (--no-wait)", o.what())
 			return nil, exitBusy
 		case errors.Is(err, context.DeadlineExceeded):
-			logf("lock %q is still held by another owner after waiting %v (--wait)", o.key, o.wait)
+			logf("%s is still held by another owner after waiting %v (--wait)", o.what(), o.wait)
 			return nil, exitBusy
 		}
 	}
-	logf("cannot take the lock %q %s", o.key, causeText(err))
+	logf("cannot take %s %s", o.what(), causeText(err))
 	return nil, exitFor(err)
 }
 
@@ -319,6 +342,10 @@ func (o *runOptions) supervise(lease *dlock.Lease, path string, sigs <-chan os.S
 	cmd.Args[0] = o.command[0]
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
 	cmd.Env = childEnv(os.Environ(), o.key, lease.Token())
+	if o.cmd == "elect" {
+		cmd.Env = append(slices.DeleteFunc(cmd.Env, func(kv string) bool { return strings.HasPrefix(kv, "DLOCK_VALUE=") }),
+			"DLOCK_VALUE="+o.value)
+	}
 	child, err := startChild(cmd)
 	if err != nil {
 		_ = lease.Release(context.Background())
@@ -337,7 +364,7 @@ loop:
 		case <-leaseDone:
 			leaseDone = nil
 			lost = true
-			logf("lost the lock %q %s", o.key, causeText(lease.Err()))
+			logf("lost %s %s", o.what(), causeText(lease.Err()))
 			if o.grace > 0 {
 				logf("stopping the command: SIGTERM now, SIGKILL in %v", o.grace)
 				child.stop(false)
@@ -362,7 +389,7 @@ loop:
 			// The command's leader exited; stop what it left in its group.
 			child.waitGroup(kill)
 		}
-		logf("the command was stopped because the lock %q was lost: it may not have run alone (its own exit status was %d)", o.key, status)
+		logf("the command was stopped because %s was lost: it may not have run alone (its own exit status was %d)", o.what(), status)
 		return exitLost
 	}
 
@@ -374,11 +401,11 @@ loop:
 			logf("released %q", o.key)
 		}
 	case errors.Is(err, dlock.ErrLeaseLost):
-		logf("the lock %q was lost before the command finished %s", o.key, causeText(err))
+		logf("%s was lost before the command finished %s", o.what(), causeText(err))
 		logf("the command may not have run alone (its own exit status was %d)", status)
 		return exitLost
 	default:
-		logf("release of the lock %q not confirmed %s; it frees itself when its TTL runs out", o.key, causeText(err))
+		logf("release of %s not confirmed %s; it frees itself when its TTL runs out", o.what(), causeText(err))
 	}
 	return status
 }

@@ -73,7 +73,7 @@ func TestRunBusy(t *testing.T) {
 
 			r := runCLI(t, env, "run", "--no-wait", "busy", "--", "echo", "ran")
 			r.expectCode(t, exitBusy)
-			if r.stdout != "" || !strings.Contains(r.stderr, `dlock: lock "busy" is held by another owner (--no-wait)`) {
+			if r.stdout != "" || !strings.Contains(r.stderr, `dlock: the lock "busy" is held by another owner (--no-wait)`) {
 				t.Errorf("--no-wait on a held lock: stdout %q, stderr %q", r.stdout, r.stderr)
 			}
 
@@ -319,7 +319,7 @@ func TestParseRunArgs(t *testing.T) {
 	}
 	for _, c := range cases {
 		var stdout, stderr bytes.Buffer
-		o, code, ok := parseRunArgs(c.args, &stdout, &stderr)
+		o, code, ok := parseRunArgs("run", c.args, &stdout, &stderr)
 		if !ok {
 			t.Errorf("%q: status %d: %s", c.args, code, stderr.String())
 			continue
