@@ -24,16 +24,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"net/url"
 	"os"
 	"sync"
 	"time"
 
-	"go.etcd.io/etcd/server/v3/embed"
-	"go.uber.org/zap"
-
 	"github.com/dlock-go/dlock"
 	_ "github.com/dlock-go/dlock/etcd" // registers etcd:// and etcds://
+	"github.com/dlock-go/dlock/examples/internal/embedetcd"
 	"github.com/dlock-go/dlock/fencing"
 	_ "github.com/dlock-go/dlock/memlock" // registers mem:// (in-process, for -dsn mem://)
 	_ "github.com/dlock-go/dlock/redis"   // registers redis:// and rediss://
@@ -85,13 +82,13 @@ func run(dsn string, ttl time.Duration) error {
 	acct := &account{}
 
 	if dsn == "" {
-		srv, err := startEtcd()
+		srv, err := embedetcd.Start("quickstart")
 		if err != nil {
 			return fmt.Errorf("embedded etcd: %w", err)
 		}
-		defer srv.close()
-		dsn = srv.dsn
-		tl.say("setup", "started an embedded etcd server on %s (no install needed; -dsn picks another backend)", srv.addr)
+		defer srv.Close()
+		dsn = srv.DSN("/quickstart")
+		tl.say("setup", "started an embedded etcd server on %s (no install needed; -dsn picks another backend)", srv.Addr)
 	}
 
 	open := func() (dlock.Locker, error) { return dlock.Open(ctx, dsn, dlock.WithTTL(ttl)) }
@@ -193,58 +190,4 @@ func dsnScheme(dsn string) string {
 		}
 	}
 	return "?"
-}
-
-// embeddedEtcd is a single-member etcd server running inside this process.
-type embeddedEtcd struct {
-	e    *embed.Etcd
-	dir  string
-	addr string // client address, 127.0.0.1:PORT
-	dsn  string
-}
-
-// startEtcd starts an etcd server in a temporary directory, listening on
-// free loopback ports, with its logs off. Its 10ms heartbeat and 100ms
-// election timeout (etcd's defaults are 100ms and 1s) make it ready in well
-// under a second and let leases be as short as 1s.
-func startEtcd() (*embeddedEtcd, error) {
-	dir, err := os.MkdirTemp("", "dlock-quickstart-etcd-")
-	if err != nil {
-		return nil, err
-	}
-	cfg := embed.NewConfig()
-	cfg.Name = "quickstart"
-	cfg.Dir = dir
-	// Port 0: the kernel picks free ports. The peer URL is never dialled by a
-	// single-member cluster.
-	local := url.URL{Scheme: "http", Host: "127.0.0.1:0"}
-	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{local}, []url.URL{local}
-	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{local}, []url.URL{local}
-	cfg.InitialCluster = cfg.Name + "=" + local.String()
-	cfg.TickMs, cfg.ElectionMs = 10, 100
-	cfg.ZapLoggerBuilder = embed.NewZapLoggerBuilder(zap.NewNop())
-	e, err := embed.StartEtcd(cfg)
-	if err != nil {
-		_ = os.RemoveAll(dir)
-		return nil, err
-	}
-	srv := &embeddedEtcd{e: e, dir: dir}
-	select {
-	case <-e.Server.ReadyNotify():
-	case err := <-e.Err():
-		srv.close()
-		return nil, err
-	case <-time.After(30 * time.Second):
-		srv.close()
-		return nil, errors.New("not ready after 30s")
-	}
-	srv.addr = e.Clients[0].Addr().String()
-	srv.dsn = "etcd://" + srv.addr + "/quickstart"
-	return srv, nil
-}
-
-// close stops the server and removes its data.
-func (s *embeddedEtcd) close() {
-	s.e.Close()
-	_ = os.RemoveAll(s.dir)
 }
