@@ -74,6 +74,13 @@ type Breaker interface {
 	Break(ctx context.Context, key string) (LockInfo, error)
 }
 
+// Watcher is implemented by a Locker whose backend reports changes of locks
+// as they happen (see the package-level Watch). A Locker that wraps another
+// can implement it by forwarding to dlock.Watch.
+type Watcher interface {
+	Watch(ctx context.Context, key string, changed func()) error
+}
+
 // errUnsupported wraps errors.ErrUnsupported for a Locker whose backend
 // cannot do op.
 func errUnsupported(backendName, op, what string) error {
@@ -123,6 +130,40 @@ func Break(ctx context.Context, l Locker, key string) (LockInfo, error) {
 		return LockInfo{}, errUnsupported(fmt.Sprintf("%T", l), "break", "break locks")
 	}
 	return br.Break(ctx, key)
+}
+
+// Watch calls changed each time key's lock on l's backend may have changed
+// (a grant, a release, an expiry, a waiter arriving or leaving), from one
+// goroutine, until ctx ends or l is closed; it returns once the watch is in
+// place. Calls may be spurious; a grant right after a release may be
+// reported only as the release, so read the state again shortly after a
+// call that finds nobody holding the lock. Where the backend cannot push
+// changes (PostgreSQL, Redlock), it returns an error matching
+// errors.ErrUnsupported: poll Inspect instead.
+func Watch(ctx context.Context, l Locker, key string, changed func()) error {
+	w, ok := l.(Watcher)
+	if !ok {
+		return errUnsupported(fmt.Sprintf("%T", l), "watch", "report changes as they happen")
+	}
+	return w.Watch(ctx, key, changed)
+}
+
+func (l *locker) Watch(ctx context.Context, key string, changed func()) error {
+	w, ok := l.drv.(backend.Watcher)
+	if !ok {
+		return errUnsupported(l.name, "watch", "report changes as they happen")
+	}
+	if err := validateKey(key); err != nil {
+		return l.errorf("watch", key, err)
+	}
+	if !l.enter() {
+		return l.errorf("watch", key, ErrClosed)
+	}
+	defer l.inflight.Done()
+	if err := w.Watch(ctx, key, changed); err != nil {
+		return l.errorf("watch", key, err)
+	}
+	return nil
 }
 
 func (l *locker) Inspect(ctx context.Context, key string) (LockInfo, error) {

@@ -79,3 +79,19 @@ type MultiAcquirer interface {
 	// leaving nothing behind.
 	TryAcquireAll(ctx context.Context, reqs []AcquireRequest) ([]*Grant, error)
 }
+
+// Watcher is an optional interface a Driver implements to report, as they
+// happen, changes of a key's lock — grants, releases, expiries, waiters
+// arriving or leaving — so that a follower (dlock.Watch, package election's
+// Observe) need not poll.
+type Watcher interface {
+	// Watch calls changed each time key's lock may have changed, until ctx
+	// ends or the driver is closed, from one goroutine the driver owns and
+	// waits for in Close. It returns once the watch is in place: a change
+	// after it returns is reported. Calls may be spurious, changes that come
+	// together may be reported once, and a grant that follows a release may
+	// be reported only as the release (the caller reads the state again
+	// shortly after). If the watch breaks (a lost connection), changed is
+	// called, and again once the watch is back in place.
+	Watch(ctx context.Context, key string, changed func()) error
+}

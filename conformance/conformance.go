@@ -78,6 +78,7 @@ func Run(t *testing.T, h Harness) {
 		{"Election", s.testElection},
 		{"ElectionHandover", s.testElectionHandover},
 		{"ElectionLossCancelsRun", s.testElectionLossCancelsRun},
+		{"ElectionObservePush", s.testElectionObservePush},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, tc.fn)

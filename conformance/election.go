@@ -237,3 +237,89 @@ func (s *suite) testElectionLossCancelsRun(t *testing.T) {
 		t.Errorf("OnStoppedLeading heard %v, want ErrLeaseLost", stopped)
 	}
 }
+
+// testElectionObservePush: where the backend pushes changes (dlock.Watch),
+// Observe sees each new leader, and the end of each term, within the
+// push-wait bound, although its polling interval is an hour.
+func (s *suite) testElectionObservePush(t *testing.T) {
+	ctx := s.ctx(t)
+	name := key(t)
+	viewer := s.locker(t)
+	probe, cancelProbe := context.WithCancel(ctx)
+	err := dlock.Watch(probe, viewer, name, func() {})
+	cancelProbe()
+	if !supports(t, err, "push changes of a lock") {
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	octx, stop := context.WithCancel(ctx)
+	defer stop()
+	seen, err := election.Observe(octx, viewer, name, election.WithInterval(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in := <-seen; in.Led {
+		t.Fatalf("first read: %+v, want nobody leading", in)
+	}
+	expect := func(what string, want func(election.Info) bool) {
+		t.Helper()
+		start := time.Now()
+		select {
+		case in := <-seen:
+			if !want(in) {
+				t.Fatalf("%s: observed %+v", what, in)
+			}
+			t.Logf("%s: observed after %v", what, time.Since(start))
+		case <-time.After(PushWaitBound + time.Second):
+			t.Fatalf("%s: not observed within %v with an hour's polling interval", what, PushWaitBound+time.Second)
+		}
+	}
+	a, b := s.locker(t), s.locker(t)
+	first, err := election.Campaign(ctx, a, name, "first")
+	if err != nil {
+		t.Fatal(err)
+	}
+	expect("first leader", func(in election.Info) bool { return in.Led && in.Value == "first" })
+	next := make(chan *election.Leadership, 1)
+	go func() {
+		ld, err := election.Campaign(ctx, b, name, "second")
+		if err != nil {
+			t.Error(err)
+		}
+		next <- ld
+	}()
+	if wc, ok := s.h.(WaiterCounter); ok {
+		deadline := time.Now().Add(10 * time.Second)
+		for wc.Waiters(t, name) < 1 && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+	} else {
+		time.Sleep(200 * time.Millisecond)
+	}
+	if err := first.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The hand-over may be seen as one change or as nobody, then second.
+	start := time.Now()
+	for {
+		select {
+		case in := <-seen:
+			if in.Led && in.Value == "second" {
+				t.Logf("hand-over observed after %v", time.Since(start))
+				second := <-next
+				if second == nil {
+					return
+				}
+				if err := second.Resign(ctx); err != nil {
+					t.Fatal(err)
+				}
+				expect("no leader", func(in election.Info) bool { return !in.Led })
+				return
+			}
+		case <-time.After(PushWaitBound + time.Second):
+			t.Fatalf("the hand-over to the second leader was not observed within %v", PushWaitBound+time.Second)
+		}
+	}
+}

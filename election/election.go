@@ -26,8 +26,9 @@
 // on Redis the lock key's value after the owner ID; on PostgreSQL the leader
 // session's application_name (at most 63 bytes are kept).
 //
-// Leader reads who leads now; Observe follows it by reading every interval
-// (it does not yet use the backends' watches).
+// Leader reads who leads now; Observe follows it, pushed by the backend's
+// watch where there is one (etcd, ZooKeeper, Redis pub/sub), and by reading
+// every interval elsewhere (PostgreSQL, Redlock).
 package election
 
 import (
@@ -124,6 +125,10 @@ func infoOf(name string, li dlock.LockInfo) Info {
 	return Info{Name: name, Led: true, Value: li.Label, Token: li.Token, Expires: li.Expires}
 }
 
+// followUpDelay is the first of the re-reads after a pushed change that
+// found nobody leading (then twice, four times as long).
+const followUpDelay = 5 * time.Millisecond
+
 // DefaultObserveInterval is how often Observe reads the leader unless
 // WithInterval says otherwise.
 const DefaultObserveInterval = time.Second
@@ -145,8 +150,11 @@ var ErrInvalidInterval = errors.New("election: observe interval must be positive
 
 // Observe follows who leads the election name on l: it sends the leader at
 // once, and again each time it changes (a new term, or no leader), until ctx
-// ends; then it closes the channel. It reads the leader every interval (see
-// WithInterval), so it sees a change within about that. A term is never sent
+// ends; then it closes the channel. Where the backend pushes changes
+// (dlock.Watch: etcd, ZooKeeper, Redis) it reads the leader as soon as one is
+// pushed; it also reads every interval (see WithInterval), which is how it
+// follows PostgreSQL and Redlock, and catches what a backend does not push
+// (a Redis lock that expires). A term is never sent
 // after a later one: where tokens are known, a read whose token is below the
 // last sent is dropped. Read errors are skipped (the next read tries again);
 // the channel is unbuffered, and a reader that falls behind sees only the
@@ -177,20 +185,49 @@ func Observe(ctx context.Context, l dlock.Locker, name string, opts ...ObserveOp
 				return !last.Led || cur.Value != last.Value
 			}
 		}
+		// Where the backend pushes changes, a change triggers a read; the
+		// interval's reads stay as the fallback. A release is often pushed
+		// without the grant that follows it: a read that finds nobody
+		// leading after a change is repeated a few times shortly after.
+		kick := make(chan struct{}, 1)
+		watching := dlock.Watch(ctx, l, name, func() {
+			select {
+			case kick <- struct{}{}:
+			default:
+			}
+		}) == nil
 		tick := time.NewTicker(s.every)
 		defer tick.Stop()
+		follow := time.NewTimer(time.Hour)
+		follow.Stop()
+		defer follow.Stop()
+		followUps := 0 // reads left after a change that found nobody leading
 		for {
-			if cur, err := Leader(ctx, l, name); err == nil && worth(cur) {
-				select {
-				case out <- cur:
-					last, sent = cur, true
-					top = max(top, cur.Token)
-				case <-ctx.Done():
-					return
+			if cur, err := Leader(ctx, l, name); err == nil {
+				if worth(cur) {
+					select {
+					case out <- cur:
+						last, sent = cur, true
+						top = max(top, cur.Token)
+					case <-ctx.Done():
+						return
+					}
 				}
+				if cur.Led {
+					followUps = 0
+				}
+			}
+			if followUps > 0 {
+				follow.Reset(followUpDelay << (3 - followUps))
+				followUps--
 			}
 			select {
 			case <-tick.C:
+			case <-kick:
+				if watching {
+					followUps = 3
+				}
+			case <-follow.C:
 			case <-ctx.Done():
 				return
 			}

@@ -85,6 +85,10 @@ func (l *clientLocker) Break(ctx context.Context, key string) (dlock.LockInfo, e
 	return dlock.Break(ctx, l.Locker, key)
 }
 
+func (l *clientLocker) Watch(ctx context.Context, key string, changed func()) error {
+	return dlock.Watch(ctx, l.Locker, key, changed)
+}
+
 func (l *clientLocker) Close() error {
 	err := l.Locker.Close()
 	_ = l.client.Close() // a second Close, after Crash or Close, is harmless

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/url"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -156,6 +157,8 @@ type Driver struct {
 	opts   Options
 	mux    *rediscore.Mux
 	closed atomic.Bool
+
+	watches sync.WaitGroup // Watch's goroutines
 }
 
 var (
@@ -288,6 +291,7 @@ func (d *Driver) Close() error {
 		return errClosed
 	}
 	d.mux.Close()
+	d.watches.Wait()
 	if d.owned {
 		return d.client.Close()
 	}
@@ -496,7 +500,8 @@ func (d *Driver) attemptRank(ctx context.Context, req backend.AcquireRequest, k 
 		return nil, 0, 0, err
 	}
 	start := time.Now()
-	script, keys, args := rediscore.Acquire, []string{k.Lock, k.Fence}, []any{req.Owner, ms}
+	// The grant is announced on the release channel for followers (Watch).
+	script, keys, args := rediscore.Acquire, []string{k.Lock, k.Fence}, []any{req.Owner, ms, "-", k.Channel}
 	if d.opts.Fair {
 		join := "0"
 		if req.Wait {
@@ -504,7 +509,7 @@ func (d *Driver) attemptRank(ctx context.Context, req backend.AcquireRequest, k 
 		}
 		script = rediscore.FairAcquire
 		keys = []string{k.Lock, k.Fence, k.Queue, k.QueueExpiry, k.QueueSeq}
-		args = append(args, join, req.TTL.Milliseconds(), k.Channel)
+		args = []any{req.Owner, ms, join, req.TTL.Milliseconds(), k.Channel}
 	}
 	var (
 		res []int64

@@ -4,8 +4,12 @@
 -- KEYS[2]  the fencing counter     <prefix>{<tag>}:fence   (same hash tag)
 -- ARGV[1]  the owner id
 -- ARGV[2]  the TTL in milliseconds
--- ARGV[3]  optional: if given, a refusal also names the holder (Redlock uses
---          it to tell one holder with a quorum from a split vote)
+-- ARGV[3]  optional: "holder" makes a refusal also name the holder (Redlock
+--          uses it to tell one holder with a quorum from a split vote); any
+--          other value does not
+-- ARGV[4]  optional: the release channel, on which a grant is announced with
+--          the message "+" (waiters ignore it; followers, backend.Watcher,
+--          read the new holder)
 --
 -- Returns {1, token} when granted, {0, pttl} when another owner holds the lock
 -- (pttl: the holder's remaining time to live in ms, -1 if the key has none),
@@ -18,7 +22,7 @@ if redis.replicate_commands then redis.replicate_commands() end
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local holder = redis.call('GET', KEYS[1])
   if holder ~= ARGV[1] then
-    if ARGV[3] then
+    if ARGV[3] == 'holder' then
       return {0, redis.call('PTTL', KEYS[1]), holder or ''}
     end
     return {0, redis.call('PTTL', KEYS[1])}
@@ -39,5 +43,8 @@ if token < now then
   -- ~1.7e15 < 2^53: exact as a Lua number. '%.0f', not tostring, which would
   -- give "1.7e+15".
   redis.call('SET', KEYS[2], string.format('%.0f', now))
+end
+if ARGV[4] then
+  redis.call('PUBLISH', ARGV[4], '+')
 end
 return {1, token}

@@ -10,7 +10,8 @@
 -- ARGV[3]  '1': join (or stay in) the queue if not granted; '0': a try
 -- ARGV[4]  the waiter's own TTL in milliseconds: it is dropped from the
 --          queue unless it calls again within it
--- ARGV[5]  the release channel     <prefix>{<tag>}:released
+-- ARGV[5]  the release channel     <prefix>{<tag>}:released, on which a
+--          grant is announced with the message "+" (for followers)
 --
 -- The lock is granted when it is free and the caller heads the queue (or the
 -- queue is empty). Waiters whose TTL has passed are dropped first, so a
@@ -47,6 +48,7 @@ local function grant()
     token = nowus
     redis.call('SET', KEYS[2], string.format('%.0f', nowus))
   end
+  redis.call('PUBLISH', ARGV[5], '+') -- for followers; waiters ignore it
   return {1, token}
 end
 

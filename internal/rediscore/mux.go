@@ -64,10 +64,11 @@ type chanState struct {
 
 // Waiter is one Acquire call waiting on one channel of one Mux.
 type Waiter struct {
-	st    *chanState
-	id    string // a fair-mode waiter's name in the queue; "" otherwise
-	wake  chan<- struct{}
-	ready chan<- struct{}
+	st       *chanState
+	id       string // a fair-mode waiter's name in the queue; "" otherwise
+	observer bool   // woken by every message, and never takes one from a waiter
+	wake     chan<- struct{}
+	ready    chan<- struct{}
 }
 
 type opKind int
@@ -115,6 +116,17 @@ func (m *Mux) Subscribe(channel string, wake, ready chan<- struct{}) (*Waiter, e
 // wakes no one here; an empty message wakes the first waiter, as for
 // Subscribe.
 func (m *Mux) SubscribeAs(channel, id string, wake, ready chan<- struct{}) (*Waiter, error) {
+	return m.subscribe(channel, id, false, wake, ready)
+}
+
+// Observe is Subscribe for a follower that is not waiting for the lock
+// (backend.Watcher): every message on channel wakes it, besides the waiter
+// the message is for, and it never takes a message from a waiter.
+func (m *Mux) Observe(channel string, wake, ready chan<- struct{}) (*Waiter, error) {
+	return m.subscribe(channel, "", true, wake, ready)
+}
+
+func (m *Mux) subscribe(channel, id string, observer bool, wake, ready chan<- struct{}) (*Waiter, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
@@ -132,7 +144,7 @@ func (m *Mux) SubscribeAs(channel, id string, wake, ready chan<- struct{}) (*Wai
 		m.chans[channel] = st
 		m.enqueueLocked(muxOp{kind: opSubscribe, st: st})
 	}
-	w := &Waiter{st: st, id: id, wake: wake, ready: ready}
+	w := &Waiter{st: st, id: id, observer: observer, wake: wake, ready: ready}
 	st.waiters = append(st.waiters, w)
 	if st.confirmed {
 		signal(ready)
@@ -151,8 +163,10 @@ func (m *Mux) Unsubscribe(w *Waiter, granted bool) {
 		st.waiters = slices.Delete(st.waiters, i, i+1)
 	}
 	if len(st.waiters) > 0 {
-		if !granted {
-			signal(st.waiters[0].wake)
+		if !granted && !w.observer {
+			if first := firstWaiter(st.waiters); first != nil {
+				signal(first.wake)
+			}
 		}
 		return
 	}
@@ -335,16 +349,40 @@ func (m *Mux) dispatch(channel, payload string) {
 	if st == nil || len(st.waiters) == 0 {
 		return
 	}
+	for _, w := range st.waiters {
+		if w.observer {
+			signal(w.wake)
+		}
+	}
+	if payload == GrantMessage {
+		return // for followers only
+	}
 	if payload == "" {
-		signal(st.waiters[0].wake)
+		if first := firstWaiter(st.waiters); first != nil {
+			signal(first.wake)
+		}
 		return
 	}
 	for _, w := range st.waiters {
-		if w.id == payload {
+		if !w.observer && w.id == payload {
 			signal(w.wake)
 			return
 		}
 	}
+}
+
+// GrantMessage is what the acquire scripts publish on the release channel when
+// they grant the lock: it wakes followers (Mux.Observe), never waiters.
+const GrantMessage = "+"
+
+// firstWaiter is the first of ws that waits for the lock (not an observer).
+func firstWaiter(ws []*Waiter) *Waiter {
+	for _, w := range ws {
+		if !w.observer {
+			return w
+		}
+	}
+	return nil
 }
 
 // confirm marks active every subscription sent before ping seq.

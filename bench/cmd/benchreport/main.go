@@ -266,6 +266,13 @@ func write(w *strings.Builder, r *results, meta [][2]string, cmd, raw string) {
 		}
 	}
 
+	writeSection(w, r, "Election/Handover/", "## Leader election: hand-over\n\nTwo candidates, each a client of its own, take turns: the leader resigns while the other waits in Campaign (given 5ms to queue); the time is from the start of the resign to the other's Campaign returning. `dlock` is package election on each backend; `etcd-election` is etcd's `concurrency.Election` (a new Election on its session per campaign) on the same etcd server. Its Campaign waits for the previous leader's key with a watch that starts at the revision of its own read, which etcd serves from its unsynced-watcher loop (every 100ms) — the likely cause of its times.\n\n| backend | implementation | hand-over p50 | hand-over p99 |\n|---|---|---:|---:|\n", func(name, rest string) {
+		be, im, _ := strings.Cut(rest, "/")
+		p50, ok50 := r.get(name, "handover-p50-ns")
+		p99, ok99 := r.get(name, "handover-p99-ns")
+		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", be, im, optDur(p50, ok50), optDur(p99, ok99))
+	})
+
 	writeScale(w, r)
 
 	w.WriteString("## Not measured\n\n")
