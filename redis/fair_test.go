@@ -75,7 +75,7 @@ func TestFairDropsCrashedWaiter(t *testing.T) {
 	}
 	k := rediscore.KeysFor(redis.DefaultPrefix, key)
 	const crashedTTL = time.Second
-	res, err := rediscore.FairAcquire.Run(ctx, raw, []string{k.Lock, k.Fence, k.Queue, k.QueueExpiry, k.QueueSeq},
+	res, err := rediscore.FairAcquire.Run(ctx, raw, []string{k.Lock, k.Fence, k.Queue(), k.QueueExpiry(), k.QueueSeq()},
 		"crashed-waiter", 60000, "1", crashedTTL.Milliseconds(), k.Channel).Int64Slice()
 	if err != nil || len(res) != 3 || res[0] != 0 || res[2] != 0 {
 		t.Fatalf("the crashed waiter's enqueue: %v %v, want [0 pttl 0]", res, err)

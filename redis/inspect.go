@@ -46,7 +46,7 @@ func (d *Driver) inspect(ctx context.Context, key string, k *rediscore.Keys) (ba
 	fence := pipe.Get(ctx, k.Fence)
 	switch {
 	case d.opts.Fair:
-		queued = pipe.ZCard(ctx, k.Queue)
+		queued = pipe.ZCard(ctx, k.Queue())
 	case !cluster:
 		numsub = pipe.PubSubNumSub(ctx, k.Channel)
 	}

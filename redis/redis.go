@@ -481,7 +481,7 @@ func (d *Driver) nextWaitAt(pttl time.Duration, rank int64, ttl time.Duration) t
 func (d *Driver) leaveQueue(ctx context.Context, owner string, k *rediscore.Keys) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	_ = rediscore.FairRelease.Run(ctx, d.client, []string{k.Lock, k.Queue, k.QueueExpiry}, owner, k.Channel, "1").Err()
+	_ = rediscore.FairRelease.Run(ctx, d.client, []string{k.Lock, k.Queue(), k.QueueExpiry()}, owner, k.Channel, "1").Err()
 }
 
 // attempt runs the acquire script once. It returns the grant, or the holder's
@@ -508,7 +508,7 @@ func (d *Driver) attemptRank(ctx context.Context, req backend.AcquireRequest, k 
 			join = "1"
 		}
 		script = rediscore.FairAcquire
-		keys = []string{k.Lock, k.Fence, k.Queue, k.QueueExpiry, k.QueueSeq}
+		keys = []string{k.Lock, k.Fence, k.Queue(), k.QueueExpiry(), k.QueueSeq()}
 		args = []any{req.Owner, ms, join, req.TTL.Milliseconds(), k.Channel}
 	}
 	var (
@@ -593,7 +593,7 @@ func (d *Driver) cleanup(ctx context.Context, owner string, k *rediscore.Keys) {
 // that names the next waiter.
 func (d *Driver) release(ctx context.Context, owner string, k *rediscore.Keys) *goredis.Cmd {
 	if d.opts.Fair {
-		return rediscore.FairRelease.Run(ctx, d.client, []string{k.Lock, k.Queue, k.QueueExpiry}, owner, k.Channel, "0")
+		return rediscore.FairRelease.Run(ctx, d.client, []string{k.Lock, k.Queue(), k.QueueExpiry()}, owner, k.Channel, "0")
 	}
 	return rediscore.Release.Run(ctx, d.client, []string{k.Lock}, owner, k.Channel)
 }

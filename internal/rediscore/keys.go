@@ -30,20 +30,27 @@ func FenceKey(prefix, key string) string { return LockKey(prefix, key) + ":fence
 // announcing that key was released.
 func ReleaseChannel(prefix, key string) string { return LockKey(prefix, key) + ":released" }
 
-// Keys are the Redis names of one dlock key. Queue, QueueExpiry and
-// QueueSeq are the fair mode's (package redis, Options.Fair): the waiters in
-// arrival order, their expiries, and the arrival counter.
+// Keys are the Redis names of one dlock key. A held lease keeps its Keys, so
+// the fair mode's names are made when needed (Queue, QueueExpiry, QueueSeq).
 type Keys struct {
-	Lock, Fence, Channel         string
-	Queue, QueueExpiry, QueueSeq string
+	Lock, Fence, Channel string
 }
 
 // KeysFor returns the names of key under prefix.
 func KeysFor(prefix, key string) *Keys {
 	lock := LockKey(prefix, key)
-	return &Keys{Lock: lock, Fence: lock + ":fence", Channel: lock + ":released",
-		Queue: lock + ":queue", QueueExpiry: lock + ":qexp", QueueSeq: lock + ":qseq"}
+	return &Keys{Lock: lock, Fence: lock + ":fence", Channel: lock + ":released"}
 }
+
+// Queue is the fair mode's queue of waiters, in arrival order (package
+// redis, Options.Fair).
+func (k *Keys) Queue() string { return k.Lock + ":queue" }
+
+// QueueExpiry is the fair mode's waiters' expiries.
+func (k *Keys) QueueExpiry() string { return k.Lock + ":qexp" }
+
+// QueueSeq is the fair mode's arrival counter.
+func (k *Keys) QueueSeq() string { return k.Lock + ":qseq" }
 
 // CheckPrefix reports why prefix cannot prefix the drivers' keys.
 func CheckPrefix(prefix string) error {
