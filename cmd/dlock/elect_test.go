@@ -74,19 +74,7 @@ func TestElectAndLeader(t *testing.T) {
 // and returns the line.
 func expectPrefix(t *testing.T, b *background, prefix string) string {
 	t.Helper()
-	timeout := time.After(30 * time.Second)
-	for {
-		select {
-		case l, ok := <-b.lines:
-			if !ok {
-				<-b.done
-				t.Fatalf("dlock exited with status %d before printing %q\nstderr:\n%s", b.code, prefix, b.stderr)
-			}
-			if strings.HasPrefix(l, prefix) || strings.Contains(l, "\t"+prefix) {
-				return l
-			}
-		case <-timeout:
-			t.Fatalf("dlock did not print %q within 30s\nstderr:\n%s", prefix, b.stderr)
-		}
-	}
+	return b.expectMatch(prefix, func(l string) bool {
+		return strings.HasPrefix(l, prefix) || strings.Contains(l, "\t"+prefix)
+	})
 }

@@ -162,19 +162,26 @@ func start(t *testing.T, env []string, args ...string) *background {
 // expectLine waits for the process to print want on a line of its own.
 func (b *background) expectLine(want string) {
 	b.t.Helper()
+	b.expectMatch(want, func(l string) bool { return l == want })
+}
+
+// expectMatch waits for the process to print a line for which match is
+// true, and returns it; what names the line in a failure.
+func (b *background) expectMatch(what string, match func(string) bool) string {
+	b.t.Helper()
 	timeout := time.After(30 * time.Second)
 	for {
 		select {
 		case l, ok := <-b.lines:
 			if !ok {
 				<-b.done
-				b.t.Fatalf("dlock exited with status %d before printing %q\nstderr:\n%s", b.code, want, b.stderr)
+				b.t.Fatalf("dlock exited with status %d before printing %q\nstderr:\n%s", b.code, what, b.stderr)
 			}
-			if l == want {
-				return
+			if match(l) {
+				return l
 			}
 		case <-timeout:
-			b.t.Fatalf("dlock did not print %q within 30s\nstderr:\n%s", want, b.stderr)
+			b.t.Fatalf("dlock did not print %q within 30s\nstderr:\n%s", what, b.stderr)
 		}
 	}
 }
