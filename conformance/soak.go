@@ -169,9 +169,11 @@ func childOf(label string) int {
 // against a, an earlier lease of the same key. After a lease that was lost,
 // it is when b's winning request was sent (Lease.Granted): a's Deadline
 // claims the server could not grant the lock before it, and a deadline
-// overstated by less than b's round trip must still be caught — unless the
-// request was sent while a fault was in effect, which may have held it up
-// (a stalled server, a paused child) until long after it was sent. After a
+// overstated by less than b's round trip must still be caught — unless a
+// fault was in effect at some time between the request's sending and b's
+// Acquire returning, which may have held it up (a stalled server, a paused
+// child) until long after it was sent: a request sent just before a server
+// stall is answered only after it. After a
 // lease its holder released, it is when b's Acquire returned: the release is
 // what let b in, and b's request may have been on its way (a retry) while a
 // was being released.
@@ -180,7 +182,7 @@ func (b *soakLease) startAfter(a *soakLease, faults []soakFault) int64 {
 		return b.grant
 	}
 	for _, f := range faults {
-		if f.start <= b.sent && b.sent <= f.healed {
+		if f.start <= b.grant && b.sent <= f.healed {
 			return b.grant
 		}
 	}
