@@ -148,6 +148,17 @@ func Watch(ctx context.Context, l Locker, key string, changed func()) error {
 	return w.Watch(ctx, key, changed)
 }
 
+// WithAnnounce asks the backend to announce the lease's grant, its label's
+// changes (Lease.SetLabel) and its release to the followers of its key
+// (Watch; package election's Observe) where announcing costs something per
+// grant: on PostgreSQL a NOTIFY after each, a statement of its own whose
+// commit is flushed to disk. The backends that announce every change anyway
+// (etcd, ZooKeeper, Redis, Redlock) ignore it. Package election's Campaign
+// sets it. Off by default; given to Open or New it applies to every acquire.
+func WithAnnounce() Option {
+	return func(s *settings) { s.announce = true }
+}
+
 func (l *locker) Watch(ctx context.Context, key string, changed func()) error {
 	w, ok := l.drv.(backend.Watcher)
 	if !ok {

@@ -35,6 +35,10 @@ type Lease struct {
 	outer  *Lease        // the enclosing lease of a nested hold (see WithReentrant); nil for a lease
 	obs    LeaseObserver // nil: none; set before the lease starts, never after
 
+	// calls orders SetLabel's driver call (which may update grant) after and
+	// before the others that pass grant (read-locked).
+	calls sync.RWMutex
+
 	ctx    context.Context // cancelled, with Err as cause, when the lease ends
 	cancel context.CancelCauseFunc
 
@@ -232,7 +236,9 @@ func (l *Lease) Refresh(ctx context.Context) error {
 	}
 	defer l.locker.inflight.Done()
 	start := l.locker.clk.Now()
+	l.calls.RLock()
 	v, err := l.locker.drv.Refresh(ctx, l.grant, l.set.ttl)
+	l.calls.RUnlock()
 	if l.obs != nil {
 		l.obs.Renewed(l.locker.clk.Now()-start, err)
 	}
@@ -339,7 +345,9 @@ func (l *Lease) Release(ctx context.Context) error {
 	if l.obs != nil {
 		ctx, released = l.obs.StartRelease(ctx)
 	}
+	l.calls.RLock()
 	err := l.locker.drv.Release(ctx, l.grant)
+	l.calls.RUnlock()
 	if released != nil {
 		released(err)
 	}
@@ -366,7 +374,9 @@ func (l *Lease) releaseOnClose() error {
 	l.state = releasing
 	l.mu.Unlock()
 	l.locker.sched.unschedule(l)
+	l.calls.RLock()
 	err := l.locker.releaseDetached(l.grant, l.set.releaseTimeout)
+	l.calls.RUnlock()
 	l.end(releasing, withKind(ErrReleased, ErrClosed))
 	if err != nil && !errors.Is(err, backend.ErrNotHeld) {
 		return l.locker.errorf("release", l.Key(), err)
@@ -390,7 +400,60 @@ func (l *Lease) loseBy(kind LossCause, cause error) {
 		return
 	}
 	l.locker.sched.unschedule(l)
-	l.locker.sched.spawn(func() { _ = l.locker.releaseDetached(l.grant, l.set.releaseTimeout) })
+	l.locker.sched.spawn(func() {
+		l.calls.RLock()
+		defer l.calls.RUnlock()
+		_ = l.locker.releaseDetached(l.grant, l.set.releaseTimeout)
+	})
+}
+
+// SetLabel changes the label stored with the lease's lock (see WithLabel),
+// where Inspect and List report it and where followers of the key
+// (dlock.Watch, package election's Observe) see it change; package election's
+// Proclaim uses it. label follows WithLabel's rules. A nested hold (see
+// WithReentrant) changes its lock's label.
+//
+// It returns an error matching ErrLeaseLost if the lease was lost (and ends
+// it, if the backend reports the lock gone), ErrReleased if it was released,
+// ErrInvalidOption for a label that cannot be stored, and errors.ErrUnsupported
+// where the backend cannot change a held lock's label (a Locker whose driver
+// does not implement backend.Relabeler). If it fails otherwise (the backend
+// unreachable), the label may or may not have changed.
+func (l *Lease) SetLabel(ctx context.Context, label string) error {
+	if l.outer != nil {
+		if err := l.nestedErr(); err != nil {
+			return err
+		}
+		return l.outer.SetLabel(ctx, label)
+	}
+	rl, ok := l.locker.drv.(backend.Relabeler)
+	if !ok {
+		return errUnsupported(l.locker.name, "set label", "change a held lock's label")
+	}
+	if err := checkLabel(label); err != nil {
+		return l.locker.errorf("set label", l.Key(), err)
+	}
+	if err := l.heldErr("set label"); err != nil {
+		return err
+	}
+	if !l.locker.enter() {
+		return l.heldErrOr("set label", ErrClosed)
+	}
+	defer l.locker.inflight.Done()
+	l.calls.Lock()
+	err := rl.Relabel(ctx, l.grant, label)
+	l.calls.Unlock()
+	if err != nil {
+		if errors.Is(err, backend.ErrNotHeld) {
+			l.loseBy(LossBackendReported, err)
+			return l.Err()
+		}
+		if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+			err = fmt.Errorf("%w (%w)", ctx.Err(), err)
+		}
+		return l.locker.errorf("set label", l.Key(), err)
+	}
+	return l.heldErr("set label")
 }
 
 // end moves the lease from state from to its final state, and reports whether
@@ -481,7 +544,9 @@ func (l *Lease) autoRenew(deadline time.Duration) {
 	start := l.locker.clk.Now()
 	ctx, cancel := context.WithTimeout(l.ctx, deadline-start)
 	defer cancel()
+	l.calls.RLock()
 	v, err := l.locker.drv.Refresh(ctx, l.grant, l.set.ttl)
+	l.calls.RUnlock()
 	l.mu.Lock()
 	l.renewing = false
 	l.mu.Unlock()

@@ -249,12 +249,13 @@ func (l *locker) grantLease(ctx context.Context, op, key string, wait bool, s se
 	onClock := clock.Offset(l.clk) // Grant.Start is a time.Time; the lease counts on clk
 	lost := new(lossLatch)
 	g, err := l.drv.Acquire(actx, backend.AcquireRequest{
-		Key:    key,
-		Owner:  backend.NewOwnerID(),
-		TTL:    s.ttl,
-		Wait:   wait,
-		Label:  s.label,
-		OnLost: lost.fire,
+		Key:      key,
+		Owner:    backend.NewOwnerID(),
+		TTL:      s.ttl,
+		Wait:     wait,
+		Label:    s.label,
+		Announce: s.announce,
+		OnLost:   lost.fire,
 	})
 	if err != nil {
 		return nil, l.errorf(op, key, l.acquireErr(ctx, err))

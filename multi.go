@@ -133,7 +133,7 @@ func (l *locker) tryAll(ctx context.Context, sorted []string, opts []Option) ([]
 	lost := make([]*lossLatch, len(sorted))
 	for i, k := range sorted {
 		lost[i] = new(lossLatch)
-		reqs[i] = backend.AcquireRequest{Key: k, Owner: backend.NewOwnerID(), TTL: s.ttl, Label: s.label, OnLost: lost[i].fire}
+		reqs[i] = backend.AcquireRequest{Key: k, Owner: backend.NewOwnerID(), TTL: s.ttl, Label: s.label, Announce: s.announce, OnLost: lost[i].fire}
 	}
 	gs, err := ma.TryAcquireAll(ctx, reqs)
 	if err == nil && len(gs) != len(reqs) {

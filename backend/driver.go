@@ -123,6 +123,12 @@ type AcquireRequest struct {
 	// is at most MaxLabelLen bytes of printable UTF-8; "" stores none.
 	Label string
 
+	// Announce asks the driver to announce this grant, the changes of its
+	// label and its release to Watch followers of Key where announcing costs
+	// the backend something per grant (PostgreSQL's NOTIFY). A driver that
+	// announces every change anyway, or has no Watch, ignores it.
+	Announce bool
+
 	// OnLost is set by dlock. A driver that learns the lock granted by this
 	// Acquire is gone before its validity ends (a session expired, a watch saw
 	// the key deleted, the connection holding it died) calls OnLost with the

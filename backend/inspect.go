@@ -95,3 +95,18 @@ type Watcher interface {
 	// called, and again once the watch is back in place.
 	Watch(ctx context.Context, key string, changed func()) error
 }
+
+// Relabeler is an optional interface a Driver implements to change the label
+// of a lock it holds (dlock.Lease.SetLabel; package election's Proclaim, which
+// changes the value a leader publishes).
+//
+// Relabel stores label (checked as AcquireRequest.Label is) as g's label if g
+// still holds its lock, where Inspect reads it and so that a Watch of the key
+// reports the change. It returns an error wrapping ErrNotHeld if the lock is no
+// longer g's. dlock makes no other call with g while Relabel runs, and Relabel
+// may update g (its Owner, where the stored value names both owner and label,
+// and its Data) for the calls that follow; when it fails, g must still work
+// for Refresh and Release.
+type Relabeler interface {
+	Relabel(ctx context.Context, g *Grant, label string) error
+}

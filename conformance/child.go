@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/election"
 )
 
 // The environment of a child process started by the suite.
@@ -75,6 +76,7 @@ type childSpec struct {
 	Goroutines int           // soak: lockers (each its own dlock.Open)
 	Interval   time.Duration // soak: least time between two acquisitions of one goroutine
 	Think      time.Duration // time between a read and the write of an increment
+	Elect      bool          // holder: lead an election named Keys[0] (election.Run) instead of acquiring it
 }
 
 // msg is one line of the pipe protocol, both ways. From the child: "grant"
@@ -181,7 +183,9 @@ func increment(c *childConn, lease *dlock.Lease, label string, granted int64, th
 
 // runHolderChild is the holder of a PauseHolder trial: it acquires the one key,
 // reports its grant and deadline, increments the register while its lease is
-// held, and when told to stop releases it and exits.
+// held, and when told to stop releases it and exits. With spec.Elect (a
+// LeaderPause trial) it leads an election of that name instead, with
+// election.Run, and the end it reports is when Run cancelled the term's ctx.
 func runHolderChild(c *childConn, spec childSpec) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -190,10 +194,37 @@ func runHolderChild(c *childConn, spec childSpec) error {
 		return err
 	}
 	defer l.Close()
+	if spec.Elect {
+		var finish func()
+		err := election.Run(ctx, l, spec.Keys[0], spec.Name, election.Callbacks{}, func(tctx context.Context, ld *election.Leadership) error {
+			finish = holdAndReport(c, spec, ld.Lease(), tctx.Done(), func() error { return context.Cause(tctx) })
+			return election.ErrStop // Run resigns
+		}, dlock.WithTTL(spec.TTL))
+		if finish != nil {
+			finish()
+		}
+		return err
+	}
 	lease, err := l.Acquire(ctx, spec.Keys[0], dlock.WithTTL(spec.TTL))
 	if err != nil {
 		return err
 	}
+	finish := holdAndReport(c, spec, lease, lease.Done(), lease.Err)
+	err = lease.Release(context.Background())
+	finish()
+	if err != nil && !errors.Is(err, dlock.ErrLeaseLost) && !errors.Is(err, dlock.ErrReleased) {
+		return fmt.Errorf("release: %w", err)
+	}
+	return nil
+}
+
+// holdAndReport reports lease's grant, then its deadline as it changes and
+// its end (when ended is closed, with the error endErr returns), and
+// increments the register while it is held, until the parent tells the child
+// to stop; then it reports that the lease is being released and returns. The
+// function it returns waits for the report of the end, which comes once the
+// caller has released the lease.
+func holdAndReport(c *childConn, spec childSpec, lease *dlock.Lease, ended <-chan struct{}, endErr func() error) (finish func()) {
 	label := spec.Name
 	granted := time.Now().UnixNano()
 	c.send(msg{T: "grant", Lease: label, Key: lease.Key(), Token: lease.Token(), At: granted, Deadline: wallDeadline(lease)})
@@ -207,12 +238,13 @@ func runHolderChild(c *childConn, spec childSpec) error {
 		last := lease.Deadline()
 		for {
 			select {
-			case <-lease.Done():
+			case <-ended:
 				if d := lease.Deadline(); !d.Equal(last) { // a renewal not reported before a pause
 					c.send(msg{T: "deadline", Lease: label, Deadline: wallDeadline(lease)})
 				}
-				end := msg{T: "end", Lease: label, At: time.Now().UnixNano(), Err: fmt.Sprint(lease.Err())}
-				end.Lost = errors.Is(lease.Err(), dlock.ErrLeaseLost)
+				err := endErr()
+				end := msg{T: "end", Lease: label, At: time.Now().UnixNano(), Err: fmt.Sprint(err)}
+				end.Lost = errors.Is(err, dlock.ErrLeaseLost)
 				c.send(end)
 				return
 			case <-done:
@@ -237,13 +269,10 @@ func runHolderChild(c *childConn, spec childSpec) error {
 	}
 	<-c.stopped
 	c.send(msg{T: "releasing", Lease: label, At: time.Now().UnixNano()})
-	err = lease.Release(context.Background())
-	wg.Wait()
-	close(done)
-	if err != nil && !errors.Is(err, dlock.ErrLeaseLost) && !errors.Is(err, dlock.ErrReleased) {
-		return fmt.Errorf("release: %w", err)
+	return func() {
+		wg.Wait()
+		close(done)
 	}
-	return nil
 }
 
 // runSoakChild runs spec.Goroutines lockers, each its own dlock.Open, that

@@ -75,6 +75,7 @@ func Run(t *testing.T, h Harness) {
 		{"AcquireAllNothingLeft", s.testAcquireAllNothingLeft},
 		{"Inspect", s.testInspect},
 		{"Break", s.testBreak},
+		{"Relabel", s.testRelabel},
 		{"Election", s.testElection},
 		{"ElectionHandover", s.testElectionHandover},
 		{"ElectionLossCancelsRun", s.testElectionLossCancelsRun},

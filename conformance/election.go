@@ -204,9 +204,31 @@ func (s *suite) testElectionHandover(t *testing.T) {
 }
 
 // testElectionLossCancelsRun: when the leader's term is lost behind its back
-// (the harness expires the lock), the ctx Run gave its function is cancelled
-// with a cause matching dlock.ErrLeaseLost, and OnStoppedLeading hears it.
+// — the harness expires the lock (a server-side expiry), or another client
+// breaks it (dlock.Break, where the backend can) — the ctx Run gave its
+// function is cancelled with a cause matching dlock.ErrLeaseLost, and
+// OnStoppedLeading hears it. (Partitions and pauses are the fault matrix's
+// leader-partition and leader-pause cells.)
 func (s *suite) testElectionLossCancelsRun(t *testing.T) {
+	t.Run("expire", func(t *testing.T) {
+		s.runUntilLost(t, func(name string) { s.h.Expire(t, name) })
+	})
+	t.Run("break", func(t *testing.T) {
+		admin := s.locker(t)
+		if _, err := dlock.Break(s.ctx(t), admin, key(t)+"/probe"); !supports(t, err, "break locks") {
+			return
+		}
+		s.runUntilLost(t, func(name string) {
+			if _, err := dlock.Break(s.ctx(t), admin, name); err != nil {
+				t.Errorf("Break: %v", err)
+			}
+		})
+	})
+}
+
+// runUntilLost runs one term of election.Run in which lose ends the term
+// behind the leader's back, and checks Run's ctx and callbacks report it.
+func (s *suite) runUntilLost(t *testing.T, lose func(name string)) {
 	ctx := s.ctx(t)
 	name := key(t)
 	l := s.locker(t)
@@ -217,7 +239,7 @@ func (s *suite) testElectionLossCancelsRun(t *testing.T) {
 		OnStartedLeading: func(*election.Leadership) { close(started) },
 		OnStoppedLeading: func(_ *election.Leadership, err error) { stopped = err },
 	}, func(tctx context.Context, ld *election.Leadership) error {
-		s.h.Expire(t, name)
+		lose(name)
 		select {
 		case <-tctx.Done():
 			cause <- context.Cause(tctx)
@@ -282,6 +304,17 @@ func (s *suite) testElectionObservePush(t *testing.T) {
 		t.Fatal(err)
 	}
 	expect("first leader", func(in election.Info) bool { return in.Led && in.Value == "first" })
+	// The leader's new value (Proclaim) is pushed as well, with the same term.
+	switch err := first.Proclaim(ctx, "first, proclaimed"); {
+	case errors.Is(err, errors.ErrUnsupported):
+		t.Logf("Proclaim: %v", err)
+	case err != nil:
+		t.Fatalf("Proclaim: %v", err)
+	default:
+		expect("proclaimed value", func(in election.Info) bool {
+			return in.Led && in.Value == "first, proclaimed" && (in.Token == 0 || in.Token == uint64(first.Token()))
+		})
+	}
 	next := make(chan *election.Leadership, 1)
 	go func() {
 		ld, err := election.Campaign(ctx, b, name, "second")

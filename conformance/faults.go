@@ -10,8 +10,9 @@ import (
 // classifies what happened as an Outcome.
 type Fault string
 
-// The faults the suite knows. Link faults (Partition, Disconnect) and
-// PauseHolder need only FaultHarness.LinkedDSN; server faults need an
+// The faults the suite knows. Link faults (Partition, Disconnect,
+// LeaderPartition) and PauseHolder (LeaderPause) need only
+// FaultHarness.LinkedDSN; server faults need an
 // Injector in FaultHarness.ServerFaults.
 const (
 	// Partition blackholes the holder's link to every server for longer than
@@ -28,6 +29,17 @@ const (
 	// re-executed, see Main) and stops it with SIGSTOP for longer than the TTL,
 	// then resumes it with SIGCONT: a GC or VM pause.
 	PauseHolder Fault = "pause-holder"
+
+	// LeaderPartition is Partition with the holder a leader of an election
+	// (package election's Run: its term's function writes, and its ctx
+	// carries the loss) and the contender a candidate (Campaign). RunFaults
+	// runs it with the Partition cell's claim where the matrix has no cell
+	// of its own: a leader's term is the election lock's lease.
+	LeaderPartition Fault = "leader-partition"
+
+	// LeaderPause is PauseHolder with the holder a leader, as
+	// LeaderPartition is Partition.
+	LeaderPause Fault = "leader-pause"
 
 	// Restart kills a server with SIGKILL and restarts it on the same port
 	// and data directory (Redis with appendonly/appendfsync always).

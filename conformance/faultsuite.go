@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/election"
 )
 
 // FailoverTimer is an optional interface on a FaultHarness whose deployment
@@ -46,7 +47,40 @@ func trials() int {
 
 // faultOrder is the order in which RunFaults runs the known faults; others
 // follow in name order.
-var faultOrder = []Fault{Partition, Disconnect, PauseHolder, Restart, RestartEmpty, Stall, KillLeader, ClockJump}
+var faultOrder = []Fault{Partition, Disconnect, PauseHolder, LeaderPartition, LeaderPause, Restart, RestartEmpty, Stall, KillLeader, ClockJump}
+
+// leaderFaults maps each election fault to the lock fault it repeats with a
+// leader as the holder.
+var leaderFaults = map[Fault]Fault{LeaderPartition: Partition, LeaderPause: PauseHolder}
+
+// withLeaderCells returns m with the election cells it lacks, each with the
+// claim of the lock fault it repeats.
+func withLeaderCells(m Matrix) Matrix {
+	out := make(Matrix, len(m)+len(leaderFaults))
+	for f, e := range m {
+		out[f] = e
+	}
+	for lf, f := range leaderFaults {
+		if e, ok := m[f]; ok {
+			if _, own := m[lf]; !own {
+				if e.Why != "" {
+					e.Why = "as " + string(f) + ", for the leader's term is the election lock's lease, and Run cancels its ctx when it ends: " + e.Why
+				}
+				out[lf] = e
+			}
+		}
+	}
+	return out
+}
+
+// baseFault returns the lock fault f repeats and whether f is an election
+// fault.
+func baseFault(f Fault) (Fault, bool) {
+	if b, ok := leaderFaults[f]; ok {
+		return b, true
+	}
+	return f, false
+}
 
 // AllFaults returns the faults the suite knows, in the order RunFaults runs
 // them and docs/SAFETY.md lists them.
@@ -69,7 +103,7 @@ func orderedFaults(m Matrix) []Fault {
 }
 
 // isLinkFault reports whether f breaks the holder's Link.
-func isLinkFault(f Fault) bool { return f == Partition || f == Disconnect }
+func isLinkFault(f Fault) bool { return f == Partition || f == Disconnect || f == LeaderPartition }
 
 // lasting reports whether f lasts 2×TTL before it is healed. The others
 // (Restart, RestartEmpty, ClockJump) are healed as soon as they are in effect:
@@ -135,6 +169,7 @@ func RunFaults(t *testing.T, h FaultHarness, m Matrix) {
 	if ft, ok := h.(FailoverTimer); ok {
 		fs.failover = ft.FailoverTime()
 	}
+	m = withLeaderCells(m)
 	for _, f := range orderedFaults(m) {
 		exp := m[f]
 		t.Run(string(f), func(t *testing.T) { fs.runCell(t, f, exp) })
@@ -204,7 +239,7 @@ func (fs *faultSuite) missing(f Fault) string {
 	switch {
 	case isLinkFault(f):
 		return ""
-	case f == PauseHolder:
+	case f == PauseHolder || f == LeaderPause:
 		if !mainCalled {
 			return "the package's TestMain does not call conformance.Main, so the holder cannot run as a child process"
 		}
@@ -336,11 +371,15 @@ func (v *holderView) end(at int64, lost bool, err string) {
 
 // localHolder runs the holder in-process, through dlock.Open(dsn). stop
 // releases its lease, closes its locker and waits for it.
-func (fs *faultSuite) localHolder(t *testing.T, dsn, k string, reg *register) (*holderView, func() error) {
+func (fs *faultSuite) localHolder(t *testing.T, dsn, k string, reg *register, elect bool) (*holderView, func() error) {
 	v := newHolderView()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { // owned by the trial: stop cancels ctx and waits for done
+		if elect {
+			done <- fs.localLeader(ctx, dsn, k, reg, v)
+			return
+		}
 		done <- func() error {
 			octx, ocancel := context.WithTimeout(ctx, 30*time.Second)
 			defer ocancel()
@@ -396,6 +435,60 @@ func (fs *faultSuite) localHolder(t *testing.T, dsn, k string, reg *register) (*
 	return v, stop
 }
 
+// localLeader is localHolder's holder as the leader of an election named k:
+// election.Run, whose term's function increments the register until the
+// term's ctx ends (the loss it reports, with context.Cause, is the lease's
+// end) or ctx does, and then stops Run (which resigns).
+func (fs *faultSuite) localLeader(ctx context.Context, dsn, k string, reg *register, v *holderView) error {
+	octx, ocancel := context.WithTimeout(ctx, 30*time.Second)
+	defer ocancel()
+	l, err := dlock.Open(octx, dsn)
+	if err != nil {
+		return fmt.Errorf("leader: open %s: %w", dsn, err)
+	}
+	defer l.Close()
+	watched := make(chan struct{})
+	terms := 0
+	err = election.Run(ctx, l, k, "holder", election.Callbacks{}, func(tctx context.Context, ld *election.Leadership) error {
+		terms++
+		lease := ld.Lease()
+		ref := leaseRef{Label: "holder", Token: lease.Token(), Granted: time.Now().UnixNano()}
+		v.grant(ref.Token, ref.Granted, 0)
+		go func() { // owned by the leader: ends with the term, which Run ends after this function
+			defer close(watched)
+			<-tctx.Done()
+			at := time.Now()
+			v.mu.Lock()
+			v.deadline = at.Add(lease.Deadline().Sub(at)).UnixNano() // on the wall clock
+			v.mu.Unlock()
+			cause := context.Cause(tctx)
+			v.end(at.UnixNano(), errors.Is(cause, dlock.ErrLeaseLost), fmt.Sprint(cause))
+		}()
+		for tctx.Err() == nil {
+			localIncrement(reg, k, ref, fs.ttl/10)
+			select {
+			case <-tctx.Done():
+			case <-time.After(fs.ttl / 20): // pacing between increments
+			}
+		}
+		if ctx.Err() != nil { // told to stop: the release is Run's resignation
+			v.mu.Lock()
+			v.relAt = time.Now().UnixNano()
+			v.mu.Unlock()
+		} else {
+			<-ctx.Done() // the term was lost: wait to be told to stop
+		}
+		return election.ErrStop
+	}, dlock.WithTTL(fs.ttl))
+	if terms > 0 {
+		<-watched
+	}
+	if err != nil && !errors.Is(err, context.Canceled) {
+		return fmt.Errorf("leader: run: %w", err)
+	}
+	return nil
+}
+
 // localIncrement is increment for an in-process lease: a fenced read, think
 // time, a fenced write. It does not look at the lease between the two, as a
 // real client would not.
@@ -410,9 +503,9 @@ func localIncrement(reg *register, k string, ref leaseRef, think time.Duration) 
 }
 
 // childHolder runs the holder as a child process (for PauseHolder).
-func (fs *faultSuite) childHolder(t *testing.T, dsn, k string, reg *register) (*holderView, *child, func() error) {
+func (fs *faultSuite) childHolder(t *testing.T, dsn, k string, reg *register, elect bool) (*holderView, *child, func() error) {
 	ch := startChild(t, "holder", childSpec{Name: "holder", DSN: dsn, Keys: []string{k}, TTL: fs.ttl,
-		Think: fs.ttl / 10, Interval: fs.ttl / 20}, reg)
+		Think: fs.ttl / 10, Interval: fs.ttl / 20, Elect: elect}, reg)
 	v := newHolderView()
 	viewed := make(chan struct{})
 	go func() { // owned by the child handle: ends when the child's stdout closes
@@ -456,14 +549,24 @@ type contender struct {
 	stop    func() error
 }
 
-func (fs *faultSuite) startContender(t *testing.T, k string, reg *register, bound time.Duration) *contender {
+func (fs *faultSuite) startContender(t *testing.T, k string, reg *register, bound time.Duration, elect bool) *contender {
 	c := &contender{granted: make(chan struct{})}
 	l := fs.h.NewLocker(t)
 	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	done := make(chan error, 1)
+	acquire := func() (*dlock.Lease, error) {
+		if !elect {
+			return l.Acquire(ctx, k, dlock.WithTTL(fs.ttl))
+		}
+		ld, err := election.Campaign(ctx, l, k, "contender", dlock.WithTTL(fs.ttl))
+		if err != nil {
+			return nil, err
+		}
+		return ld.Lease(), nil
+	}
 	go func() { // owned by the trial: stop cancels ctx and waits for done
 		done <- func() error {
-			lease, err := l.Acquire(ctx, k, dlock.WithTTL(fs.ttl))
+			lease, err := acquire()
 			if err != nil {
 				if ctx.Err() != nil {
 					return nil // never granted; the liveness check reports it
@@ -524,10 +627,11 @@ func (fs *faultSuite) trial(t *testing.T, f Fault) trialResult {
 		ch         *child
 		stopHolder func() error
 	)
-	if f == PauseHolder {
-		hv, ch, stopHolder = fs.childHolder(t, dsn, k, reg)
+	base, elect := baseFault(f)
+	if base == PauseHolder {
+		hv, ch, stopHolder = fs.childHolder(t, dsn, k, reg, elect)
 	} else {
-		hv, stopHolder = fs.localHolder(t, dsn, k, reg)
+		hv, stopHolder = fs.localHolder(t, dsn, k, reg, elect)
 	}
 	select {
 	case <-hv.granted:
@@ -540,21 +644,21 @@ func (fs *faultSuite) trial(t *testing.T, f Fault) trialResult {
 
 	bound := ttl + fs.failover + livenessSlack
 	faultLen := 2 * ttl
-	c := fs.startContender(t, k, reg, 10*bound+4*faultLen+time.Minute)
+	c := fs.startContender(t, k, reg, 10*bound+4*faultLen+time.Minute, elect)
 
 	// Inject at a random phase of the refresh tick (every TTL/3 after the grant).
 	sleepUntil(grantAt.Add(ttl/3 + rand.N(ttl/3)))
 	faultAt := time.Now()
 	switch {
 	case isLinkFault(f):
-		if f == Partition {
+		if base == Partition {
 			link.Blackhole(t)
 		} else {
 			link.Cut(t)
 		}
 		sleepUntil(faultAt.Add(faultLen))
 		link.Heal(t)
-	case f == PauseHolder:
+	case base == PauseHolder:
 		ch.pause(t)
 		sleepUntil(faultAt.Add(faultLen))
 		ch.resume(t)

@@ -3,6 +3,7 @@ package conformance
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -166,5 +167,111 @@ func (s *suite) testBreak(t *testing.T) {
 	}
 	if err := storage.Do(k, lease.Token(), func() error { return nil }); !errors.Is(err, fencing.ErrStaleToken) {
 		t.Fatalf("broken holder's write after the next holder's: %v, want ErrStaleToken", err)
+	}
+}
+
+// testRelabel: SetLabel changes the label Inspect reports (from another
+// client) while the lease stays held, renewals racing it included, and a
+// Watch of the key hears the change; Refresh and Release still work after
+// it; a label that cannot be stored is refused; a broken (lost) or released
+// lease's SetLabel says so.
+func (s *suite) testRelabel(t *testing.T) {
+	ctx := s.ctx(t)
+	holder, viewer := s.locker(t), s.locker(t)
+	k := key(t)
+	ttl := max(s.ttl, 300*time.Millisecond) // renewals every third of it race the relabels below
+	lease := mustAcquire(t, ctx, holder, k, dlock.WithTTL(ttl), dlock.WithLabel("before"))
+	err := lease.SetLabel(ctx, "after")
+	if !supports(t, err, "change a held lock's label") {
+		mustRelease(t, lease)
+		return
+	}
+	if err != nil {
+		t.Fatalf("SetLabel: %v", err)
+	}
+	readLabel := func(want string) {
+		t.Helper()
+		info, err := dlock.Inspect(ctx, viewer, k)
+		if errors.Is(err, errors.ErrUnsupported) {
+			return
+		}
+		if err != nil {
+			t.Fatalf("Inspect: %v", err)
+		}
+		if !info.Held || info.Label != want {
+			t.Fatalf("Inspect after SetLabel(%q): %+v", want, info)
+		}
+		if s.fences() && info.Token != 0 && info.Token != uint64(lease.Token()) {
+			t.Fatalf("Inspect after SetLabel: token %d, want the holder's %d", info.Token, lease.Token())
+		}
+	}
+	readLabel("after")
+
+	// A follower hears the change, where the backend pushes changes.
+	heard := make(chan struct{}, 1)
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	watching := dlock.Watch(wctx, viewer, k, func() {
+		select {
+		case heard <- struct{}{}:
+		default:
+		}
+	}) == nil
+	if watching {
+		select { // a spurious call at the start is allowed: drain it
+		case <-heard:
+		default:
+		}
+		if err := lease.SetLabel(ctx, "pushed"); err != nil {
+			t.Fatalf("SetLabel: %v", err)
+		}
+		select {
+		case <-heard:
+		case <-time.After(PushWaitBound + time.Second):
+			t.Fatalf("a Watch of the key did not hear SetLabel within %v", PushWaitBound+time.Second)
+		}
+		readLabel("pushed")
+	}
+	stopWatch()
+
+	// Relabels racing the keepalive's renewals lose nothing.
+	end := time.Now().Add(2 * ttl)
+	n := 0
+	for time.Now().Before(end) {
+		time.Sleep(ttl / 50) // pacing: about a hundred relabels over the renewals of two TTLs
+		n++
+		if err := lease.SetLabel(ctx, fmt.Sprintf("racing-%d", n)); err != nil {
+			t.Fatalf("SetLabel #%d racing renewals: %v", n, err)
+		}
+	}
+	if err := lease.Err(); err != nil {
+		t.Fatalf("after %d relabels racing renewals the lease ended: %v", n, err)
+	}
+	readLabel(fmt.Sprintf("racing-%d", n))
+	if err := lease.Refresh(ctx); err != nil {
+		t.Fatalf("Refresh after SetLabel: %v", err)
+	}
+	if err := lease.SetLabel(ctx, "bad\x00label"); !errors.Is(err, dlock.ErrInvalidOption) {
+		t.Fatalf("SetLabel of an unprintable label: %v, want ErrInvalidOption", err)
+	}
+	mustRelease(t, lease)
+	if err := lease.SetLabel(ctx, "late"); !errors.Is(err, dlock.ErrReleased) {
+		t.Fatalf("SetLabel after Release: %v, want ErrReleased", err)
+	}
+
+	// A lease broken behind its holder's back: SetLabel reports it lost.
+	lease = mustAcquire(t, ctx, holder, k, dlock.WithTTL(s.ttl))
+	if _, err := dlock.Break(ctx, viewer, k); err != nil {
+		if errors.Is(err, errors.ErrUnsupported) {
+			mustRelease(t, lease)
+			return
+		}
+		t.Fatalf("Break: %v", err)
+	}
+	if err := lease.SetLabel(ctx, "after-break"); !errors.Is(err, dlock.ErrLeaseLost) {
+		t.Fatalf("SetLabel of a broken lease: %v, want ErrLeaseLost", err)
+	}
+	if info, err := dlock.Inspect(ctx, viewer, k); err == nil && info.Held {
+		t.Fatalf("after a broken lease's SetLabel the lock is held: %+v", info)
 	}
 }

@@ -24,17 +24,22 @@
 // Observe (and `etcdctl elect --listen`) see dlock's leaders and dlock sees
 // theirs; on ZooKeeper the node's data, as Curator stores a participant's id;
 // on Redis the lock key's value after the owner ID; on PostgreSQL the leader
-// session's application_name (at most 63 bytes are kept).
+// session's application_name (at most 63 bytes are kept). Proclaim changes it
+// while leading.
 //
 // Leader reads who leads now; Observe follows it, pushed by the backend's
-// watch where there is one (etcd, ZooKeeper, Redis pub/sub), and by reading
-// every interval elsewhere (PostgreSQL, Redlock).
+// watch (etcd's watch, ZooKeeper's watches, Redis and Redlock pub/sub,
+// PostgreSQL's LISTEN/NOTIFY, on which candidates announce their terms: see
+// dlock.WithAnnounce), and read every interval as well, which catches what
+// a backend does not push: a term that ends because its holder vanished (a
+// Redis key that expires, a PostgreSQL session that ends).
 package election
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/dlock-go/dlock"
@@ -43,8 +48,10 @@ import (
 // Leadership is one term of a leader: the lease on the election's lock.
 type Leadership struct {
 	name  string
-	value string
 	lease *dlock.Lease
+
+	mu    sync.Mutex
+	value string
 }
 
 // Campaign blocks until this candidate leads the election name on l, or ctx
@@ -54,7 +61,7 @@ type Leadership struct {
 // printable UTF-8). opts are the acquire's options (WithTTL, say); a
 // WithLabel among them is overridden by value.
 func Campaign(ctx context.Context, l dlock.Locker, name, value string, opts ...dlock.Option) (*Leadership, error) {
-	lease, err := l.Acquire(ctx, name, append(opts[:len(opts):len(opts)], dlock.WithLabel(value))...)
+	lease, err := l.Acquire(ctx, name, append(opts[:len(opts):len(opts)], dlock.WithLabel(value), dlock.WithAnnounce())...)
 	if err != nil {
 		return nil, fmt.Errorf("election %q: campaign: %w", name, err)
 	}
@@ -64,8 +71,31 @@ func Campaign(ctx context.Context, l dlock.Locker, name, value string, opts ...d
 // Name returns the election's name.
 func (ld *Leadership) Name() string { return ld.name }
 
-// Value returns the value this leader published.
-func (ld *Leadership) Value() string { return ld.value }
+// Value returns the value this leader published (by Campaign, or the last
+// Proclaim that succeeded).
+func (ld *Leadership) Value() string {
+	ld.mu.Lock()
+	defer ld.mu.Unlock()
+	return ld.value
+}
+
+// Proclaim publishes value as the leader's value for the rest of the term,
+// without an election, as etcd's Election.Proclaim does: Leader and Observe
+// report it with the term's token (followers of a backend that pushes changes
+// see it at once). It returns an error matching dlock.ErrLeaseLost if the term
+// was lost, dlock.ErrInvalidOption for a value that cannot be stored (see
+// Campaign), and errors.ErrUnsupported where the backend cannot change a held
+// lock's label. On PostgreSQL the leader's session must hold no other lease
+// (see docs/postgres.md).
+func (ld *Leadership) Proclaim(ctx context.Context, value string) error {
+	ld.mu.Lock()
+	defer ld.mu.Unlock()
+	if err := ld.lease.SetLabel(ctx, value); err != nil {
+		return fmt.Errorf("election %q: proclaim: %w", ld.name, err)
+	}
+	ld.value = value
+	return nil
+}
 
 // Token returns the term's fencing token: strictly greater than every
 // earlier term's on the backends whose tokens are strict (see
@@ -149,12 +179,13 @@ func WithInterval(d time.Duration) ObserveOption {
 var ErrInvalidInterval = errors.New("election: observe interval must be positive")
 
 // Observe follows who leads the election name on l: it sends the leader at
-// once, and again each time it changes (a new term, or no leader), until ctx
-// ends; then it closes the channel. Where the backend pushes changes
-// (dlock.Watch: etcd, ZooKeeper, Redis) it reads the leader as soon as one is
-// pushed; it also reads every interval (see WithInterval), which is how it
-// follows PostgreSQL and Redlock, and catches what a backend does not push
-// (a Redis lock that expires). A term is never sent
+// once, and again each time it changes (a new term, a new value proclaimed,
+// or no leader), until ctx ends; then it closes the channel. Where the
+// backend pushes changes (dlock.Watch: every driver of this module) it reads
+// the leader as soon as one is pushed; it also reads every interval (see
+// WithInterval), which catches what a backend does not push (a Redis lock
+// that expires, a PostgreSQL session that ends) and follows a Locker that
+// cannot Watch. A term is never sent
 // after a later one: where tokens are known, a read whose token is below the
 // last sent is dropped. Read errors are skipped (the next read tries again);
 // the channel is unbuffered, and a reader that falls behind sees only the
@@ -180,7 +211,8 @@ func Observe(ctx context.Context, l dlock.Locker, name string, opts ...ObserveOp
 			case !cur.Led:
 				return last.Led
 			case cur.Token != 0:
-				return cur.Token > top
+				// A later term, or the same term's new value (Proclaim).
+				return cur.Token > top || cur.Token == top && last.Led && cur.Value != last.Value
 			default: // the backend cannot tell tokens: a change of value
 				return !last.Led || cur.Value != last.Value
 			}
@@ -250,6 +282,11 @@ type Callbacks struct {
 	// function returned and the term was resigned, else the term's error
 	// (matching dlock.ErrLeaseLost if it was lost) or the function's.
 	OnStoppedLeading func(ld *Leadership, err error)
+	// OnNewLeader is called, as client-go's is, with who leads each time
+	// that changes (this candidate's terms included; Info.Led false while
+	// nobody leads), as Observe reports it with its default interval, from
+	// a goroutine of Run's, until Run returns.
+	OnNewLeader func(Info)
 }
 
 // Run campaigns for the election name on l with value, and while leading runs
@@ -261,6 +298,22 @@ type Callbacks struct {
 // other error from fn is passed to OnStoppedLeading and Run campaigns again;
 // an error from Campaign that is not ctx's ends Run.
 func Run(ctx context.Context, l dlock.Locker, name, value string, cb Callbacks, fn func(ctx context.Context, ld *Leadership) error, opts ...dlock.Option) error {
+	if cb.OnNewLeader != nil {
+		octx, stop := context.WithCancel(ctx)
+		seen, err := Observe(octx, l, name)
+		if err != nil {
+			stop()
+			return err
+		}
+		done := make(chan struct{})
+		go func() { // owned by Run: ends when Run returns
+			defer close(done)
+			for in := range seen {
+				cb.OnNewLeader(in)
+			}
+		}()
+		defer func() { stop(); <-done }()
+	}
 	for {
 		ld, err := Campaign(ctx, l, name, value, opts...)
 		if err != nil {

@@ -144,3 +144,60 @@ func TestObserveSendsChanges(t *testing.T) {
 	for range seen {
 	}
 }
+
+// TestRunOnNewLeader: a candidate's OnNewLeader hears the other candidate
+// lead, then itself, with its proclaimed value, and nobody once it resigned;
+// Run's goroutine ends with Run (goleak).
+func TestRunOnNewLeader(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	other, err := election.Campaign(ctx, open(t, t.Name()), "e", "other")
+	if err != nil {
+		t.Fatal(err)
+	}
+	heard := make(chan election.Info, 16)
+	cb := election.Callbacks{OnNewLeader: func(in election.Info) { heard <- in }}
+	ran := make(chan error, 1)
+	go func() {
+		ran <- election.Run(ctx, open(t, t.Name()), "e", "me", cb, func(_ context.Context, ld *election.Leadership) error {
+			if err := ld.Proclaim(ctx, "me, proclaimed"); err != nil {
+				return err
+			}
+			<-time.After(50 * time.Millisecond) // long enough to be observed leading
+			return election.ErrStop
+		})
+	}()
+	next := func(what string) election.Info {
+		t.Helper()
+		select {
+		case in := <-heard:
+			return in
+		case <-time.After(5 * time.Second):
+			t.Fatalf("OnNewLeader: %s not heard within 5s", what)
+		}
+		return election.Info{}
+	}
+	if in := next("the other leader"); !in.Led || in.Value != "other" || in.Token != uint64(other.Token()) {
+		t.Fatalf("OnNewLeader first heard %+v, want the other candidate", in)
+	}
+	if err := other.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Then this candidate, perhaps after nobody, with its value and then
+	// its proclaimed one (either may be missed: only the newest is sent).
+	var in election.Info
+	for in = next("this candidate"); !in.Led; in = next("this candidate") {
+	}
+	if in.Value != "me" && in.Value != "me, proclaimed" || in.Token <= uint64(other.Token()) {
+		t.Fatalf("OnNewLeader heard %+v, want this candidate with a later token than %d", in, other.Token())
+	}
+	if err := <-ran; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+	// What it heard before Run returned: this candidate's values, or nobody.
+	for len(heard) > 0 {
+		if in := <-heard; in.Led && in.Value != "me, proclaimed" && in.Value != "me" {
+			t.Fatalf("OnNewLeader heard %+v after this candidate led", in)
+		}
+	}
+}

@@ -49,6 +49,14 @@ func TestInteropElection(t *testing.T) {
 		t.Errorf("concurrency.Election.Observe: %q, want dlock's leader", r.Kvs[0].Value)
 	}
 
+	// dlock's Proclaim is etcd's: the native observer sees the new value.
+	if err := ours.Proclaim(ctx, "dlock-leader:1b"); err != nil {
+		t.Fatalf("Proclaim: %v", err)
+	}
+	if r := <-observed; string(r.Kvs[0].Value) != "dlock-leader:1b" || r.Kvs[0].CreateRevision != int64(ours.Token()) {
+		t.Errorf("concurrency.Election.Observe after dlock's Proclaim: %q (revision %d), want %q (%d)", r.Kvs[0].Value, r.Kvs[0].CreateRevision, "dlock-leader:1b", ours.Token())
+	}
+
 	// A native candidate waits while dlock leads, and leads when it resigns.
 	campaigned := make(chan error, 1)
 	go func() { campaigned <- native.Campaign(ctx, "native-leader:2") }()
@@ -75,6 +83,29 @@ func TestInteropElection(t *testing.T) {
 	if !in.Led || in.Value != "native-leader:2" || in.Token != uint64(native.Rev()) {
 		t.Errorf("election.Leader while concurrency.Election leads: %+v, want %q with token %d", in, "native-leader:2", native.Rev())
 	}
+	// etcd's Proclaim, followed by dlock's Observe (pushed: an hour's interval).
+	seen, err := election.Observe(octx, l, name, election.WithInterval(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in := <-seen; in.Value != "native-leader:2" {
+		t.Errorf("election.Observe: %+v, want the native leader", in)
+	}
+	if err := native.Proclaim(ctx, "native-leader:2b"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case in := <-seen:
+		if !in.Led || in.Value != "native-leader:2b" || in.Token != uint64(native.Rev()) {
+			t.Errorf("election.Observe after concurrency.Election.Proclaim: %+v, want %q with token %d", in, "native-leader:2b", native.Rev())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("election.Observe did not see concurrency.Election.Proclaim within 5s")
+	}
+	if r := <-observed; string(r.Kvs[0].Value) != "native-leader:2b" {
+		t.Errorf("concurrency.Election.Observe after its Proclaim: %q", r.Kvs[0].Value)
+	}
+
 	next := make(chan *election.Leadership, 1)
 	go func() {
 		ld, err := election.Campaign(ctx, l, name, "dlock-leader:3")

@@ -254,3 +254,38 @@ func (d *Driver) checkKeysBatch(cs []keyCheck) ([]bool, error) {
 	}
 	return gone, nil
 }
+
+// Relabel implements backend.Relabeler: it writes label as the holder's key's
+// value (where concurrency.Election keeps a candidate's value, as its
+// Proclaim does), keeping the key's lease, if the key is still the one this
+// grant made (its create revision unchanged).
+func (d *Driver) Relabel(ctx context.Context, bg *backend.Grant, label string) error {
+	g, ok := bg.Data.(*grant)
+	if !ok {
+		return fmt.Errorf("grant of another driver (%T)", bg.Data)
+	}
+	g.mu.Lock()
+	released := g.released
+	g.mu.Unlock()
+	if released || g.lost.Load() {
+		return backend.ErrNotHeld
+	}
+	var put bool
+	err := d.retry(ctx, func(ctx context.Context) error {
+		resp, err := d.cli.Txn(ctx).
+			If(clientv3.Compare(clientv3.CreateRevision(g.key), "=", g.rev)).
+			Then(clientv3.OpPut(g.key, label, clientv3.WithIgnoreLease())).
+			Commit()
+		if err == nil {
+			put = resp.Succeeded
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("relabel %s: %w", g.key, err)
+	}
+	if !put {
+		return fmt.Errorf("key %s is gone (lease expired or revoked, or key deleted): %w", g.key, backend.ErrNotHeld)
+	}
+	return nil
+}

@@ -66,10 +66,11 @@ func Shared(name string) *Store {
 
 // Store is one in-process lock space. Its methods are safe for concurrent use.
 type Store struct {
-	mu     sync.Mutex
-	locks  map[string]*holder
-	queues map[string][]*waiter
-	tokens map[string]uint64
+	mu       sync.Mutex
+	locks    map[string]*holder
+	queues   map[string][]*waiter
+	tokens   map[string]uint64
+	watchers map[string]map[chan struct{}]struct{} // Watch's, by key
 }
 
 type holder struct {
@@ -106,15 +107,16 @@ func (s *Store) Held(key string) bool {
 // NewStore returns an empty, private store.
 func NewStore() *Store {
 	return &Store{
-		locks:  map[string]*holder{},
-		queues: map[string][]*waiter{},
-		tokens: map[string]uint64{},
+		locks:    map[string]*holder{},
+		queues:   map[string][]*waiter{},
+		tokens:   map[string]uint64{},
+		watchers: map[string]map[chan struct{}]struct{}{},
 	}
 }
 
 // NewDriver returns a new client of the store. Drivers of one store exclude
 // each other as separate processes' clients of one server would.
-func (s *Store) NewDriver() backend.Driver { return &driver{store: s} }
+func (s *Store) NewDriver() backend.Driver { return &driver{store: s, quit: make(chan struct{})} }
 
 // Expire makes the store forget key's holder at once, as a server does when a
 // session expires: the holder's Grant.Lost is closed and the next waiter, if
@@ -139,6 +141,7 @@ func (s *Store) grantLocked(key, owner, label string, ttl time.Duration) *backen
 	h := &holder{owner: owner, label: label, token: s.tokens[key], granted: start, lost: make(chan struct{}), expires: start.Add(ttl)}
 	h.timer = time.AfterFunc(ttl, func() { s.expireOwner(key, owner) })
 	s.locks[key] = h
+	s.changedLocked(key)
 	return &backend.Grant{
 		Key:      key,
 		Owner:    owner,
@@ -165,6 +168,7 @@ func (s *Store) dropLocked(key string, h *holder, lost bool) {
 		close(h.lost)
 	}
 	delete(s.locks, key)
+	s.changedLocked(key)
 	q := s.queues[key]
 	if len(q) == 0 {
 		return
@@ -181,10 +185,22 @@ func (s *Store) dropLocked(key string, h *holder, lost bool) {
 // errClosed is returned by a driver used after Close.
 var errClosed = fmt.Errorf("memlock driver: %w", backend.ErrClosed)
 
+// changedLocked tells key's watchers it changed. s.mu must be held.
+func (s *Store) changedLocked(key string) {
+	for kick := range s.watchers[key] {
+		select {
+		case kick <- struct{}{}:
+		default:
+		}
+	}
+}
+
 type driver struct {
-	store *Store
-	mu    sync.Mutex
-	done  bool
+	store   *Store
+	mu      sync.Mutex
+	done    bool
+	quit    chan struct{}  // closed by Close
+	watches sync.WaitGroup // Watch's goroutines
 }
 
 func (d *driver) Name() string { return "mem" }
@@ -268,6 +284,72 @@ func (d *driver) Release(_ context.Context, g *backend.Grant) error {
 	}
 	s.dropLocked(g.Key, h, false)
 	return nil
+}
+
+// Relabel implements backend.Relabeler.
+func (d *driver) Relabel(_ context.Context, g *backend.Grant, label string) error {
+	if d.closed() {
+		return errClosed
+	}
+	s := d.store
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h, ok := s.locks[g.Key]
+	if !ok || h.owner != g.Owner {
+		return backend.ErrNotHeld
+	}
+	h.label = label
+	s.changedLocked(g.Key)
+	return nil
+}
+
+// Watch implements backend.Watcher: grants, relabels, releases, expiries and
+// breaks of key are reported.
+func (d *driver) Watch(ctx context.Context, key string, changed func()) error {
+	if d.closed() {
+		return errClosed
+	}
+	s := d.store
+	kick := make(chan struct{}, 1)
+	s.mu.Lock()
+	if s.watchers[key] == nil {
+		s.watchers[key] = map[chan struct{}]struct{}{}
+	}
+	s.watchers[key][kick] = struct{}{}
+	s.mu.Unlock()
+	d.mu.Lock()
+	if d.done { // closed meanwhile: Close may be waiting already
+		d.mu.Unlock()
+		d.unwatch(key, kick)
+		return errClosed
+	}
+	d.watches.Add(1)
+	d.mu.Unlock()
+	go func() { // owned by the driver: Close waits for it
+		defer d.watches.Done()
+		defer d.unwatch(key, kick)
+		for {
+			select {
+			case <-kick:
+				changed()
+			case <-ctx.Done():
+				return
+			case <-d.quit:
+				return
+			}
+		}
+	}()
+	return nil
+}
+
+func (d *driver) unwatch(key string, kick chan struct{}) {
+	s := d.store
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.watchers[key], kick)
+	if len(s.watchers[key]) == 0 {
+		delete(s.watchers, key)
+	}
 }
 
 // TryAcquireAll implements backend.MultiAcquirer: every key, or none.
@@ -359,10 +441,13 @@ func (d *driver) Capabilities() backend.Capabilities {
 
 func (d *driver) Close() error {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if d.done {
+		d.mu.Unlock()
 		return errClosed
 	}
 	d.done = true
+	close(d.quit)
+	d.mu.Unlock()
+	d.watches.Wait()
 	return nil
 }

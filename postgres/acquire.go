@@ -176,6 +176,10 @@ func (d *Driver) acquireOn(ctx context.Context, p *pin, req backend.AcquireReque
 	if req.OnLost != nil {
 		p.onLost = func() { req.OnLost(errSessionGone) }
 	}
+	if req.Announce {
+		p.announce = true
+		_ = notifyOn(ctx, p.pc.Conn(), p.key) // best effort: followers also poll
+	}
 	return &backend.Grant{
 		Key:      req.Key,
 		Owner:    req.Owner,
@@ -385,6 +389,28 @@ func (d *Driver) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duratio
 		return x.refresh(ctx, ttl)
 	}
 	return 0, fmt.Errorf("%w: not a grant of this driver", backend.ErrNotHeld)
+}
+
+// ErrLabelShared is returned by Relabel (dlock.Lease.SetLabel, election's
+// Proclaim) for a lease whose session holds other leases: PostgreSQL keeps a
+// label per session (its application_name), so changing it would relabel
+// them too. Leases of one TTL and label granted without a wait share a
+// session; give a lease whose label will change a label of its own (an
+// election's candidate value usually is).
+var ErrLabelShared = errors.New("postgres: the lease's session holds other leases, whose label would change too")
+
+// Relabel implements backend.Relabeler: the label is the holding session's
+// application_name. A shared session is relabelled only while it holds no
+// other lease (see ErrLabelShared); it then serves the leases of the new
+// label.
+func (d *Driver) Relabel(ctx context.Context, g *backend.Grant, label string) error {
+	switch x := g.Data.(type) {
+	case *pin:
+		return x.relabel(ctx, label)
+	case *sharedLease:
+		return x.relabel(ctx, label)
+	}
+	return fmt.Errorf("%w: not a grant of this driver", backend.ErrNotHeld)
 }
 
 // Release unlocks the lease's advisory lock; a connection of its own goes

@@ -5,10 +5,10 @@ package postgres
 import (
 	"context"
 	"errors"
-
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -21,21 +21,42 @@ var (
 )
 
 // inspectSQL reads, for advisory locks of the current database given by
-// classid/objid/objsubid arrays, the holder's pid and application_name
-// (the label), and the number of sessions waiting for each lock.
+// classid/objid/objsubid arrays, the holder's pid, application_name (the
+// label) and whether its session is idle (no statement or transaction of
+// its in flight: a grant it made has committed its token), and the number
+// of sessions waiting for each lock.
 const inspectSQL = `WITH k AS (
 	SELECT * FROM unnest($1::oid[], $2::oid[], $3::int2[]) AS k(classid, objid, objsubid)
 ), l AS (
 	SELECT l.* FROM pg_locks l JOIN k USING (classid, objid, objsubid)
 	WHERE l.locktype = 'advisory'
 	  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+), h AS (
+	SELECT DISTINCT ON (l.classid, l.objid, l.objsubid) l.classid, l.objid, l.objsubid, l.pid,
+		a.application_name, a.state = 'idle' AS idle
+	FROM l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
+	WHERE l.granted
 )
-SELECT k.classid, k.objid, k.objsubid,
-	(SELECT l.pid FROM l WHERE (l.classid, l.objid, l.objsubid) = (k.classid, k.objid, k.objsubid) AND l.granted LIMIT 1),
-	(SELECT a.application_name FROM l JOIN pg_stat_activity a ON a.pid = l.pid
-	  WHERE (l.classid, l.objid, l.objsubid) = (k.classid, k.objid, k.objsubid) AND l.granted LIMIT 1),
+SELECT k.classid, k.objid, k.objsubid, h.pid, h.application_name, coalesce(h.idle, false),
 	(SELECT count(*) FROM l WHERE (l.classid, l.objid, l.objsubid) = (k.classid, k.objid, k.objsubid) AND NOT l.granted)
-FROM k`
+FROM k LEFT JOIN h USING (classid, objid, objsubid)`
+
+// tokensSQL reads the fence table's counters of keys ($1), and then, after
+// the statement's snapshot was taken, the holder of each key's advisory lock
+// ($2, $3, $4: classid, objid, objsubid), so that a holder found by
+// inspectSQL before and here after held the lock across the read of its
+// token. %s is the fence table.
+const tokensSQL = `SELECT k.key, coalesce(f.token, 0),
+	coalesce((SELECT l.pid FROM pg_locks l
+	  WHERE l.locktype = 'advisory' AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+	    AND (l.classid, l.objid, l.objsubid) = (k.classid, k.objid, k.objsubid) AND l.granted LIMIT 1), 0)
+FROM unnest($1::text[], $2::oid[], $3::oid[], $4::int2[]) AS k(key, classid, objid, objsubid)
+LEFT JOIN %s f ON f.key = k.key`
+
+// inspectTries is how many times inspectKeys reads a lock whose holder was
+// making a grant (or changed) while it looked before it reports token 0
+// (cannot tell).
+const inspectTries = 10
 
 // holder is what inspectKeys found of one lock.
 type holder struct {
@@ -43,67 +64,97 @@ type holder struct {
 	pid  uint32 // the holder's backend pid; 0 if not held
 }
 
-// inspectKeys reads the locks of keys in one query, and their tokens from
-// the fence table in another.
+// inspectKeys reads the locks of keys, and their tokens from the fence
+// table. The two cannot be read atomically: a token is reported only if the
+// holder's session was idle when its lock was read (any grant it made had
+// committed) and held the lock still after its token was read; a key for
+// which that does not hold is read again, up to inspectTries times in all,
+// and then reported with token 0.
 func (d *Driver) inspectKeys(ctx context.Context, keys []string) ([]holder, error) {
-	cls, objs, subs := make([]uint32, len(keys)), make([]uint32, len(keys)), make([]int16, len(keys))
-	idx := map[[3]int64]int{}
-	for i, k := range keys {
-		cls[i], objs[i], subs[i] = d.opts.AdvisoryKey(k).PgLocks()
-		idx[[3]int64{int64(cls[i]), int64(objs[i]), int64(subs[i])}] = i
-	}
 	out := make([]holder, len(keys))
 	for i, k := range keys {
 		out[i].info = backend.LockInfo{Key: k}
 	}
-	rows, err := d.pool.Query(ctx, inspectSQL, cls, objs, subs)
-	if err != nil {
-		return nil, fmt.Errorf("read pg_locks: %w", err)
+	todo := make([]int, len(keys)) // the indexes of keys still to read
+	for i := range keys {
+		todo[i] = i
 	}
-	for rows.Next() {
-		var c, o uint32
-		var sub int16
-		var pid *uint32
-		var app *string
-		var waiters int64
-		if err := rows.Scan(&c, &o, &sub, &pid, &app, &waiters); err != nil {
-			rows.Close()
+	for try := 1; len(todo) > 0; try++ {
+		cls, objs, subs := make([]uint32, len(todo)), make([]uint32, len(todo)), make([]int16, len(todo))
+		names := make([]string, len(todo))
+		idx := map[[3]int64]int{}
+		for j, i := range todo {
+			cls[j], objs[j], subs[j] = d.opts.AdvisoryKey(keys[i]).PgLocks()
+			names[j] = keys[i]
+			idx[[3]int64{int64(cls[j]), int64(objs[j]), int64(subs[j])}] = i
+		}
+		idle := map[int]bool{}
+		rows, err := d.pool.Query(ctx, inspectSQL, cls, objs, subs)
+		if err != nil {
 			return nil, fmt.Errorf("read pg_locks: %w", err)
 		}
-		i := idx[[3]int64{int64(c), int64(o), int64(sub)}]
-		out[i].info.Waiters = int(waiters)
-		if pid != nil {
-			out[i].pid = *pid
-			out[i].info.Held = true
-			if app != nil {
-				out[i].info.Label = *app
+		for rows.Next() {
+			var c, o uint32
+			var sub int16
+			var pid *uint32
+			var app *string
+			var isIdle bool
+			var waiters int64
+			if err := rows.Scan(&c, &o, &sub, &pid, &app, &isIdle, &waiters); err != nil {
+				rows.Close()
+				return nil, fmt.Errorf("read pg_locks: %w", err)
+			}
+			i := idx[[3]int64{int64(c), int64(o), int64(sub)}]
+			out[i] = holder{info: backend.LockInfo{Key: keys[i], Waiters: int(waiters)}}
+			if pid != nil {
+				out[i].pid = *pid
+				out[i].info.Held = true
+				if app != nil {
+					out[i].info.Label = *app
+				}
+				idle[i] = isIdle
 			}
 		}
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read pg_locks: %w", err)
-	}
-	if d.opts.Tokens == TokensSequence {
-		return out, nil // no token is stored per key (Token 0: cannot tell)
-	}
-	rows, err = d.pool.Query(ctx, "SELECT key, token FROM "+d.table+" WHERE key = ANY($1::text[])", keys)
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", d.table, err)
-	}
-	tokens, err := pgx.CollectRows(rows, pgx.RowToStructByPos[struct {
-		Key   string
-		Token int64
-	}])
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", d.table, err)
-	}
-	pos := map[string]int{}
-	for i, k := range keys {
-		pos[k] = i
-	}
-	for _, t := range tokens {
-		if i, ok := pos[t.Key]; ok && out[i].info.Held {
-			out[i].info.Token = uint64(t.Token)
+		if err := rows.Err(); err != nil {
+			return nil, fmt.Errorf("read pg_locks: %w", err)
+		}
+		if d.opts.Tokens == TokensSequence {
+			return out, nil // no token is stored per key (Token 0: cannot tell)
+		}
+		rows, err = d.pool.Query(ctx, fmt.Sprintf(tokensSQL, d.table), names, cls, objs, subs)
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", d.table, err)
+		}
+		type tokenRow struct {
+			Key   string
+			Token int64
+			Pid   uint32
+		}
+		tokens, err := pgx.CollectRows(rows, pgx.RowToStructByPos[tokenRow])
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", d.table, err)
+		}
+		pos := make(map[string]int, len(todo))
+		for _, i := range todo {
+			pos[keys[i]] = i
+		}
+		var again []int
+		for _, t := range tokens {
+			i, ok := pos[t.Key]
+			if !ok || !out[i].info.Held {
+				continue
+			}
+			if idle[i] && t.Pid == out[i].pid {
+				out[i].info.Token = uint64(t.Token)
+			} else if try < inspectTries {
+				again = append(again, i)
+			}
+		}
+		todo = again
+		if len(todo) > 0 {
+			if err := backend.Sleep(ctx, time.Millisecond); err != nil {
+				return nil, err
+			}
 		}
 	}
 	return out, nil
@@ -180,5 +231,6 @@ func (d *Driver) Break(ctx context.Context, key string) (backend.LockInfo, error
 	if !ok {
 		return h.info, fmt.Errorf("key %q: the holder's session (pid %d) ended before the break: %w", key, h.pid, backend.ErrNotHeld)
 	}
+	_, _ = d.pool.Exec(ctx, notifySQL, d.opts.AdvisoryKey(key).Payload()) // best effort: followers also poll
 	return h.info, nil
 }

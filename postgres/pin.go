@@ -38,6 +38,10 @@ type pin struct {
 	// always sees the other, and the connection is given up exactly once.
 	abandoned atomic.Bool
 
+	// announce: the lease was acquired with dlock.WithAnnounce; its release
+	// is announced (watch.go). Set before the grant is returned.
+	announce bool
+
 	// Test hook: called by refresh with mu held, before the ping.
 	refreshing func()
 
@@ -252,6 +256,47 @@ func (p *pin) refresh(ctx context.Context, ttl time.Duration) (time.Duration, er
 	return v, nil
 }
 
+// relabel is Driver.Relabel for this pin: it sets the session's
+// application_name, checking that the session still holds key's lock. A
+// session that no longer does is given up. mu must be held and the watcher
+// stopped.
+func (p *pin) relabelLocked(ctx context.Context, key AdvisoryKey, label string) error {
+	classid, objid, objsubid := key.PgLocks()
+	var pid uint32
+	var held bool
+	err := p.pc.QueryRow(ctx, p.d.sql.relabel, label, int64(classid), int64(objid), objsubid).Scan(&pid, nil, &held)
+	switch {
+	case err != nil:
+		p.destroy() // unknown whether it ran, and the session is in an unknown state
+		return fmt.Errorf("%w: relabel failed: %w", backend.ErrNotHeld, err)
+	case pid != p.pid:
+		p.destroy()
+		return fmt.Errorf("%w: %w: the lock was taken in session %d, the relabel ran in session %d",
+			backend.ErrNotHeld, ErrTransactionPooling, p.pid, pid)
+	case !held:
+		p.destroy()
+		return fmt.Errorf("%w: session %d no longer holds the advisory lock", backend.ErrNotHeld, pid)
+	}
+	return nil
+}
+
+// relabel is Driver.Relabel for a lease with a connection of its own.
+func (p *pin) relabel(ctx context.Context, label string) error {
+	if err := p.lock(ctx); err != nil {
+		return err
+	}
+	defer p.unlock()
+	if err := p.usable(); err != nil {
+		return err
+	}
+	if err := p.relabelLocked(ctx, p.key, label); err != nil {
+		return err
+	}
+	_ = notifyOn(ctx, p.pc.Conn(), p.key) // best effort: followers also poll
+	p.startWatch()
+	return nil
+}
+
 // release is Driver.Release for this pin: unlock, restore the session's idle
 // timeout, and return the connection to the pool — only if the unlock was
 // confirmed in the session that took the lock. Otherwise the connection is
@@ -282,6 +327,10 @@ func (p *pin) release(ctx context.Context) error {
 			p.destroy() // a lease's own session that did not hold its lock: never reuse it
 		}
 		return err
+	}
+	if p.announce && notifyOn(ctx, p.pc.Conn(), p.key) != nil {
+		p.destroy() // in an unknown state: not back to the pool
+		return nil
 	}
 	p.giveBack()
 	return nil

@@ -183,7 +183,11 @@ type Driver struct {
 	lingering       sync.WaitGroup            // the shared sessions' linger timers (shared.go)
 	contendedAt     map[AdvisoryKey]time.Time // keys an acquire found held, and when (shared.go)
 	contendedPruned time.Time                 // when stale ones were last dropped
-	closing         sync.WaitGroup            // connection closes in progress
+	closing         sync.WaitGroup            // connection closes in progress, and the listener (watch.go)
+
+	listen listener           // LISTEN for Watch (watch.go)
+	quit   context.Context    // cancelled by Close
+	stop   context.CancelFunc // cancels quit
 }
 
 var (
@@ -226,6 +230,8 @@ func newDriver(ctx context.Context, pool *pgxpool.Pool, opts *Options, owned boo
 		shared:      map[sharedKey]*shared{},
 		contendedAt: map[AdvisoryKey]time.Time{},
 	}
+	d.listen.d = d
+	d.quit, d.stop = context.WithCancel(context.Background())
 	d.sql = newStatements(d.table, o.Int4Pair, owned)
 	if o.Tokens == TokensSequence {
 		d.sql.sequenceTokens(o.Table, o.Int4Pair)
@@ -407,6 +413,7 @@ func (d *Driver) Close() error {
 	}
 	d.mu.Unlock()
 	d.lingering.Wait()
+	d.stop() // the listener ends
 	for _, p := range pins {
 		p.mu <- struct{}{}
 		p.destroy()

@@ -606,3 +606,61 @@ func TestPgBouncer(t *testing.T) {
 		}
 	})
 }
+
+// TestRelabelSharedSession: a lease's label is its session's
+// application_name, so a lease that shares its session with another is not
+// relabelled (ErrLabelShared, both labels unchanged); alone in it, it is, and
+// a later lease with the old label gets a session of its own.
+func TestRelabelSharedSession(t *testing.T) {
+	srv := testenv.StartPostgres(t)
+	l := openLocker(t, srv.URL())
+	viewer := openLocker(t, srv.URL())
+	ctx := testCtx(t)
+	label := func(key string) string {
+		t.Helper()
+		info, err := dlock.Inspect(ctx, viewer, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.Label
+	}
+	a, err := l.Acquire(ctx, "relabel/a", dlock.WithLabel("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := l.Acquire(ctx, "relabel/b", dlock.WithLabel("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SetLabel(ctx, "y"); !errors.Is(err, postgres.ErrLabelShared) {
+		t.Fatalf("SetLabel of a lease sharing its session: %v, want ErrLabelShared", err)
+	}
+	if la, lb := label("relabel/a"), label("relabel/b"); la != "x" || lb != "x" {
+		t.Fatalf("after a refused SetLabel: labels %q and %q, want x and x", la, lb)
+	}
+	if a.Err() != nil {
+		t.Fatalf("a refused SetLabel ended the lease: %v", a.Err())
+	}
+	if err := b.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SetLabel(ctx, "y"); err != nil {
+		t.Fatalf("SetLabel of a lease alone in its session: %v", err)
+	}
+	c, err := l.Acquire(ctx, "relabel/c", dlock.WithLabel("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := l.Acquire(ctx, "relabel/d", dlock.WithLabel("y"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if la, lc, ld := label("relabel/a"), label("relabel/c"), label("relabel/d"); la != "y" || lc != "x" || ld != "y" {
+		t.Fatalf("labels a=%q c=%q d=%q, want y, x, y", la, lc, ld)
+	}
+	for _, lease := range []*dlock.Lease{a, c, d} {
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}

@@ -33,18 +33,20 @@ type shared struct {
 	p     *pin   // its connection; p.key is unused
 
 	// Guarded by d.mu.
-	leases  map[AdvisoryKey]*sharedLease // held, and reserved by acquires in flight (nil)
-	retired bool                         // no longer in d.shared: no new lease may join it
-	linger  *time.Timer                  // retires s once it has held nothing for shareLinger
+	leases     map[AdvisoryKey]*sharedLease // held, and reserved by acquires in flight (nil)
+	retired    bool                         // no longer in d.shared: no new lease may join it
+	relabeling bool                         // out of d.shared while its label changes: no new lease may join it
+	linger     *time.Timer                  // retires s once it has held nothing for shareLinger
 
 	pings *batch.Group // the refreshes' shared pings (at most one per pingGap)
 }
 
 // sharedLease is the Data of a grant held by a shared session.
 type sharedLease struct {
-	s      *shared
-	key    AdvisoryKey
-	onLost func(error)
+	s        *shared
+	key      AdvisoryKey
+	onLost   func(error)
+	announce bool // acquired with dlock.WithAnnounce: its release is announced (watch.go)
 }
 
 // errSessionGone is the loss reported for the leases of a session that ended.
@@ -190,7 +192,7 @@ func (d *Driver) acquireShared(ctx context.Context, req backend.AcquireRequest, 
 	}
 	d.mu.Lock()
 	switch _, taken := s.leases[key]; {
-	case s.retired:
+	case s.retired || s.relabeling:
 		d.mu.Unlock()
 		return nil, true, errSessionGone
 	case taken:
@@ -265,12 +267,15 @@ func (d *Driver) acquireShared(ctx context.Context, req backend.AcquireRequest, 
 		}
 		return nil, false, ctx.Err()
 	}
-	l := &sharedLease{s: s, key: key, onLost: req.OnLost}
+	l := &sharedLease{s: s, key: key, onLost: req.OnLost, announce: req.Announce}
 	d.mu.Lock()
 	if s.leases != nil {
 		s.leases[key] = l
 	}
 	d.mu.Unlock()
+	if req.Announce {
+		_ = notifyOn(ctx, p.pc.Conn(), key) // best effort: followers also poll
+	}
 	p.startWatchLater()
 	<-p.mu
 	return &backend.Grant{
@@ -332,10 +337,61 @@ func (l *sharedLease) releaseLocked() error {
 		return err
 	}
 	err := s.unlock(l.key)
+	if err == nil && l.announce && p.pc != nil && notifyOn(context.Background(), p.pc.Conn(), l.key) != nil {
+		p.destroy() // its other leases end: the session is in an unknown state
+	}
 	if p.pc != nil {
 		p.startWatchLater()
 	}
 	return err
+}
+
+// relabel is Driver.Relabel for a lease of a shared session: only while the
+// session holds no other lease (ErrLabelShared). The session leaves the
+// driver's map first, so no acquire joins it meanwhile, and comes back as
+// the new label's session if there is none.
+func (l *sharedLease) relabel(ctx context.Context, label string) error {
+	s, d := l.s, l.s.d
+	d.mu.Lock()
+	switch {
+	case s.leases == nil || s.leases[l.key] != l:
+		d.mu.Unlock()
+		return fmt.Errorf("%w: %w", backend.ErrNotHeld, errSessionGone)
+	case len(s.leases) > 1:
+		n := len(s.leases) - 1
+		d.mu.Unlock()
+		return fmt.Errorf("%w (%d more)", ErrLabelShared, n)
+	}
+	if sk := (sharedKey{s.ms, s.label}); d.shared[sk] == s {
+		delete(d.shared, sk)
+	}
+	s.relabeling = true // an acquire that found s before goes elsewhere
+	newLabel := s.label
+	d.mu.Unlock()
+	defer func() {
+		d.mu.Lock()
+		s.relabeling = false
+		s.label = newLabel
+		if sk := (sharedKey{s.ms, newLabel}); d.shared[sk] == nil && !s.retired {
+			d.shared[sk] = s
+		}
+		d.mu.Unlock()
+	}()
+	p := s.p
+	if err := p.lock(ctx); err != nil {
+		return err
+	}
+	defer func() { <-p.mu }()
+	if err := p.usable(); err != nil {
+		return err
+	}
+	if err := p.relabelLocked(ctx, l.key, label); err != nil {
+		return err
+	}
+	_ = notifyOn(ctx, p.pc.Conn(), l.key) // best effort: followers also poll
+	p.startWatch()
+	newLabel = label
+	return nil
 }
 
 // shareLinger is how long a shared session that holds no lock stays pinned

@@ -43,6 +43,11 @@ type statements struct {
 	// objsubid.
 	ping string
 
+	// relabel sets the session's application_name (the holders' label), and
+	// reports the backend pid and whether the session holds the lock.
+	// Arguments: the label, classid, objid, objsubid.
+	relabel string
+
 	// unlock releases the lock, returning the backend pid and whether the
 	// lock was held; on an owned pool it also restores the session's idle
 	// timeout (0), on a caller's pool reset does (RESET).
@@ -98,6 +103,9 @@ RETURNING f.token, pg_backend_pid(), set_config('idle_session_timeout', %s::text
 		// pg_advisory_lock returns void; the CTE runs it once, before the insert.
 		lock: fence("pg_advisory_lock("+lockArgs+")", ""),
 		ping: `SELECT pg_backend_pid(), set_config('idle_session_timeout', $1::text, false),
+	EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()
+		AND classid = $2::int8::oid AND objid = $3::int8::oid AND objsubid = $4::int2 AND granted)`,
+		relabel: `SELECT pg_backend_pid(), set_config('application_name', $1::text, false),
 	EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()
 		AND classid = $2::int8::oid AND objid = $3::int8::oid AND objsubid = $4::int2 AND granted)`,
 		unlock:   "SELECT pg_backend_pid(), pg_advisory_unlock(" + lockArgs + ")",

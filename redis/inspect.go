@@ -21,7 +21,8 @@ var (
 	_ backend.Breaker   = (*Driver)(nil)
 )
 
-// Inspect implements backend.Inspector, in one pipeline: the lock key's
+// Inspect implements backend.Inspector, in one transaction (MULTI/EXEC, so
+// that no grant or release comes between its reads): the lock key's
 // value (owner ID and label), its PTTL (Expires), the fencing counter (the
 // holder's token: no grant came after the holder's while it holds the lock)
 // and the number of clients subscribed to the release channel (Waiters; -1
@@ -40,7 +41,7 @@ func (d *Driver) inspect(ctx context.Context, key string, k *rediscore.Keys) (ba
 	_, cluster := d.client.(*goredis.ClusterClient)
 	var numsub *goredis.MapStringIntCmd
 	var queued *goredis.IntCmd
-	pipe := d.client.Pipeline()
+	pipe := d.client.TxPipeline()
 	get := pipe.Get(ctx, k.Lock)
 	pttl := pipe.PTTL(ctx, k.Lock)
 	fence := pipe.Get(ctx, k.Fence)

@@ -639,6 +639,47 @@ func (d *Driver) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duratio
 	return validity, nil
 }
 
+// Relabel implements backend.Relabeler: it changes the lock's value to g's
+// owner ID and label if g's owner still holds it, keeping its TTL, and
+// announces the change on the release channel (Watch). With MinReplicas, the
+// change is acknowledged by as many replicas as a grant, so a failover does
+// not bring back the old value (which the next renewal would not recognise).
+func (d *Driver) Relabel(ctx context.Context, g *backend.Grant, label string) error {
+	if d.closed.Load() {
+		return errClosed
+	}
+	owner, _ := rediscore.SplitHolder(g.Owner)
+	value := rediscore.HolderValue(owner, label)
+	k := d.keys(g)
+	keys, args := []string{k.Lock}, []any{g.Owner, value, k.Channel}
+	var n int64
+	if d.opts.MinReplicas == 0 {
+		var err error
+		if n, err = rediscore.Relabel.Run(ctx, d.client, keys, args...).Int64(); err != nil {
+			return fmt.Errorf("relabel script: %w", err)
+		}
+	} else {
+		cmd, acks, err := d.runWait(ctx, rediscore.Relabel, keys, args...)
+		if cmd != nil && cmd.Err() == nil {
+			if n, err = cmd.Int64(); err != nil {
+				return fmt.Errorf("relabel script: %w", err)
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("relabel script: %w", err)
+		}
+		if n == 1 && acks < int64(d.opts.MinReplicas) {
+			g.Owner = value // the master has it; the next renewal must name it
+			return d.tooFew(acks)
+		}
+	}
+	if n == 0 {
+		return backend.ErrNotHeld
+	}
+	g.Owner = value
+	return nil
+}
+
 // Release implements backend.Driver: it deletes the lock if g's owner still
 // holds it and announces the release to waiters.
 func (d *Driver) Release(ctx context.Context, g *backend.Grant) error {

@@ -187,7 +187,7 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, k *red
 	}
 	start := time.Now()
 	g := d.fanout(ctx, d.nodes, nodeTimeout, func(ctx context.Context, n *node) reply {
-		res, err := rediscore.Acquire.Run(ctx, n.client, []string{k.Lock, k.Fence}, req.Owner, ms, "holder").Slice()
+		res, err := rediscore.Acquire.Run(ctx, n.client, []string{k.Lock, k.Fence}, req.Owner, ms, "holder", k.Channel).Slice()
 		if err != nil {
 			return failure(fmt.Errorf("acquire script: %w", err))
 		}
@@ -365,6 +365,63 @@ func (d *Driver) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duratio
 		return 0, fmt.Errorf("%w on %d of %d nodes: %w", backend.ErrNotHeld, t.refused, len(d.nodes), d.causes(t, errNodeNotHeld))
 	}
 	return 0, d.noQuorum("extended", t, errNodeNotHeld)
+}
+
+// Relabel implements backend.Relabeler: it changes the lock's value to g's
+// owner ID and the new label on every node where g's owner holds it (waiting
+// for every node's answer, within the node timeout). It succeeds if a quorum
+// of nodes took the new value; the renewals that follow name it, and a node
+// left with the old value no longer counts towards their quorum. If fewer
+// than a quorum did, the nodes that took it are set back to the old value and
+// the error matches ErrNoQuorum, or backend.ErrNotHeld if too many nodes no
+// longer held the lock for a quorum.
+func (d *Driver) Relabel(ctx context.Context, g *backend.Grant, label string) error {
+	if d.closed.Load() {
+		return errClosed
+	}
+	gd := d.grantData(g)
+	k := gd.keys
+	owner, _ := rediscore.SplitHolder(g.Owner)
+	from, to := g.Owner, rediscore.HolderValue(owner, label)
+	nodeTimeout := max(d.nodeTimeout, time.Until(deadlineOr(ctx)))
+	relabel := func(from, to string) func(context.Context, *node) reply {
+		return func(ctx context.Context, n *node) reply {
+			v, err := rediscore.Relabel.Run(ctx, n.client, []string{k.Lock}, from, to, k.Channel).Int64()
+			switch {
+			case err != nil:
+				return failure(fmt.Errorf("relabel script: %w", err))
+			case v == 1:
+				return reply{out: granted}
+			}
+			return reply{out: refused}
+		}
+	}
+	t := d.fanout(ctx, d.nodes, nodeTimeout, relabel(from, to), nil).collect(nil)
+	if t.granted >= d.quorum {
+		g.Owner = to
+		return nil
+	}
+	var changed []*node
+	for _, r := range t.replies {
+		if r.out == granted || r.maybe {
+			changed = append(changed, r.node)
+		}
+	}
+	if len(changed) > 0 {
+		d.fanout(ctx, changed, d.nodeTimeout, relabel(to, from), nil).collect(nil)
+	}
+	if t.refused >= len(d.nodes)-d.quorum+1 {
+		return fmt.Errorf("%w on %d of %d nodes: %w", backend.ErrNotHeld, t.refused, len(d.nodes), d.causes(t, errNodeNotHeld))
+	}
+	return d.noQuorum("relabelled", t, errNodeNotHeld)
+}
+
+// deadlineOr is ctx's deadline, or now if it has none.
+func deadlineOr(ctx context.Context) time.Time {
+	if dl, ok := ctx.Deadline(); ok {
+		return dl
+	}
+	return time.Now()
 }
 
 // Release implements backend.Driver: it deletes the lock on every node where

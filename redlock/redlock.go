@@ -175,6 +175,7 @@ type Driver struct {
 	workers   *workers       // run the node requests
 	releasing sync.Map       // lock key → chan struct{}, closed once a release has reached every node
 	finishing sync.WaitGroup // releases completing on nodes that failed (see finishRelease)
+	watches   sync.WaitGroup // Watch's goroutines
 	finishMu  sync.Mutex     // guards noFinish; orders finishing.Add before Close's Wait
 	noFinish  bool           // set by Close: no finishRelease starts any more
 }
@@ -400,6 +401,7 @@ func (d *Driver) Close() error {
 	d.finishMu.Unlock()
 	d.finishing.Wait() // they make a last try, bounded by closeGrace
 	d.closeMuxes()
+	d.watches.Wait()
 	d.workers.stop()
 	if !d.owned {
 		return nil

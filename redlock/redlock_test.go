@@ -390,12 +390,12 @@ func (h delayHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
 	}
 }
 
-// isAcquire reports whether cmd runs the acquire script (the only one whose
-// last argument is "holder").
+// isAcquire reports whether cmd runs the acquire script (the only one with
+// the argument "holder", before the release channel).
 func isAcquire(cmd goredis.Cmder) bool {
 	args := cmd.Args()
 	name := cmd.Name()
-	return (name == "evalsha" || name == "eval") && len(args) > 0 && args[len(args)-1] == "holder"
+	return (name == "evalsha" || name == "eval") && len(args) > 1 && args[len(args)-2] == "holder"
 }
 
 // TestValidityExhaustedIsRefused: a quorum that granted the lock too late to

@@ -555,6 +555,37 @@ func (d *Driver) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duratio
 	}
 }
 
+// Relabel implements backend.Relabeler: it writes label as g's node's data,
+// where Curator keeps a participant's id and Inspect reads the label. A
+// follower's Watch hears it through its data watch on the holder's node.
+func (d *Driver) Relabel(ctx context.Context, g *backend.Grant, label string) error {
+	if d.closed.Load() {
+		return errClosed
+	}
+	n, err := d.node(g)
+	if err != nil {
+		return err
+	}
+	if n.ses.isLost() {
+		return fmt.Errorf("%w: %w", backend.ErrNotHeld, n.ses.err())
+	}
+	st, err := call(ctx, d, func() (*zk.Stat, error) { return d.conn.Set(n.path, []byte(label), -1) })
+	switch {
+	case errors.Is(err, zk.ErrNoNode):
+		if n.ses.isLost() {
+			return fmt.Errorf("%w: %w", backend.ErrNotHeld, n.ses.err())
+		}
+		return fmt.Errorf("%w: %s was deleted", backend.ErrNotHeld, n.path)
+	case err != nil:
+		return fmt.Errorf("set the data of %s: %w", n.path, err)
+	case st.Czxid != n.czxid || st.EphemeralOwner != n.ses.id:
+		// Not ours (a node of the same name made again): cannot happen
+		// while the name carries this lease's owner ID, but say so.
+		return fmt.Errorf("%w: %s belongs to another session", backend.ErrNotHeld, n.path)
+	}
+	return nil
+}
+
 // Release implements backend.Driver: it deletes g's node. The node's name
 // carries the lease's owner id, so no other lease's node can be deleted. It
 // returns ErrNotHeld if the node was gone already (the session ended).

@@ -15,24 +15,37 @@ var _ backend.Watcher = (*Driver)(nil)
 
 // Watch implements backend.Watcher: a children watch on key's node (an
 // exists watch while it has none), set again each time it fires, as
-// Curator's LeaderLatch follows its participants.
+// Curator's LeaderLatch follows its participants; and a data watch on the
+// holder's node, which hears a new label (Relabel; election's Proclaim).
 func (d *Driver) Watch(ctx context.Context, key string, changed func()) error {
 	if d.closed.Load() {
 		return errClosed
 	}
 	parent := LockPath(d.root, key)
-	arm := func() (<-chan zk.Event, error) {
-		_, _, ev, err := d.conn.ChildrenW(parent)
+	// arm sets the children watch, and the data watch on the holder's node
+	// (nil channel: none holds).
+	arm := func() (children, data <-chan zk.Event, err error) {
+		names, st, ev, err := d.conn.ChildrenW(parent)
 		if errors.Is(err, zk.ErrNoNode) {
 			var ok bool
 			ok, _, ev, err = d.conn.ExistsW(parent)
 			if err == nil && ok { // created between the two calls
-				_, _, ev, err = d.conn.ChildrenW(parent)
+				names, st, ev, err = d.conn.ChildrenW(parent)
 			}
 		}
-		return ev, err
+		if err != nil || st == nil {
+			return ev, nil, err
+		}
+		if locks := sortedLocks(names, st.Cversion); len(locks) > 0 {
+			_, _, data, err = d.conn.GetW(parent + "/" + locks[0])
+			if errors.Is(err, zk.ErrNoNode) {
+				// Gone since the listing: the children watch fires.
+				return ev, nil, nil
+			}
+		}
+		return ev, data, err
 	}
-	ev, err := arm()
+	ev, data, err := arm()
 	if err != nil {
 		return fmt.Errorf("watch %s: %w", parent, err)
 	}
@@ -44,13 +57,27 @@ func (d *Driver) Watch(ctx context.Context, key string, changed func()) error {
 			select {
 			case <-ev:
 				changed()
+			case e := <-data:
+				changed()
+				if e.Type == zk.EventNodeDataChanged {
+					// Only the holder's data changed: watch it again;
+					// the children watch is still set.
+					_, _, data, err = d.conn.GetW(e.Path)
+					if err == nil {
+						continue
+					}
+					data = nil
+					if errors.Is(err, zk.ErrNoNode) {
+						continue // the children watch fires
+					}
+				}
 			case <-ctx.Done():
 				return
 			case <-d.quit:
 				return
 			}
 			for {
-				if ev, err = arm(); err == nil {
+				if ev, data, err = arm(); err == nil {
 					break
 				}
 				changed() // not watching: something may change unseen

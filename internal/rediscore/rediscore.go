@@ -29,6 +29,8 @@ var (
 	fairAcquireSrc string
 	//go:embed fair_release.lua
 	fairReleaseSrc string
+	//go:embed relabel.lua
+	relabelSrc string
 )
 
 // The scripts. Run sends EVALSHA and falls back to EVAL when the server
@@ -60,6 +62,12 @@ var (
 	// the channel. KEYS: lock, queue, qexp. ARGV: owner, channel, leave.
 	// Reply: 1 if deleted (or dequeued), else 0.
 	FairRelease = goredis.NewScript(fairReleaseSrc)
+
+	// Relabel changes the lock's value (owner and label) if it is this
+	// owner's, keeping its TTL, and announces it. KEYS: lock. ARGV: current
+	// value, new value, channel. Reply: 1 if changed (or already the new
+	// value), else 0.
+	Relabel = goredis.NewScript(relabelSrc)
 
 	// Break deletes the lock key if its value is still the holder's that
 	// the caller read, and announces the release to waiters; the fencing
