@@ -30,11 +30,15 @@
 // # Traces
 //
 // A span "dlock.acquire" per Acquire or TryAcquire (wait included), a span
-// "dlock.release" per Release, and a span "dlock.lease" from the grant to
-// the lease's end, with an event per renewal ("renewed", or "renewal failed"
-// with the error) and, when the lease is lost, an event "lost" with the cause
-// and an error status. Attributes: dlock.backend, dlock.key (unless
-// WithoutKeys), dlock.mode, dlock.outcome, dlock.token.
+// "dlock.release" per Release, a short span "dlock.renew" per renewal (its
+// round trip; an error status if it failed), and, when a lease is lost, a
+// span "dlock.lease.lost" with an event "lost" carrying the cause and the
+// lease's error, and an error status. Renewals and the loss are in the trace
+// of the acquire that granted the lease (children of its span). Attributes:
+// dlock.backend, dlock.key (unless WithoutKeys), dlock.mode, dlock.outcome,
+// dlock.token. A lease has no span of its own from grant to end: it would
+// cost every acquire a third span (see docs/BENCHMARKS.md); its duration is
+// the metric dlock.lease.duration.
 package dlockotel
 
 import (
@@ -237,38 +241,48 @@ func (o *observer) StartAcquire(ctx context.Context, a dlock.AcquireInfo) (conte
 		}
 		span.End()
 		o.held.Add(ctx, 1, bo.held...)
-		l := &lease{o: o, bo: bo}
-		// The lease's span: from the grant to the end, in the caller's trace,
-		// outliving the caller's ctx.
-		l.ctx, l.span = o.tracer.Start(trace.ContextWithSpanContext(context.Background(), trace.SpanContextFromContext(ctx)), "dlock.lease")
-		if l.span.IsRecording() {
-			l.span.SetAttributes(bo.backend, AttrToken.Int64(int64(out.Token)))
-			if o.keys {
-				l.span.SetAttributes(AttrKey.String(a.Key))
-			}
-		}
+		// Renewals and a loss go into the acquire's trace, under its span.
+		l := &lease{o: o, bo: bo, key: a.Key, token: int64(out.Token),
+			ctx: trace.ContextWithSpanContext(context.Background(), span.SpanContext())}
 		return l
 	}
 }
 
 // lease observes one lease.
 type lease struct {
-	o    *observer
-	bo   *backendOpts
-	ctx  context.Context // carries the lease span
-	span trace.Span
+	o     *observer
+	bo    *backendOpts
+	key   string
+	token int64
+	ctx   context.Context // carries the acquire's span context
+}
+
+// attrs are the attributes of the lease's renewal and loss spans.
+func (l *lease) attrs() []attribute.KeyValue {
+	kvs := []attribute.KeyValue{l.bo.backend, AttrToken.Int64(l.token)}
+	if l.o.keys {
+		kvs = append(kvs, AttrKey.String(l.key))
+	}
+	return kvs
 }
 
 func (l *lease) Renewed(took time.Duration, err error) {
+	end := time.Now()
+	_, span := l.o.tracer.Start(l.ctx, "dlock.renew", trace.WithTimestamp(end.Add(-took)), trace.WithSpanKind(trace.SpanKindClient))
 	if err != nil {
-		l.span.AddEvent("renewal failed", trace.WithAttributes(attribute.String("error", err.Error())))
+		if span.IsRecording() {
+			span.SetAttributes(append(l.attrs(), AttrOutcome.String("error"))...)
+			span.RecordError(err)
+			span.SetStatus(codes.Error, "renewal failed")
+		}
 		l.o.renewals.Add(l.ctx, 1, l.bo.renewErr...)
 	} else {
-		if l.span.IsRecording() {
-			l.span.AddEvent("renewed", trace.WithAttributes(attribute.Float64("dlock.renewal.seconds", took.Seconds())))
+		if span.IsRecording() {
+			span.SetAttributes(append(l.attrs(), AttrOutcome.String("ok"))...)
 		}
 		l.o.renewals.Add(l.ctx, 1, l.bo.renewOK...)
 	}
+	span.End(trace.WithTimestamp(end))
 	l.o.renewalDur.Record(l.ctx, took.Seconds(), l.bo.renewDur...)
 }
 
@@ -285,30 +299,30 @@ func (l *lease) StartRelease(ctx context.Context) (context.Context, func(error))
 			l.o.releases.Add(l.ctx, 1, l.bo.releaseOK...)
 		}
 		if span.IsRecording() {
-			span.SetAttributes(l.bo.backend, AttrOutcome.String(outcome))
+			span.SetAttributes(l.bo.backend, AttrOutcome.String(outcome), AttrToken.Int64(l.token))
 		}
 		span.End()
 	}
 }
 
 func (l *lease) Ended(e dlock.LeaseEnd) {
-	end := "released"
 	dur := l.bo.released
 	if e.Lost {
-		end, dur = "lost", l.bo.lostDur
+		dur = l.bo.lostDur
 		l.o.lost.Add(l.ctx, 1, l.bo.lost[e.Cause]...)
-		l.span.AddEvent("lost", trace.WithAttributes(AttrCause.String(string(e.Cause))))
-		if e.Err != nil {
-			l.span.RecordError(e.Err)
+		_, span := l.o.tracer.Start(l.ctx, "dlock.lease.lost")
+		if span.IsRecording() {
+			span.SetAttributes(append(l.attrs(), AttrEnd.String("lost"), AttrCause.String(string(e.Cause)))...)
+			span.AddEvent("lost", trace.WithAttributes(AttrCause.String(string(e.Cause))))
+			if e.Err != nil {
+				span.RecordError(e.Err)
+			}
+			span.SetStatus(codes.Error, "lease lost")
 		}
-		l.span.SetStatus(codes.Error, "lease lost")
+		span.End()
 	}
 	l.o.held.Add(l.ctx, -1, l.bo.held...)
 	l.o.leaseDur.Record(l.ctx, e.Held.Seconds(), dur...)
-	if l.span.IsRecording() {
-		l.span.SetAttributes(AttrEnd.String(end))
-	}
-	l.span.End()
 }
 
 // RejectionCounter returns a function for fencing.Guard's and

@@ -169,9 +169,15 @@ func scenarios(t *testing.T, s *sdk, dsn, backend string, del func(key string)) 
 	if len(s.ended("dlock.release")) != 1 {
 		t.Errorf("%d dlock.release spans, want 1", len(s.ended("dlock.release")))
 	}
-	leaseSpans := s.ended("dlock.lease")
-	if len(leaseSpans) != 1 || len(leaseSpans[0].Events()) != 1 || leaseSpans[0].Events()[0].Name != "renewed" {
-		t.Fatalf("dlock.lease spans: %d, want one with one renewal event", len(leaseSpans))
+	renew := s.ended("dlock.renew")
+	if len(renew) != 1 {
+		t.Fatalf("%d dlock.renew spans, want 1", len(renew))
+	}
+	if v, _ := attr(renew[0], dlockotel.AttrOutcome); v.AsString() != "ok" {
+		t.Errorf("dlock.renew span: outcome %v, want ok", v)
+	}
+	if renew[0].Parent().SpanID() != acq[0].SpanContext().SpanID() || renew[0].SpanContext().TraceID() != acq[0].SpanContext().TraceID() {
+		t.Errorf("dlock.renew span is not a child of the granting acquire's span")
 	}
 
 	// A lease whose lock is deleted behind its back: its next renewal says so.
@@ -192,10 +198,16 @@ func scenarios(t *testing.T, s *sdk, dsn, backend string, del func(key string)) 
 	if got := s.sum(t, "dlock.renewals", be, dlockotel.AttrOutcome.String("error")); got > 1 {
 		t.Errorf("dlock.renewals{outcome=error} = %d, want at most 1", got)
 	}
-	spans := s.ended("dlock.lease")
-	last := spans[len(spans)-1]
+	spans := s.ended("dlock.lease.lost")
+	if len(spans) != 1 {
+		t.Fatalf("%d dlock.lease.lost spans, want 1", len(spans))
+	}
+	last := spans[0]
 	if last.Status().Code.String() != "Error" {
 		t.Errorf("a lost lease's span status %v, want Error", last.Status())
+	}
+	if v, _ := attr(last, dlockotel.AttrCause); v.AsString() != "backend-reported" {
+		t.Errorf("dlock.lease.lost span: cause %v, want backend-reported", v)
 	}
 	found := false
 	for _, ev := range last.Events() {
@@ -203,6 +215,15 @@ func scenarios(t *testing.T, s *sdk, dsn, backend string, del func(key string)) 
 	}
 	if !found {
 		t.Error("a lost lease's span has no \"lost\" event")
+	}
+	var granting sdktrace.ReadOnlySpan
+	for _, sp := range s.ended("dlock.acquire") {
+		if v, _ := attr(sp, dlockotel.AttrKey); v.AsString() == "gone" {
+			granting = sp
+		}
+	}
+	if granting == nil || last.Parent().SpanID() != granting.SpanContext().SpanID() {
+		t.Error("the dlock.lease.lost span is not a child of the granting acquire's span")
 	}
 }
 

@@ -185,11 +185,19 @@ var ErrInvalidInterval = errors.New("election: observe interval must be positive
 // the leader as soon as one is pushed; it also reads every interval (see
 // WithInterval), which catches what a backend does not push (a Redis lock
 // that expires, a PostgreSQL session that ends) and follows a Locker that
-// cannot Watch. A term is never sent
-// after a later one: where tokens are known, a read whose token is below the
-// last sent is dropped. Read errors are skipped (the next read tries again);
-// the channel is unbuffered, and a reader that falls behind sees only the
-// newest leader.
+// cannot Watch. A term is never sent after a later one: where tokens are
+// known, a read whose token is below the last sent is dropped.
+//
+// How soon a change is seen: a pushed change (a grant, a Proclaim, a
+// resignation, a break) within the suite's push bound
+// (conformance.PushWaitBound, 250ms; a few milliseconds in practice, see the
+// suite's ElectionObservePush logs), on every backend of this module; a term
+// whose leader vanished (crashed, partitioned) once the backend frees the
+// lock — a TTL after the leader's last renewal (the session timeout on
+// ZooKeeper) — and at the next interval's read at the latest.
+//
+// Read errors are skipped (the next read tries again); the channel is
+// unbuffered, and a reader that falls behind sees only the newest leader.
 func Observe(ctx context.Context, l dlock.Locker, name string, opts ...ObserveOption) (<-chan Info, error) {
 	s := observeSettings{every: DefaultObserveInterval}
 	for _, o := range opts {

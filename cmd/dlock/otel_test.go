@@ -32,7 +32,7 @@ func TestRunExportsOTel(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	for path, want := range map[string][]string{
-		"/v1/traces":  {"dlock.acquire", "dlock.lease", "dlock.release", "jobs/otel"},
+		"/v1/traces":  {"dlock.acquire", "dlock.release", "jobs/otel"},
 		"/v1/metrics": {"dlock.acquire.duration", "dlock.releases", "dlock.leases.held"},
 	} {
 		for _, w := range want {
