@@ -7,5 +7,6 @@ import (
 	_ "github.com/dlock-go/dlock/postgres"
 	_ "github.com/dlock-go/dlock/redis"
 	_ "github.com/dlock-go/dlock/redlock"
+	_ "github.com/dlock-go/dlock/sqltable"
 	_ "github.com/dlock-go/dlock/zookeeper"
 )

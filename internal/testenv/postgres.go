@@ -494,6 +494,7 @@ auth_file = %s
 pool_mode = %s
 max_client_conn = 200
 default_pool_size = 20
+server_login_retry = 1
 `, pg.Port(), port, users, poolMode)
 		if err := os.WriteFile(ini, []byte(conf), 0o644); err != nil {
 			t.Fatalf("testenv: %v", err)
@@ -524,6 +525,9 @@ default_pool_size = 20
 		return &PgBouncer{Process: p, port: port}, nil
 	})
 }
+
+// Addr returns pgbouncer's host:port.
+func (b *PgBouncer) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(b.port)) }
 
 // URL returns a URL for the database "postgres" through pgbouncer, as the
 // user postgres, without TLS.

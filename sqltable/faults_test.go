@@ -1,0 +1,96 @@
+package sqltable_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock/conformance"
+	"github.com/dlock-go/dlock/internal/testenv"
+)
+
+// faultHarness breaks the table lock's deployment: the lockers' link through
+// a proxy (in front of the server, or of PgBouncer), and the server itself.
+type faultHarness struct {
+	*harness
+	bouncer *testenv.PgBouncer // nil: the lockers reach the server directly
+}
+
+func newFaultHarness(t testing.TB, bounced bool) *faultHarness {
+	h := &faultHarness{harness: newHarness(t)}
+	if bounced {
+		h.bouncer = testenv.StartPgBouncer(t, h.srv, "transaction")
+		h.url = h.bouncer.URL()
+	}
+	return h
+}
+
+func (h *faultHarness) Deployment() string {
+	if h.bouncer != nil {
+		return "pgtable-pgbouncer"
+	}
+	return "pgtable"
+}
+
+// LinkedDSN reaches the server (or PgBouncer) through a new proxy, as the
+// superuser with trust authentication.
+func (h *faultHarness) LinkedDSN(t testing.TB) (string, conformance.Link) {
+	t.Helper()
+	addr := h.srv.Addr()
+	if h.bouncer != nil {
+		addr = h.bouncer.Addr()
+	}
+	p := testenv.StartProxy(t, addr)
+	return "pgtable://postgres@" + p.Addr() + "/postgres?sslmode=disable&connect_timeout=5", p
+}
+
+// ServerFaults: see tableMatrix.
+func (h *faultHarness) ServerFaults() map[conformance.Fault]conformance.Injector {
+	return map[conformance.Fault]conformance.Injector{
+		conformance.Restart: func(testing.TB, string) func() {
+			h.srv.Kill()
+			return h.srv.Restart
+		},
+		conformance.Stall: func(testing.TB, string) func() {
+			h.srv.Pause()
+			return h.srv.Resume
+		},
+	}
+}
+
+// FailoverTime: after a server restart PgBouncer refuses logins for
+// server_login_retry (1s in the test environment; 15s by default).
+func (h *faultHarness) FailoverTime() time.Duration {
+	if h.bouncer != nil {
+		return 2 * time.Second
+	}
+	return 0
+}
+
+var (
+	_ conformance.FaultHarness  = (*faultHarness)(nil)
+	_ conformance.FailoverTimer = (*faultHarness)(nil)
+)
+
+// tableMatrix is the table lock's row of the fault matrix, direct or through
+// PgBouncer (which changes nothing: no statement depends on its session).
+var tableMatrix = conformance.Matrix{
+	conformance.Partition: {Outcome: conformance.LossDetected,
+		Why: "renewals reach no server, so the lease ends at its deadline, reckoned from before the last renewal was sent less the drift allowance; the row expires by the server's clock a TTL after that renewal ran"},
+	conformance.Disconnect: {Outcome: conformance.LossDetected,
+		Why: "no session holds the lock: the closed connections change nothing on the server, renewals fail and the lease ends at its deadline, before the row expires"},
+	conformance.PauseHolder: {Outcome: conformance.LossDetected,
+		Why: "the paused holder's deadline passes before its row expires on the server; its writes after SIGCONT are rejected by the Guard"},
+	conformance.Restart: {Outcome: conformance.Held | conformance.LossDetected,
+		Why: "the row is committed, so it survives the crash (SIGKILL, crash recovery) with its token; the holder keeps the lock unless a renewal falls while the server is down, and then it is told, while the row still keeps the waiter out until it expires"},
+	conformance.Stall: {Outcome: conformance.LossDetected,
+		Why: "the server stops (SIGSTOP) for 2×TTL: renewals hang and the lease ends at its deadline; the waiter's attempt runs when the server resumes, after the row has expired by its clock"},
+}
+
+func TestFaults(t *testing.T) {
+	t.Run("direct", func(t *testing.T) { conformance.RunFaults(t, newFaultHarness(t, false), tableMatrix) })
+	t.Run("pgbouncer", func(t *testing.T) { conformance.RunFaults(t, newFaultHarness(t, true), tableMatrix) })
+}
+
+func TestSoak(t *testing.T) {
+	conformance.Soak(t, newFaultHarness(t, true), conformance.SoakOptions{Matrix: tableMatrix})
+}

@@ -1,0 +1,70 @@
+package sqltable_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/testenv"
+	"github.com/dlock-go/dlock/sqltable"
+)
+
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// TestRefusesAsyncCommit: a server that commits asynchronously could lose a
+// grant and its token in a crash: Open refuses it, naming the setting.
+func TestRefusesAsyncCommit(t *testing.T) {
+	srv := testenv.StartPostgres(t) // the test environment's default: synchronous_commit=off
+	_, err := dlock.Open(testCtx(t), dsn(srv.URL()))
+	if !errors.Is(err, sqltable.ErrAsyncCommit) {
+		t.Fatalf("Open on a server with synchronous_commit=off: %v, want ErrAsyncCommit", err)
+	}
+	t.Log(err)
+}
+
+// TestOpenErrors: bad parameters of the driver's are refused with
+// ErrInvalidOption before anything is opened.
+func TestOpenErrors(t *testing.T) {
+	for _, q := range []string{"table=a%3Bdrop", "poll=0.5ms", "max_conns=0", "table=1x"} {
+		_, err := dlock.Open(testCtx(t), "pgtable://postgres@127.0.0.1:1/postgres?"+q)
+		if !errors.Is(err, dlock.ErrInvalidOption) {
+			t.Errorf("Open with %s: %v, want ErrInvalidOption", q, err)
+		}
+	}
+}
+
+// TestTokensSurviveARestart: the row's counter is committed with the grant,
+// so the first grant after a crash (SIGKILL, crash recovery) has a higher
+// token than the last one before it.
+func TestTokensSurviveARestart(t *testing.T) {
+	h := newHarness(t)
+	ctx := testCtx(t)
+	l := h.NewLocker(t)
+	var last dlock.Token
+	for range 3 {
+		lease, err := l.Acquire(ctx, "restart/tokens")
+		if err != nil {
+			t.Fatal(err)
+		}
+		last = lease.Token()
+		if err := lease.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.srv.Kill()
+	h.srv.Restart()
+	lease, err := l.Acquire(ctx, "restart/tokens")
+	if err != nil {
+		t.Fatalf("Acquire after the restart: %v", err)
+	}
+	defer lease.Release(ctx)
+	if lease.Token() <= last {
+		t.Fatalf("token after the crash %d, not above the last before it %d", lease.Token(), last)
+	}
+}
