@@ -276,6 +276,14 @@ func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 			// The statement may have committed before ctx ended it.
 			d.giveBack(req)
 			return nil, waitEnded(ctx, lastErr)
+		case errors.Is(err, context.DeadlineExceeded):
+			// The statement outlasted statementTimeout: it may still
+			// commit. Give back what it took, if it has (best effort).
+			d.giveBack(req)
+			if !req.Wait {
+				return nil, err
+			}
+			lastErr = err
 		case err != nil && (!req.Wait || !transient(err)):
 			return nil, err
 		case err != nil:
@@ -305,12 +313,29 @@ func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 	}
 }
 
+// statementTimeout bounds an acquire statement, which ctx does not cut
+// short (see attempt).
+const statementTimeout = 5 * time.Second
+
 // attempt runs the acquire statement once: the token if granted (> 0), or
-// the holder's remaining TTL (-1 if unknown).
+// the holder's remaining TTL (-1 if unknown). ctx does not cut the
+// statement short: a cancelled statement may still commit on the server
+// after the client has given up on it (the cancel request races it), and a
+// release sent at once could run before it and leave the grant behind. The
+// statement takes no lock that waits (a row lock for the moment another
+// attempt holds it), so it ends within a round trip, and Acquire checks ctx
+// after it. Only a statement that outlasts statementTimeout (a stalled
+// server) is abandoned, and its grant, if it commits later, is held until
+// its TTL.
 func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest) (token int64, left time.Duration, err error) {
+	if err := ctx.Err(); err != nil {
+		return 0, 0, err
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), statementTimeout)
+	defer cancel()
 	var tok sql.NullInt64
 	var leftUS sql.NullInt64
-	err = d.db.QueryRowContext(ctx, d.d.acquire, req.Key, req.Owner, req.Label, req.TTL.Microseconds()).Scan(&tok, &leftUS)
+	err = d.db.QueryRowContext(sctx, d.d.acquire, req.Key, req.Owner, req.Label, req.TTL.Microseconds()).Scan(&tok, &leftUS)
 	if err != nil {
 		return 0, 0, fmt.Errorf("acquire: %w", err)
 	}
