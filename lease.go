@@ -14,13 +14,29 @@ import (
 // String returns the token in decimal.
 func (t Token) String() string { return strconv.FormatUint(uint64(t), 10) }
 
-type leaseState int
+type leaseState uint8
 
 const (
 	held      leaseState = iota
 	releasing            // Release is talking to the backend
 	ended                // Done is closed; err says why
 )
+
+// lossKind is a LossCause in a byte (a Lease's field: a lease's size is
+// scale, see docs/BENCHMARKS.md).
+type lossKind uint8
+
+// lossCauses are the LossCause of each lossKind; 0 is none.
+var lossCauses = [...]LossCause{"", LossRenewalFailed, LossDeadlinePassed, LossBackendReported}
+
+func kindOf(c LossCause) lossKind {
+	for i, x := range lossCauses {
+		if x == c {
+			return lossKind(i)
+		}
+	}
+	return 0
+}
 
 // Lease is a granted lock. Its methods are safe for concurrent use.
 //
@@ -49,7 +65,7 @@ type Lease struct {
 	deadlineAt time.Time     // deadline as a time.Time, as of the last grant or renewal
 	nextRenew  time.Duration // on locker.clk
 	renewing   bool
-	lossCause  LossCause // why it was lost, set by lose before it ends the lease
+	lossCause  lossKind // why it was lost, set by lose before it ends the lease
 }
 
 // newLease makes the lease for g, whose Start is start on the locker's clock.
@@ -392,8 +408,8 @@ func (l *Lease) lose(cause error) { l.loseBy(LossBackendReported, cause) }
 // loseBy is lose with the kind of cause, for observers.
 func (l *Lease) loseBy(kind LossCause, cause error) {
 	l.mu.Lock()
-	if l.state == held && l.lossCause == "" {
-		l.lossCause = kind
+	if l.state == held && l.lossCause == 0 {
+		l.lossCause = kindOf(kind)
 	}
 	l.mu.Unlock()
 	if !l.end(held, withKind(ErrLeaseLost, cause)) {
@@ -470,7 +486,7 @@ func (l *Lease) end(from leaseState, err error) bool {
 		op = "release"
 	}
 	l.err = l.locker.errorf(op, l.Key(), err)
-	lerr, cause := l.err, l.lossCause
+	lerr, cause := l.err, lossCauses[l.lossCause]
 	l.mu.Unlock()
 	if l.obs != nil { // before Done closes, so that an observer has seen the end by then
 		lost := errors.Is(err, ErrLeaseLost)
