@@ -12,7 +12,8 @@ set -euo pipefail
 packages=(
   redis-server redis-tools   # redis driver, redlock driver
   zookeeper                  # zookeeper driver (pulls a JRE)
-  postgresql pgbouncer       # postgres driver (pgbouncer: the transaction-pooling refusal test)
+  postgresql pgbouncer       # postgres driver; sqltable (pgbouncer: transaction pooling)
+  mariadb-server             # sqltable's MySQL dialect; fencing.SQLGuard on MariaDB
   etcd-server etcd-client    # etcd driver (etcd 3.4; etcdctl for the interop test)
   chromium                   # cmd/dlock: renders dlock bench's HTML report headless (TestBench)
 )

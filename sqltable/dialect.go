@@ -8,13 +8,18 @@ import "strings"
 type dialect struct {
 	create []string // create the table if missing
 
-	// commitMode reads the commit mode: "off" is refused (see ErrAsyncCommit).
-	commitMode string
+	// commitMode reads the commit mode: "off" is refused (see
+	// ErrAsyncCommit), with asyncAdvice in the error.
+	commitMode, asyncAdvice string
 
 	// acquire: $1 key, $2 owner, $3 label, $4 TTL µs. Returns one row: the
 	// new token if granted (else NULL), and the holder's remaining TTL in µs
-	// if refused (else NULL).
-	acquire string
+	// if refused (else NULL). With acquireByInsertID it returns no row: the
+	// token is the statement's insert ID (0: refused), and holderLeft ($1
+	// key) reads the holder's remaining TTL in µs.
+	acquire           string
+	acquireByInsertID bool
+	holderLeft        string
 	// refresh: $1 key, $2 owner, $3 TTL µs. One row affected if extended.
 	refresh string
 	// release: $1 key, $2 owner. One row affected if freed. The token stays.
@@ -24,6 +29,12 @@ type dialect struct {
 	// inspect: $1 key; list: $1 a LIKE pattern (escape \). Rows of held locks:
 	// key, owner, label, token, granted_at, remaining TTL in µs.
 	inspect, list string
+
+	// refreshArgs and relabelArgs order the arguments of refresh and
+	// relabel where placeholders are positional; nil: key, owner, then the
+	// TTL or label ($1, $2, $3).
+	refreshArgs func(key, owner string, ttlUS int64) []any
+	relabelArgs func(key, owner, label string) []any
 }
 
 func postgresDialect(table string) *dialect {
@@ -38,7 +49,8 @@ func postgresDialect(table string) *dialect {
 	granted_at timestamptz NOT NULL,
 	expires_at timestamptz NOT NULL
 )`)},
-		commitMode: "SELECT current_setting('synchronous_commit')",
+		commitMode:  "SELECT current_setting('synchronous_commit')",
+		asyncAdvice: "synchronous_commit=off; set it to local or on for the role or the database: ALTER ROLE … SET synchronous_commit = local",
 		// The CTE's insert and the main query's read of the table see the
 		// same snapshot: when the insert takes nothing, the read is the
 		// holder's row as it refused.
@@ -58,5 +70,50 @@ WHERE key = $1 AND owner = $2 AND expires_at > clock_timestamp()`),
 		relabel: r.Replace(`UPDATE {t} SET label = $3 WHERE key = $1 AND owner = $2 AND expires_at > clock_timestamp()`),
 		inspect: r.Replace(`SELECT ` + cols + ` FROM {t} WHERE key = $1 AND owner <> '' AND expires_at > clock_timestamp()`),
 		list:    r.Replace(`SELECT ` + cols + ` FROM {t} WHERE key LIKE $1 AND owner <> '' AND expires_at > clock_timestamp() ORDER BY key`),
+	}
+}
+
+// mysqlDialect is MySQL's and MariaDB's. `key` is a reserved word there, and
+// keys are compared as bytes (VARBINARY: a case-insensitive collation would
+// merge keys dlock keeps apart). The acquire is an INSERT … ON DUPLICATE KEY
+// UPDATE whose assignments run left to right, each seeing the columns the
+// ones before it set: expires_at, which every condition reads, is assigned
+// last. The granted token comes back as the statement's insert ID
+// (LAST_INSERT_ID(expr)), 0 when refused; a refused attempt then reads the
+// holder's remaining TTL (holderLeft).
+func mysqlDialect(table string) *dialect {
+	r := strings.NewReplacer("{t}", table)
+	const granted = "expires_at <= NOW(6)"
+	const cols = "`key`, owner, label, token, granted_at, TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at)"
+	return &dialect{
+		create: []string{r.Replace("CREATE TABLE IF NOT EXISTS {t} (\n" +
+			"\t`key`      VARBINARY(1024) NOT NULL PRIMARY KEY,\n" +
+			"\towner      VARBINARY(64) NOT NULL,\n" +
+			"\tlabel      VARBINARY(128) NOT NULL,\n" +
+			"\ttoken      BIGINT NOT NULL,\n" +
+			"\tgranted_at DATETIME(6) NOT NULL,\n" +
+			"\texpires_at DATETIME(6) NOT NULL\n" +
+			") ENGINE=InnoDB")},
+		commitMode:        "SELECT IF(@@innodb_flush_log_at_trx_commit = 0, 'off', 'on')",
+		asyncAdvice:       "innodb_flush_log_at_trx_commit=0; set it to 1 (or 2, which survives a crash of the server but not of its machine)",
+		acquireByInsertID: true,
+		acquire: r.Replace("INSERT INTO {t} (`key`, owner, label, token, granted_at, expires_at)\n" +
+			"VALUES (?, ?, ?, LAST_INSERT_ID(1), NOW(6), NOW(6) + INTERVAL ? MICROSECOND)\n" +
+			"ON DUPLICATE KEY UPDATE\n" +
+			"\ttoken = IF(" + granted + ", LAST_INSERT_ID(token + 1), token + LAST_INSERT_ID(0)),\n" +
+			"\towner = IF(" + granted + ", VALUES(owner), owner),\n" +
+			"\tlabel = IF(" + granted + ", VALUES(label), label),\n" +
+			"\tgranted_at = IF(" + granted + ", VALUES(granted_at), granted_at),\n" +
+			"\texpires_at = IF(" + granted + ", VALUES(expires_at), expires_at)"),
+		holderLeft: r.Replace("SELECT TIMESTAMPDIFF(MICROSECOND, NOW(6), expires_at) FROM {t} WHERE `key` = ?"),
+		refresh:    r.Replace("UPDATE {t} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND WHERE `key` = ? AND owner = ? AND expires_at > NOW(6)"),
+		release:    r.Replace("UPDATE {t} SET owner = '', label = '', expires_at = '1000-01-01' WHERE `key` = ? AND owner = ? AND owner <> ''"),
+		relabel:    r.Replace("UPDATE {t} SET label = ? WHERE `key` = ? AND owner = ? AND expires_at > NOW(6)"),
+		inspect:    r.Replace("SELECT " + cols + " FROM {t} WHERE `key` = ? AND owner <> '' AND expires_at > NOW(6)"),
+		list:       r.Replace("SELECT " + cols + " FROM {t} WHERE `key` LIKE ? AND owner <> '' AND expires_at > NOW(6) ORDER BY `key`"),
+		// MySQL's placeholders are positional: the arguments in statement
+		// order.
+		refreshArgs: func(key, owner string, ttlUS int64) []any { return []any{ttlUS, key, owner} },
+		relabelArgs: func(key, owner, label string) []any { return []any{label, key, owner} },
 	}
 }

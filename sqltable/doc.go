@@ -4,12 +4,13 @@
 // statement that grants it. It holds no session: every statement may run on
 // any connection, so it works where session locks do not — behind
 // PostgreSQL's PgBouncer in transaction or statement pooling mode, or any
-// proxy that multiplexes connections.
+// proxy that multiplexes connections (ProxySQL, for MySQL and MariaDB).
 //
 //	locker, err := dlock.Open(ctx, "pgtable://app@pgbouncer:6432/app?ttl=15s")
 //
-// Importing the package registers the scheme pgtable (PostgreSQL, through
-// pgx's database/sql driver). NewDriver takes a *sql.DB of your own.
+// Importing the package registers the schemes pgtable (PostgreSQL, through
+// pgx's database/sql driver) and mysqltable (MySQL and MariaDB, through
+// go-sql-driver/mysql). NewDriver takes a *sql.DB of your own.
 //
 // Waiters poll (with a jittered interval, cut short by the holder's
 // remaining TTL, which every refused attempt reads): Capabilities.PushWait is

@@ -42,8 +42,9 @@ var errClosed = fmt.Errorf("sqltable driver: %w", backend.ErrClosed)
 
 // ErrAsyncCommit is returned by NewDriver (and Open) when the database does
 // not make a commit durable before it answers (PostgreSQL's
-// synchronous_commit=off for the driver's sessions): a grant, and its token,
-// could be lost in a crash, and tokens would go backwards.
+// synchronous_commit=off for the driver's sessions; MySQL's
+// innodb_flush_log_at_trx_commit=0): a grant, and its token, could be lost in
+// a crash, and tokens would go backwards.
 var ErrAsyncCommit = errors.New("sqltable: commits are not durable")
 
 func init() {
@@ -107,6 +108,7 @@ var (
 // Dialects NewDriver knows.
 const (
 	PostgreSQL = "postgres"
+	MySQL      = "mysql" // MySQL and MariaDB
 )
 
 // NewDriver returns a table lock over db, whose SQL dialect is dialect
@@ -128,8 +130,10 @@ func newDriver(ctx context.Context, db *sql.DB, dialectName string, opts *Option
 	switch dialectName {
 	case PostgreSQL:
 		d = postgresDialect(o.Table)
+	case MySQL:
+		d = mysqlDialect(o.Table)
 	default:
-		return nil, fmt.Errorf("%w: dialect %q: want %q", dlock.ErrInvalidOption, dialectName, PostgreSQL)
+		return nil, fmt.Errorf("%w: dialect %q: want %q or %q", dlock.ErrInvalidOption, dialectName, PostgreSQL, MySQL)
 	}
 	for _, stmt := range d.create {
 		if _, err := db.ExecContext(ctx, stmt); err != nil && !createdMeanwhile(err) {
@@ -141,9 +145,8 @@ func newDriver(ctx context.Context, db *sql.DB, dialectName string, opts *Option
 		return nil, fmt.Errorf("read the commit mode: %w", err)
 	}
 	if commit == "off" {
-		return nil, fmt.Errorf("%w: the server commits asynchronously (synchronous_commit=off): a crash could lose a grant "+
-			"and its token, and tokens would go backwards; set it to local or on for the role or the database "+
-			"(ALTER ROLE … SET synchronous_commit = local)", ErrAsyncCommit)
+		return nil, fmt.Errorf("%w: the server commits asynchronously (%s): a crash could lose a grant "+
+			"and its token, and tokens would go backwards", ErrAsyncCommit, d.asyncAdvice)
 	}
 	return &Driver{db: db, owned: owned, opts: o, d: d, quit: make(chan struct{})}, nil
 }
@@ -335,8 +338,23 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest) (token
 	defer cancel()
 	var tok sql.NullInt64
 	var leftUS sql.NullInt64
-	err = d.db.QueryRowContext(sctx, d.d.acquire, req.Key, req.Owner, req.Label, req.TTL.Microseconds()).Scan(&tok, &leftUS)
-	if err != nil {
+	if d.d.acquireByInsertID {
+		res, err := d.db.ExecContext(sctx, d.d.acquire, req.Key, req.Owner, req.Label, req.TTL.Microseconds())
+		if err != nil {
+			return 0, 0, fmt.Errorf("acquire: %w", err)
+		}
+		id, err := res.LastInsertId()
+		if err != nil {
+			return 0, 0, fmt.Errorf("acquire: %w", err)
+		}
+		if id > 0 {
+			return id, 0, nil
+		}
+		err = d.db.QueryRowContext(sctx, d.d.holderLeft, req.Key).Scan(&leftUS)
+		if err != nil && !errors.Is(err, sql.ErrNoRows) {
+			return 0, 0, fmt.Errorf("acquire: read the holder's TTL: %w", err)
+		}
+	} else if err = d.db.QueryRowContext(sctx, d.d.acquire, req.Key, req.Owner, req.Label, req.TTL.Microseconds()).Scan(&tok, &leftUS); err != nil {
 		return 0, 0, fmt.Errorf("acquire: %w", err)
 	}
 	if tok.Valid {
@@ -388,7 +406,11 @@ func (d *Driver) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duratio
 	if d.closed.Load() {
 		return 0, errClosed
 	}
-	res, err := d.db.ExecContext(ctx, d.d.refresh, g.Key, g.Owner, ttl.Microseconds())
+	args := []any{g.Key, g.Owner, ttl.Microseconds()}
+	if d.d.refreshArgs != nil {
+		args = d.d.refreshArgs(g.Key, g.Owner, ttl.Microseconds())
+	}
+	res, err := d.db.ExecContext(ctx, d.d.refresh, args...)
 	if err != nil {
 		return 0, fmt.Errorf("refresh: %w", err)
 	}
@@ -424,7 +446,11 @@ func (d *Driver) Relabel(ctx context.Context, g *backend.Grant, label string) er
 	if d.closed.Load() {
 		return errClosed
 	}
-	res, err := d.db.ExecContext(ctx, d.d.relabel, g.Key, g.Owner, label)
+	args := []any{g.Key, g.Owner, label}
+	if d.d.relabelArgs != nil {
+		args = d.d.relabelArgs(g.Key, g.Owner, label)
+	}
+	res, err := d.db.ExecContext(ctx, d.d.relabel, args...)
 	if err != nil {
 		return fmt.Errorf("relabel: %w", err)
 	}
