@@ -28,15 +28,9 @@ func init() {
 // trip per statement, and nothing that a multiplexing proxy must follow
 // across connections) and parses times (parseTime=true).
 func openMySQL(ctx context.Context, u *url.URL) (backend.Driver, error) {
-	p := backend.NewParams(u)
-	o := Options{Table: p.String("table", DefaultTable), Poll: p.Duration("poll", DefaultPoll)}
-	maxConns := p.Int("max_conns", DefaultMaxConns, 1, 10000)
-	rest := p.Rest()
-	if err := p.Done(); err != nil {
+	o, maxConns, rest, err := parseParams(u)
+	if err != nil {
 		return nil, err
-	}
-	if _, err := o.withDefaults(); err != nil {
-		return nil, fmt.Errorf("%w: %w", dlock.ErrInvalidOption, err)
 	}
 	for name, def := range map[string]string{"interpolateParams": "true", "parseTime": "true"} {
 		if !rest.Has(name) {

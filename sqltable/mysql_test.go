@@ -72,29 +72,7 @@ func TestConformanceMySQL(t *testing.T) {
 // before it.
 func TestMySQLTokensSurviveARestart(t *testing.T) {
 	h := newMySQLHarness(t)
-	ctx := testCtx(t)
-	l := h.NewLocker(t)
-	var last dlock.Token
-	for range 3 {
-		lease, err := l.Acquire(ctx, "restart/tokens")
-		if err != nil {
-			t.Fatal(err)
-		}
-		last = lease.Token()
-		if err := lease.Release(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	h.srv.Kill()
-	h.srv.Restart()
-	lease, err := l.Acquire(ctx, "restart/tokens")
-	if err != nil {
-		t.Fatalf("Acquire after the restart: %v", err)
-	}
-	defer lease.Release(ctx)
-	if lease.Token() <= last {
-		t.Fatalf("token after the crash %d, not above the last before it %d", lease.Token(), last)
-	}
+	tokensSurviveARestart(t, h.NewLocker(t), func() { h.srv.Kill(); h.srv.Restart() })
 }
 
 // TestMySQLRefusesAsyncCommit: with innodb_flush_log_at_trx_commit=0 a

@@ -183,15 +183,9 @@ func New(ctx context.Context, db *sql.DB, dialect string, opts *Options, lockerO
 // statement (default_query_exec_mode=exec), which transaction-pooling
 // proxies pass.
 func openPG(ctx context.Context, u *url.URL) (backend.Driver, error) {
-	p := backend.NewParams(u)
-	o := Options{Table: p.String("table", DefaultTable), Poll: p.Duration("poll", DefaultPoll)}
-	maxConns := p.Int("max_conns", DefaultMaxConns, 1, 10000)
-	rest := p.Rest()
-	if err := p.Done(); err != nil {
+	o, maxConns, rest, err := parseParams(u)
+	if err != nil {
 		return nil, err
-	}
-	if _, err := o.withDefaults(); err != nil {
-		return nil, fmt.Errorf("%w: %w", dlock.ErrInvalidOption, err)
 	}
 	if !rest.Has("default_query_exec_mode") {
 		rest.Set("default_query_exec_mode", "exec")
@@ -219,6 +213,22 @@ func openPG(ctx context.Context, u *url.URL) (backend.Driver, error) {
 		return nil, backend.RedactError(err, u)
 	}
 	return d, nil
+}
+
+// parseParams reads the DSN parameters of dlock's and the driver's (table,
+// poll, max_conns) and returns the others, for the database's client.
+func parseParams(u *url.URL) (o Options, maxConns int, rest url.Values, err error) {
+	p := backend.NewParams(u)
+	o = Options{Table: p.String("table", DefaultTable), Poll: p.Duration("poll", DefaultPoll)}
+	maxConns = p.Int("max_conns", DefaultMaxConns, 1, 10000)
+	rest = p.Rest()
+	if err := p.Done(); err != nil {
+		return o, 0, nil, err
+	}
+	if _, err := o.withDefaults(); err != nil {
+		return o, 0, nil, fmt.Errorf("%w: %w", dlock.ErrInvalidOption, err)
+	}
+	return o, maxConns, rest, nil
 }
 
 // Name implements backend.Named.

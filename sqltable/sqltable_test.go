@@ -44,8 +44,14 @@ func TestOpenErrors(t *testing.T) {
 // token than the last one before it.
 func TestTokensSurviveARestart(t *testing.T) {
 	h := newHarness(t)
+	tokensSurviveARestart(t, h.NewLocker(t), func() { h.srv.Kill(); h.srv.Restart() })
+}
+
+// tokensSurviveARestart takes and releases a key three times on l, crashes
+// and restarts the server, and checks the next grant's token is higher.
+func tokensSurviveARestart(t *testing.T, l dlock.Locker, crash func()) {
+	t.Helper()
 	ctx := testCtx(t)
-	l := h.NewLocker(t)
 	var last dlock.Token
 	for range 3 {
 		lease, err := l.Acquire(ctx, "restart/tokens")
@@ -57,8 +63,7 @@ func TestTokensSurviveARestart(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	h.srv.Kill()
-	h.srv.Restart()
+	crash()
 	lease, err := l.Acquire(ctx, "restart/tokens")
 	if err != nil {
 		t.Fatalf("Acquire after the restart: %v", err)
