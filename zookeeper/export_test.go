@@ -96,3 +96,22 @@ func LastAck(d *Driver) time.Duration {
 	defer c.mu.Unlock()
 	return c.lastAck
 }
+
+// Bounce breaks d's current connection without blocking the next one: the
+// client reconnects at once and resumes its session.
+func Bounce(d *Driver) {
+	d.wireMu.Lock()
+	w := d.wire
+	d.wireMu.Unlock()
+	if w != nil {
+		_ = w.Conn.Close()
+	}
+}
+
+// BreakOnWrite makes d's connection break as the next request with opcode op
+// is written: go-zookeeper's write fails, and the server never sees it.
+func BreakOnWrite(d *Driver, op int32) {
+	d.wireMu.Lock()
+	d.breakOp = op
+	d.wireMu.Unlock()
+}

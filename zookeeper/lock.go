@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -42,7 +43,17 @@ func validity(ttl, sessionTimeout time.Duration) (time.Duration, error) {
 // transient reports whether err says only that the connection failed: the
 // session, and with it the lock node, may well be alive.
 func transient(err error) bool {
-	return errors.Is(err, zk.ErrConnectionClosed) || errors.Is(err, zk.ErrNoServer) || errors.Is(err, zk.ErrSessionMoved)
+	return connLost(err) || errors.Is(err, zk.ErrNoServer) || errors.Is(err, zk.ErrSessionMoved)
+}
+
+// connLost reports whether err says that the connection broke while the
+// request was on its way: the server may or may not have applied it.
+// go-zookeeper reports a connection that broke before the reply as
+// ErrConnectionClosed, and one that broke as the request was written as the
+// write's own error (a *net.OpError).
+func connLost(err error) bool {
+	var op *net.OpError
+	return errors.Is(err, zk.ErrConnectionClosed) || errors.As(err, &op)
 }
 
 type callResult[T any] struct {
@@ -220,7 +231,7 @@ func (d *Driver) createNode(ctx context.Context, s *session, wait bool, parent, 
 				return nil, err
 			}
 			continue
-		case errors.Is(err, zk.ErrConnectionClosed):
+		case connLost(err):
 			// The request may have been applied: look for the node by its
 			// protected name.
 			n, ferr := d.findOwn(s, parent, prefix)

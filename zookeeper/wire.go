@@ -17,9 +17,10 @@ import (
 // connection is the session handshake instead: ConnectRequest one way,
 // ConnectResponse (protocolVersion, timeOut, sessionId, passwd) the other.
 const (
-	xidPing  = -2
-	opMulti  = 14
-	maxFrame = 64 << 20 // far above jute.maxbuffer; a bigger length is a broken stream
+	xidPing      = -2
+	opMulti      = 14
+	opSetWatches = 101
+	maxFrame     = 64 << 20 // far above jute.maxbuffer; a bigger length is a broken stream
 )
 
 // handshake is what a ConnectResponse told the client.
@@ -41,6 +42,15 @@ type handshake struct {
 //   - for tests, a reply to drop as if the connection had broken after the
 //     server applied the request.
 //
+// It also holds back one thing, to keep go-zookeeper clear of a data race of
+// its own (v1.0.4, conn.go): when a connection resumes a session, the
+// client's connect loop reads the last zxid it saw, to set its watches again,
+// while its receive loop may already be writing that zxid for a reply to a
+// request queued during the outage. The first such reply on a resumed
+// connection is handed out only after the client wrote its SetWatches
+// request (whose zxid it read before), or, if it has no watches to set (it
+// then reads nothing), after gateBound.
+//
 // go-zookeeper writes from one goroutine at a time and reads from one
 // goroutine at a time; mu guards what the two sides share.
 type wireConn struct {
@@ -52,6 +62,8 @@ type wireConn struct {
 	off        int
 	handshaken bool
 	sessionID  int64
+	hold       bool      // a resumed session: the first reply waits for watchesSet
+	holdUntil  time.Time // ... or until then
 
 	// Write side.
 	whdr []byte // the first 12 bytes of the packet being written
@@ -59,8 +71,16 @@ type wireConn struct {
 
 	mu          sync.Mutex
 	connectSent time.Time
-	dropXid     int32 // test hook: reply to drop (0: none)
+	dropXid     int32         // test hook: reply to drop (0: none)
+	watchesSet  chan struct{} // closed when a SetWatches request was written
+	setSeen     bool
 }
+
+// gateBound is how long the first reply on a resumed connection waits for
+// the client's SetWatches request. go-zookeeper reads the zxid for it right
+// after the handshake, so the bound only ends the wait of a client that has
+// no watches to set.
+const gateBound = 100 * time.Millisecond
 
 // dial is the zk.Dialer of connections the driver owns.
 func (d *Driver) dial(network, address string, timeout time.Duration) (net.Conn, error) {
@@ -74,7 +94,7 @@ func (d *Driver) dial(network, address string, timeout time.Duration) (net.Conn,
 	if err != nil {
 		return nil, err
 	}
-	wc := &wireConn{Conn: c, d: d, whdr: make([]byte, 0, 12)}
+	wc := &wireConn{Conn: c, d: d, whdr: make([]byte, 0, 12), watchesSet: make(chan struct{})}
 	d.wireMu.Lock()
 	if d.severed {
 		d.wireMu.Unlock()
@@ -138,6 +158,9 @@ func (c *wireConn) inspect(body []byte) error {
 			return nil
 		}
 		c.sessionID = id
+		if c.d.lastHandshake().id == id {
+			c.hold, c.holdUntil = true, time.Now().Add(gateBound)
+		}
 		c.mu.Lock()
 		sent := c.connectSent
 		c.mu.Unlock()
@@ -148,6 +171,15 @@ func (c *wireConn) inspect(body []byte) error {
 		return nil
 	}
 	xid := int32(binary.BigEndian.Uint32(body[0:4]))
+	if c.hold && xid >= 0 && len(body) >= 12 && int64(binary.BigEndian.Uint64(body[4:12])) > 0 {
+		c.hold = false
+		t := time.NewTimer(time.Until(c.holdUntil))
+		select {
+		case <-c.watchesSet:
+		case <-t.C:
+		}
+		t.Stop()
+	}
 	// A ping's reply is not taken as proof that the session is alive: a
 	// follower cut off from the leader answers pings (for up to syncLimit
 	// ticks) while the leader may already be counting the session down. Only
@@ -172,6 +204,7 @@ var errDropped = errors.New("reply dropped (test hook)")
 // writing it, so a recorded send time is never later than the real one.
 func (c *wireConn) Write(p []byte) (int, error) {
 	now := time.Now()
+	broken := false
 	c.mu.Lock()
 	for q := p; len(q) > 0; {
 		if c.wrem > 0 {
@@ -194,13 +227,24 @@ func (c *wireConn) Write(p []byte) (int, error) {
 		} else {
 			xid := int32(binary.BigEndian.Uint32(c.whdr[4:8]))
 			op := int32(binary.BigEndian.Uint32(c.whdr[8:12]))
-			if xid != xidPing && c.d.takeDropHook(op) {
-				c.dropXid = xid
+			if xid != xidPing {
+				drop, brk := c.d.takeHooks(op)
+				if drop {
+					c.dropXid = xid
+				}
+				broken = broken || brk
+			}
+			if op == opSetWatches && !c.setSeen {
+				c.setSeen = true
+				close(c.watchesSet)
 			}
 		}
 		c.whdr = c.whdr[:0]
 	}
 	c.mu.Unlock()
+	if broken {
+		_ = c.Conn.Close()
+	}
 	return c.Conn.Write(p)
 }
 
@@ -218,10 +262,11 @@ func (d *Driver) lastHandshake() handshake {
 	return d.handshake
 }
 
-// takeDropHook reports whether the reply to a request with opcode op is to be
-// dropped (a test hook; see export_test.go), and disarms the hook if so. It
-// also records op while the recording hook is on.
-func (d *Driver) takeDropHook(op int32) bool {
+// takeHooks reports whether the reply to a request with opcode op is to be
+// dropped, and whether the connection is to break as it is written (test
+// hooks; see export_test.go), and disarms the hook that fired. It also
+// records op while the recording hook is on.
+func (d *Driver) takeHooks(op int32) (drop, brk bool) {
 	d.wireMu.Lock()
 	defer d.wireMu.Unlock()
 	if d.recordOps {
@@ -229,7 +274,11 @@ func (d *Driver) takeDropHook(op int32) bool {
 	}
 	if d.dropOp != 0 && d.dropOp == op {
 		d.dropOp = 0
-		return true
+		drop = true
 	}
-	return false
+	if d.breakOp != 0 && d.breakOp == op {
+		d.breakOp = 0
+		brk = true
+	}
+	return drop, brk
 }

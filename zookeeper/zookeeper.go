@@ -160,6 +160,7 @@ type Driver struct {
 	handshake handshake
 	severed   bool    // test hook: the process "crashed"
 	dropOp    int32   // test hook: drop the reply to the next request with this opcode
+	breakOp   int32   // test hook: break the connection as the next request with this opcode is written
 	sentOps   []int32 // test hook: opcodes of the requests sent while recordOps
 	recordOps bool
 }

@@ -99,6 +99,8 @@ func TestDriver(t *testing.T) {
 	t.Run("RenewalCostsOneSharedSync", func(t *testing.T) { testRenewalCostsOneSharedSync(t, h) })
 	t.Run("RenewalSeesDeletionThroughWatch", func(t *testing.T) { testRenewalSeesDeletion(t, h) })
 	t.Run("HeldLeasesNeedNoGoroutines", func(t *testing.T) { testHeldLeasesNeedNoGoroutines(t, h) })
+	t.Run("ReconnectWithWatchesAndReplies", func(t *testing.T) { testReconnectWithWatches(t, h) })
+	t.Run("ConnectionBreaksAsRequestIsWritten", func(t *testing.T) { testWriteBreaks(t, h) })
 }
 
 // testHeldLeasesNeedNoGoroutines: leases held by one Locker share the
@@ -130,6 +132,92 @@ func testHeldLeasesNeedNoGoroutines(t *testing.T, h *harness) {
 			t.Fatalf("lease after the session ended: %v, want ErrLeaseLost", lease.Err())
 		}
 	}
+}
+
+// testReconnectWithWatches: a connection that breaks while the driver has
+// watches set and requests in flight resumes its session, sets the watches
+// again and answers the requests. go-zookeeper reads the last zxid it saw
+// (to set the watches again) on one goroutine while its receive loop writes
+// it, for a reply, on another: a data race the race detector reports unless
+// the driver's connection holds such replies back until the watches are set
+// (wireConn.gate). Run under -race, this test fails without the gate.
+func testReconnectWithWatches(t *testing.T, h *harness) {
+	l := h.NewLocker(t)
+	d := h.driverOf(t, l)
+	ctx := testCtx(t)
+	k := testKey(t)
+	var leases []*dlock.Lease
+	for i := range 8 {
+		lease := mustAcquire(t, l, k+strconv.Itoa(i))
+		if err := lease.Refresh(ctx); err != nil { // sets the watch
+			t.Fatal(err)
+		}
+		leases = append(leases, lease)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range 4 { // requests queued while the connection is down
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				_, _ = dlock.Inspect(ctx, l, k+strconv.Itoa(i))
+			}
+		})
+	}
+	defer func() {
+		close(stop)
+		wg.Wait()
+	}()
+	for range 8 { // each costs go-zookeeper's 1s pause before it dials again
+		zookeeper.Bounce(d)
+		// A refresh sent while the connection is down fails, without
+		// losing the lease; one goes through once it is back.
+		eventually(t, 10*time.Second, "a refresh after the reconnect", func() bool {
+			err := leases[0].Refresh(ctx)
+			if errors.Is(err, dlock.ErrLeaseLost) {
+				t.Fatalf("Refresh after a reconnect: %v", err)
+			}
+			return err == nil
+		})
+	}
+	for _, lease := range leases {
+		mustRelease(t, lease)
+	}
+}
+
+// testWriteBreaks: a connection that breaks as a request is written (the
+// write fails, go-zookeeper returns its error rather than
+// ErrConnectionClosed) is a lost connection like any other: a refresh tries
+// again once it is back, and a lock node's create is looked for by its
+// protected name.
+func testWriteBreaks(t *testing.T, h *harness) {
+	l := h.NewLocker(t)
+	d := h.driverOf(t, l)
+	ctx := testCtx(t)
+	k := testKey(t)
+	lease, err := l.Acquire(ctx, k, dlock.WithAutoRenew(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	zookeeper.BreakOnWrite(d, zookeeper.OpSync)
+	if err := lease.Refresh(ctx); err != nil {
+		t.Fatalf("Refresh whose sync's write broke the connection: %v", err)
+	}
+	mustRelease(t, lease)
+
+	zookeeper.BreakOnWrite(d, zookeeper.OpMulti)
+	lease, err = l.TryAcquire(ctx, k)
+	if err != nil {
+		t.Fatalf("TryAcquire whose create's write broke the connection: %v", err)
+	}
+	if nodes := h.nodes(t, k); len(nodes) != 1 {
+		t.Fatalf("nodes of %q: %q, want the one lock node", k, nodes)
+	}
+	mustRelease(t, lease)
 }
 
 // testRenewalCostsOneSharedSync: a lease's first renewal reads its node
