@@ -229,6 +229,7 @@ func TestOpenErrors(t *testing.T) {
 		{"mem://?ttl=banana", dlock.ErrInvalidOption, []string{"ttl"}},
 		{"mem://?autorenew=maybe", dlock.ErrInvalidOption, []string{"autorenew"}},
 		{"mem://?colour=blue", dlock.ErrInvalidOption, []string{`unknown DSN parameter "colour"`}},
+		{"mem://?ttl=2s;autorenew=false", dlock.ErrInvalidOption, []string{"semicolon"}},
 		{"", dlock.ErrInvalidOption, []string{"empty DSN"}},
 		{"redis://user:s3cret@host:notaport/0", dlock.ErrInvalidOption, []string{"malformed DSN"}},
 		{"://user:s3cret@host", dlock.ErrInvalidOption, []string{"malformed DSN"}},

@@ -97,7 +97,12 @@ func (s settings) with(opts []Option) (settings, error) {
 // takePortableParams removes dlock's own parameters from u's query and returns
 // them as options.
 func takePortableParams(u *url.URL) ([]Option, error) {
-	q := u.Query()
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		// url.Values would drop the pairs it cannot read, settings the
+		// user meant.
+		return nil, fmt.Errorf("%w: DSN query: %w", ErrInvalidOption, err)
+	}
 	var opts []Option
 	if vs, ok := q["ttl"]; ok {
 		d, err := time.ParseDuration(vs[len(vs)-1])

@@ -83,6 +83,15 @@ func TestParams(t *testing.T) {
 	if err := p2.Done(); err == nil || !strings.Contains(err.Error(), "positive duration") || !errors.Is(err, backend.ErrInvalidOption) {
 		t.Errorf("negative duration: %v", err)
 	}
+	// A query url.Values would read with pairs dropped: the table the
+	// user named is not silently replaced by the default.
+	u4, _ := url.Parse("x://h/?table=a;b&ttl=2s")
+	p4 := backend.NewParams(u4)
+	p4.String("table", "def")
+	p4.Duration("ttl", time.Second)
+	if err := p4.Done(); !errors.Is(err, backend.ErrInvalidOption) || !strings.Contains(err.Error(), "semicolon") {
+		t.Errorf("a query with a ';': %v", err)
+	}
 	u3, _ := url.Parse("x://h/?bogus=1")
 	if err := backend.NewParams(u3).Done(); !errors.Is(err, backend.ErrInvalidOption) || !strings.Contains(err.Error(), `unknown DSN parameter "bogus" (known: autorenew, ttl)`) {
 		t.Errorf("a parameter no getter read: %v", err)

@@ -201,9 +201,16 @@ type Params struct {
 	asked []string // every name a getter was asked for, present or not: the known parameters
 }
 
-// NewParams reads the query of u.
+// NewParams reads the query of u. A query that does not parse (a ';'
+// separator, a bad %-escape) is recorded as an error for Done: the pairs
+// url.Values would drop silently are settings the user meant.
 func NewParams(u *url.URL) *Params {
-	return &Params{v: u.Query()}
+	v, err := url.ParseQuery(u.RawQuery)
+	p := &Params{v: v}
+	if err != nil {
+		p.errs = append(p.errs, fmt.Errorf("DSN query: %w", err))
+	}
+	return p
 }
 
 func (p *Params) take(name string) (string, bool) {
