@@ -76,7 +76,7 @@ func TestRootModuleStaysLean(t *testing.T) {
 func TestImportRules(t *testing.T) {
 	const mod = "github.com/dlock-go/dlock"
 	drivers := map[string]bool{mod + "/redis": true, mod + "/redlock": true, mod + "/etcd": true,
-		mod + "/zookeeper": true, mod + "/postgres": true, mod + "/sqltable": true, mod + "/memlock": true}
+		mod + "/zookeeper": true, mod + "/postgres": true, mod + "/sqltable": true, mod + "/mysql": true, mod + "/memlock": true}
 	checked := 0
 	for _, line := range goListAll(t, `{{.ImportPath}}|{{join .Imports ","}}`) {
 		pkg, imps, _ := strings.Cut(line, "|")

@@ -4,15 +4,13 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"net"
 	"net/url"
-	"slices"
-	"strings"
 
 	"github.com/go-sql-driver/mysql"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/mysqldsn"
 )
 
 func init() {
@@ -32,36 +30,9 @@ func openMySQL(ctx context.Context, u *url.URL) (backend.Driver, error) {
 	if err != nil {
 		return nil, err
 	}
-	for name, def := range map[string]string{"interpolateParams": "true", "parseTime": "true"} {
-		if !rest.Has(name) {
-			rest.Set(name, def)
-		}
-	}
-	host := u.Host
-	if _, _, err := net.SplitHostPort(host); err != nil {
-		host = net.JoinHostPort(host, "3306")
-	}
-	base := mysql.NewConfig()
-	base.Net, base.Addr, base.DBName = "tcp", host, strings.TrimPrefix(u.Path, "/")
-	if u.User != nil {
-		base.User = u.User.Username()
-		base.Passwd, _ = u.User.Password()
-	}
-	cfg, err := mysql.ParseDSN(base.FormatDSN() + "?" + rest.Encode())
+	cfg, err := mysqldsn.Config(u, rest, "table, poll and max_conns")
 	if err != nil {
-		return nil, fmt.Errorf("%w: DSN: %w", dlock.ErrInvalidOption, backend.RedactError(err, u))
-	}
-	if len(cfg.Params) > 0 {
-		// go-sql-driver/mysql would SET them as system variables after
-		// logging in: refuse them here, where a typo is caught before any
-		// connection (build a *sql.DB of your own to set variables).
-		names := make([]string, 0, len(cfg.Params))
-		for name := range cfg.Params {
-			names = append(names, name)
-		}
-		slices.Sort(names)
-		return nil, fmt.Errorf("%w: unknown DSN parameter(s) %s (the driver reads table, poll and max_conns; dlock reads ttl and autorenew; "+
-			"the rest must be go-sql-driver/mysql's)", dlock.ErrInvalidOption, strings.Join(names, ", "))
+		return nil, err
 	}
 	conn, err := mysql.NewConnector(cfg)
 	if err != nil {

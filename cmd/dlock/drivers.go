@@ -4,6 +4,7 @@ package main
 import (
 	_ "github.com/dlock-go/dlock/etcd"
 	_ "github.com/dlock-go/dlock/memlock" // mem://, for trying things out
+	_ "github.com/dlock-go/dlock/mysql"
 	_ "github.com/dlock-go/dlock/postgres"
 	_ "github.com/dlock-go/dlock/redis"
 	_ "github.com/dlock-go/dlock/redlock"

@@ -1,0 +1,172 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/dlock-go/dlock/backend"
+)
+
+var (
+	_ backend.Inspector = (*Driver)(nil)
+	_ backend.Breaker   = (*Driver)(nil)
+	_ backend.Relabeler = (*Driver)(nil)
+)
+
+// inspectTries bounds how often Inspect reads again a lock whose holding
+// session has not written its record yet (it is between its GET_LOCK and
+// its token).
+const inspectTries = 10
+
+// record is one row of inspect or list.
+type record struct {
+	usedBy  sql.NullInt64 // IS_USED_LOCK: the holding session
+	key     sql.NullString
+	token   sql.NullInt64
+	owner   sql.NullString
+	label   sql.NullString
+	granted sql.NullTime
+	holder  sql.NullInt64 // the session of the last grant
+	ttlUS   sql.NullInt64
+	idle    sql.NullInt64 // seconds the holder's session has been idle (PROCESSLIST.TIME; NULL if not visible)
+}
+
+func (r *record) scan(rows interface{ Scan(...any) error }) error {
+	return rows.Scan(&r.usedBy, &r.key, &r.token, &r.owner, &r.label, &r.granted, &r.holder, &r.ttlUS, &r.idle)
+}
+
+// info is the LockInfo of r, read at now. Expires is the server's
+// wait_timeout counted from the holder's last statement, when the server
+// shows that session (PROCESSLIST, to whoever may see it).
+func (r *record) info(key string, now time.Time) backend.LockInfo {
+	info := backend.LockInfo{Key: key, Held: true, Token: uint64(r.token.Int64), Owner: r.owner.String,
+		Label: r.label.String, Granted: r.granted.Time, Waiters: -1}
+	if r.idle.Valid && r.ttlUS.Valid {
+		ttl := time.Duration(ttlSeconds(time.Duration(r.ttlUS.Int64)*time.Microsecond)) * time.Second
+		info.Expires = now.Add(ttl - time.Duration(r.idle.Int64)*time.Second)
+	}
+	return info
+}
+
+// Inspect implements backend.Inspector: the session holding key's lock and
+// the record its grant wrote in the fence table. A lock held by a session
+// that wrote no record (a GET_LOCK on the same name by another program) is
+// reported held, with no token. Waiters are not counted (-1): the server
+// lists them only to those who may see every session.
+func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, error) {
+	if d.closed.Load() {
+		return backend.LockInfo{}, errClosed
+	}
+	name := LockName(d.opts.Namespace, key)
+	for try := 1; ; try++ {
+		var r record
+		now := time.Now()
+		if err := r.scan(d.db.QueryRowContext(ctx, d.sql.inspect, name, name)); err != nil {
+			return backend.LockInfo{Key: key, Waiters: -1}, fmt.Errorf("inspect: %w", err)
+		}
+		switch {
+		case !r.usedBy.Valid:
+			return backend.LockInfo{Key: key, Waiters: -1}, nil
+		case r.holder.Valid && r.holder.Int64 == r.usedBy.Int64:
+			return r.info(key, now), nil
+		case try >= inspectTries:
+			return backend.LockInfo{Key: key, Held: true, Waiters: -1}, nil
+		}
+		// The holder is between its GET_LOCK and its record.
+		t := time.NewTimer(time.Duration(try) * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return backend.LockInfo{Key: key, Waiters: -1}, ctx.Err()
+		}
+	}
+}
+
+// List implements backend.Inspector: the records whose session holds their
+// lock, for keys that start with prefix, in key order.
+func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, error) {
+	if d.closed.Load() {
+		return nil, errClosed
+	}
+	like := strings.NewReplacer(`\`, `\\`, "%", `\%`, "_", `\_`).Replace(prefix) + "%"
+	now := time.Now()
+	rows, err := d.db.QueryContext(ctx, d.sql.list, like)
+	if err != nil {
+		return nil, fmt.Errorf("list: %w", err)
+	}
+	defer rows.Close()
+	var out []backend.LockInfo
+	for rows.Next() {
+		var r record
+		if err := r.scan(rows); err != nil {
+			return nil, fmt.Errorf("list: %w", err)
+		}
+		out = append(out, r.info(r.key.String, now))
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list: %w", err)
+	}
+	return out, nil
+}
+
+// Break implements backend.Breaker: it ends the holding session (KILL
+// CONNECTION, which needs the privilege to kill other users' sessions when
+// the holder is another user's), which frees the lock; the token stays. The
+// broken holder learns it at its next renewal.
+func (d *Driver) Break(ctx context.Context, key string) (backend.LockInfo, error) {
+	info, err := d.Inspect(ctx, key)
+	if err != nil {
+		return info, err
+	}
+	if !info.Held {
+		return info, fmt.Errorf("key %q: %w", key, backend.ErrNotHeld)
+	}
+	var id sql.NullInt64
+	if err := d.db.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", LockName(d.opts.Namespace, key)).Scan(&id); err != nil {
+		return info, fmt.Errorf("break: %w", err)
+	}
+	if !id.Valid {
+		return info, fmt.Errorf("key %q: the holder released it before the break: %w", key, backend.ErrNotHeld)
+	}
+	if _, err := d.db.ExecContext(ctx, "KILL CONNECTION "+strconv.FormatInt(id.Int64, 10)); err != nil {
+		return info, fmt.Errorf("break: KILL CONNECTION %d: %w", id.Int64, err)
+	}
+	return info, nil
+}
+
+// Relabel implements backend.Relabeler: on the lease's session, it sets
+// the label of the record if the session holds the lock.
+func (d *Driver) Relabel(ctx context.Context, g *backend.Grant, label string) error {
+	if d.closed.Load() {
+		return errClosed
+	}
+	h, ok := g.Data.(*held)
+	if !ok {
+		return fmt.Errorf("%w: not a grant of this driver", backend.ErrNotHeld)
+	}
+	sctx, cancel := statementCtx(ctx)
+	defer cancel()
+	res, err := h.conn.ExecContext(sctx, d.sql.relabel, label, h.name)
+	if err != nil {
+		return sessionErr("relabel", err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return fmt.Errorf("relabel: %w", err)
+	} else if n == 1 {
+		return nil
+	}
+	// MySQL counts changed rows: the label may have been the same.
+	var r sql.NullInt64
+	if err := h.conn.QueryRowContext(sctx, "SELECT IS_USED_LOCK(?) = CONNECTION_ID()", h.name).Scan(&r); err != nil {
+		return sessionErr("relabel", err)
+	}
+	if !r.Valid || r.Int64 != 1 {
+		return fmt.Errorf("%w: the session does not hold %s", backend.ErrNotHeld, h.name)
+	}
+	return nil
+}

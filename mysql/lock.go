@@ -1,0 +1,440 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	gomysql "github.com/go-sql-driver/mysql"
+
+	"github.com/dlock-go/dlock/backend"
+)
+
+// statements are the driver's SQL, for one fence table.
+type statements struct {
+	create string // the fence table, if missing
+	// token: name, key, owner, label, TTL µs. On the session that holds the
+	// lock: increments name's counter (the insert ID is the token) and
+	// records the holder.
+	token string
+	// inspect: name, name. One row: the holding session, and the record of
+	// the last grant (NULLs if none).
+	inspect string
+	// list: a LIKE pattern (escape \). The records of the grants whose
+	// session holds their lock.
+	list string
+	// relabel: label, name. On the lease's session.
+	relabel string
+}
+
+// recordCols are the columns inspect and list read.
+const recordCols = "r.`key`, r.token, r.owner, r.label, r.granted_at, r.holder, r.ttl_us, " +
+	"(SELECT p.TIME FROM information_schema.PROCESSLIST p WHERE p.ID = r.holder)"
+
+func newStatements(table string) statements {
+	return statements{
+		create: "CREATE TABLE IF NOT EXISTS " + table + " (\n" +
+			"\tname       VARBINARY(64) NOT NULL PRIMARY KEY,\n" +
+			"\ttoken      BIGINT NOT NULL,\n" +
+			"\t`key`      VARBINARY(1024) NOT NULL,\n" +
+			"\towner      VARBINARY(64) NOT NULL,\n" +
+			"\tlabel      VARBINARY(128) NOT NULL,\n" +
+			"\tgranted_at DATETIME(6) NOT NULL,\n" +
+			"\tholder     BIGINT UNSIGNED NOT NULL,\n" +
+			"\tttl_us     BIGINT NOT NULL,\n" +
+			"\tKEY by_key (`key`)\n" +
+			") ENGINE=InnoDB",
+		token: "INSERT INTO " + table + " (name, token, `key`, owner, label, granted_at, holder, ttl_us)\n" +
+			"VALUES (?, LAST_INSERT_ID(1), ?, ?, ?, NOW(6), CONNECTION_ID(), ?)\n" +
+			"ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1), `key` = VALUES(`key`), owner = VALUES(owner),\n" +
+			"\tlabel = VALUES(label), granted_at = VALUES(granted_at), holder = VALUES(holder), ttl_us = VALUES(ttl_us)",
+		inspect: "SELECT IS_USED_LOCK(?), " + recordCols + " FROM (SELECT 1) AS one LEFT JOIN " + table + " r ON r.name = ?",
+		list: "SELECT IS_USED_LOCK(r.name), " + recordCols + " FROM " + table + " r\n" +
+			"WHERE r.`key` LIKE ? AND IS_USED_LOCK(r.name) = r.holder ORDER BY r.`key`",
+		relabel: "UPDATE " + table + " SET label = ? WHERE name = ? AND holder = CONNECTION_ID() AND IS_USED_LOCK(name) = CONNECTION_ID()",
+	}
+}
+
+// connState is what the driver knows of one of the pool's connections: its
+// session's id, and the wait_timeout it set (0: the server's default).
+type connState struct {
+	id          int64
+	waitTimeout int
+}
+
+// held is a grant's Data: the connection pinned to the lease.
+type held struct {
+	conn *sql.Conn
+	cs   *connState
+	name string
+
+	mu       sync.Mutex
+	released bool
+}
+
+// ttlSeconds is the wait_timeout of a lease with this TTL: the TTL rounded
+// up to a second (the variable's unit).
+func ttlSeconds(ttl time.Duration) int {
+	return int((ttl + time.Second - 1) / time.Second)
+}
+
+// Acquire implements backend.Driver: it pins a connection, sets its
+// session's wait_timeout to the TTL, takes GET_LOCK on it (waiting in the
+// server if req.Wait) and increments the key's counter on the same session.
+// A waiting Acquire rides out a server that is down or restarting until ctx
+// ends. A wait that ctx ends is stopped with KILL QUERY and its connection
+// closed, which frees a grant that raced the cancel.
+func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*backend.Grant, error) {
+	if d.closed.Load() {
+		return nil, errClosed
+	}
+	name := LockName(d.opts.Namespace, req.Key)
+	b := backend.Backoff{Min: 10 * time.Millisecond, Max: time.Second}
+	for {
+		g, err := d.attempt(ctx, req, name)
+		switch {
+		case err == nil:
+			return g, nil
+		case d.closed.Load():
+			return nil, errClosed
+		case ctx.Err() != nil:
+			if errors.Is(err, ctx.Err()) {
+				return nil, err
+			}
+			return nil, fmt.Errorf("%w (while the server was unreachable: %w)", ctx.Err(), err)
+		case !req.Wait || !transient(err):
+			return nil, err
+		}
+		t := time.NewTimer(b.Next())
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("%w (while the server was unreachable: %w)", ctx.Err(), err)
+		case <-d.quit.Done():
+			t.Stop()
+			return nil, errClosed
+		}
+	}
+}
+
+// attempt is one Acquire on one pinned connection.
+func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, name string) (*backend.Grant, error) {
+	conn, err := d.pin(ctx, req.Wait)
+	if err != nil {
+		return nil, err
+	}
+	cs, err := d.prepare(ctx, conn, ttlSeconds(req.TTL))
+	if err != nil {
+		d.discard(conn)
+		return nil, err
+	}
+	for {
+		timeout := 0
+		if req.Wait {
+			timeout = waitChunk
+			if dl, ok := ctx.Deadline(); ok {
+				timeout = max(min(timeout, int(time.Until(dl)/time.Second)+1), 1)
+			}
+		}
+		got, cancelled, err := d.getLock(ctx, conn, cs, name, timeout)
+		switch {
+		case cancelled:
+			// Whatever GET_LOCK answered, the session ends with the
+			// connection, and with it a grant that raced the cancel.
+			d.discard(conn)
+			if d.closed.Load() {
+				return nil, errClosed
+			}
+			return nil, ctx.Err()
+		case err != nil:
+			d.discard(conn)
+			return nil, fmt.Errorf("GET_LOCK: %w", err)
+		case got:
+			return d.grant(ctx, req, conn, cs, name)
+		case !req.Wait:
+			d.release(conn)
+			return nil, backend.ErrHeld
+		}
+	}
+}
+
+// grant increments the key's counter on the session that holds the lock;
+// the insert ID is the token. The lease's validity counts from just before
+// this statement is sent: the session's idle countdown starts only when it
+// has been answered.
+func (d *Driver) grant(ctx context.Context, req backend.AcquireRequest, conn *sql.Conn, cs *connState, name string) (*backend.Grant, error) {
+	start := time.Now()
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	res, err := conn.ExecContext(sctx, d.sql.token, name, req.Key, req.Owner, req.Label, req.TTL.Microseconds())
+	var token int64
+	if err == nil {
+		token, err = res.LastInsertId()
+	}
+	if err != nil || token <= 0 || ctx.Err() != nil {
+		// Closing the session frees the lock: nobody was told it was held.
+		d.discard(conn)
+		if err == nil && token <= 0 {
+			err = fmt.Errorf("the counter of %s gave token %d", name, token)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("token: %w", err)
+		}
+		return nil, ctx.Err()
+	}
+	return &backend.Grant{
+		Key:      req.Key,
+		Owner:    req.Owner,
+		Token:    uint64(token),
+		Start:    start,
+		Validity: req.TTL - backend.DriftAllowance(req.TTL),
+		Data:     &held{conn: conn, cs: cs, name: name},
+	}, nil
+}
+
+// pin takes a connection of its own from the pool. Only a waiting Acquire
+// waits for one past ConnWait.
+func (d *Driver) pin(ctx context.Context, wait bool) (*sql.Conn, error) {
+	pctx := ctx
+	if !wait {
+		var cancel context.CancelFunc
+		pctx, cancel = context.WithTimeout(ctx, d.opts.ConnWait)
+		defer cancel()
+	}
+	conn, err := d.db.Conn(pctx)
+	if err == nil {
+		return conn, nil
+	}
+	if st := d.db.Stats(); pctx.Err() != nil && st.MaxOpenConnections > 0 && st.InUse >= st.MaxOpenConnections {
+		err = fmt.Errorf("%w: all %d are pinned by held leases and waiting acquires (raise max_conns)", ErrNoConnection, st.MaxOpenConnections)
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("%w (%w)", ctx.Err(), err)
+		}
+		return nil, err
+	}
+	return nil, fmt.Errorf("connect: %w", err)
+}
+
+// prepare returns what the driver knows of conn's session, after setting its
+// wait_timeout to secs if it is not set so already.
+func (d *Driver) prepare(ctx context.Context, conn *sql.Conn, secs int) (*connState, error) {
+	var key any
+	_ = conn.Raw(func(dc any) error { key = dc; return nil })
+	d.mu.Lock()
+	cs := d.conns[key]
+	d.mu.Unlock()
+	if cs == nil {
+		cs = &connState{}
+		if err := conn.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&cs.id); err != nil {
+			return nil, fmt.Errorf("read the session id: %w", err)
+		}
+		d.mu.Lock()
+		if len(d.conns) > 4*max(d.db.Stats().MaxOpenConnections, 256) {
+			clear(d.conns) // forget connections the pool closed
+		}
+		d.conns[key] = cs
+		d.mu.Unlock()
+	}
+	if cs.waitTimeout != secs {
+		if err := setWaitTimeout(ctx, conn, strconv.Itoa(secs)); err != nil {
+			return nil, err
+		}
+		cs.waitTimeout = secs
+	}
+	return cs, nil
+}
+
+func setWaitTimeout(ctx context.Context, conn *sql.Conn, value string) error {
+	if _, err := conn.ExecContext(ctx, "SET SESSION wait_timeout = "+value); err != nil {
+		return fmt.Errorf("set wait_timeout: %w", err)
+	}
+	return nil
+}
+
+// getLock runs GET_LOCK(name, timeout) on conn. ctx (or Close) ends a wait
+// with KILL QUERY on the session, from another connection, or, if that has
+// not ended it within killGrace, by closing conn; then cancelled is true and
+// the caller must discard conn.
+func (d *Driver) getLock(ctx context.Context, conn *sql.Conn, cs *connState, name string, timeout int) (got, cancelled bool, err error) {
+	sctx, scancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer scancel()
+	kill := func() {
+		d.killQuery(cs.id)
+		t := time.AfterFunc(killGrace, scancel)
+		context.AfterFunc(sctx, func() { t.Stop() })
+	}
+	stop := context.AfterFunc(ctx, kill)
+	stopQuit := context.AfterFunc(d.quit, kill)
+	var r sql.NullInt64
+	err = conn.QueryRowContext(sctx, "SELECT GET_LOCK(?, ?)", name, timeout).Scan(&r)
+	if s1, s2 := stop(), stopQuit(); !s1 || !s2 {
+		return false, true, err
+	}
+	if err != nil {
+		return false, false, err
+	}
+	// NULL: an error in the server (out of memory, or the query killed by
+	// someone else).
+	if !r.Valid {
+		return false, false, fmt.Errorf("GET_LOCK(%q) returned NULL", name)
+	}
+	return r.Int64 == 1, false, nil
+}
+
+// killQuery stops the statement that session id runs, from another
+// connection (best effort, bounded by cleanupTimeout).
+func (d *Driver) killQuery(id int64) {
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	_, _ = d.db.ExecContext(ctx, "KILL QUERY "+strconv.FormatInt(id, 10))
+}
+
+// discard closes conn's session rather than give it back to the pool: the
+// server frees every lock the session held.
+func (d *Driver) discard(conn *sql.Conn) {
+	var key any
+	_ = conn.Raw(func(dc any) error { key = dc; return driver.ErrBadConn })
+	_ = conn.Close()
+	d.mu.Lock()
+	delete(d.conns, key)
+	d.mu.Unlock()
+}
+
+// release gives conn back to the pool after a refused GET_LOCK, or discards
+// it if the pool is the caller's and its wait_timeout cannot be restored.
+func (d *Driver) release(conn *sql.Conn) {
+	if !d.owned {
+		ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+		defer cancel()
+		var key any
+		_ = conn.Raw(func(dc any) error { key = dc; return nil })
+		if err := setWaitTimeout(ctx, conn, "@@GLOBAL.wait_timeout"); err != nil {
+			d.discard(conn)
+			return
+		}
+		d.mu.Lock()
+		if cs := d.conns[key]; cs != nil {
+			cs.waitTimeout = 0
+		}
+		d.mu.Unlock()
+	}
+	_ = conn.Close()
+}
+
+// Refresh implements backend.Driver: on the lease's session, it checks that
+// the session holds the lock (IS_USED_LOCK(name) = CONNECTION_ID(), which
+// also fails if a proxy moved the client to another session) and so
+// restarts its idle countdown. ctx's deadline bounds it; a cancel does not
+// cut it short (that would close the connection, and free the lock).
+func (d *Driver) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duration) (time.Duration, error) {
+	if d.closed.Load() {
+		return 0, errClosed
+	}
+	h, ok := g.Data.(*held)
+	if !ok {
+		return 0, fmt.Errorf("%w: not a grant of this driver", backend.ErrNotHeld)
+	}
+	sctx, cancel := statementCtx(ctx)
+	defer cancel()
+	if secs := ttlSeconds(ttl); secs != h.cs.waitTimeout {
+		if err := setWaitTimeout(sctx, h.conn, strconv.Itoa(secs)); err != nil {
+			return 0, fmt.Errorf("%w: the lock's session: %w", backend.ErrNotHeld, err)
+		}
+		h.cs.waitTimeout = secs
+	}
+	var r sql.NullInt64
+	if err := h.conn.QueryRowContext(sctx, "SELECT IS_USED_LOCK(?) = CONNECTION_ID()", h.name).Scan(&r); err != nil {
+		return 0, fmt.Errorf("%w: the lock's session: %w", backend.ErrNotHeld, err)
+	}
+	if !r.Valid || r.Int64 != 1 {
+		return 0, fmt.Errorf("%w: the session does not hold %s", backend.ErrNotHeld, h.name)
+	}
+	return ttl - backend.DriftAllowance(ttl), nil
+}
+
+// statementCtx is ctx without its cancel but with its deadline, or
+// cleanupTimeout when it has none.
+func statementCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		dl = time.Now().Add(cleanupTimeout)
+	}
+	return context.WithDeadline(context.WithoutCancel(ctx), dl)
+}
+
+// Release implements backend.Driver: RELEASE_LOCK on the lease's session,
+// then the connection goes back to the pool. If the statement fails, the
+// connection is closed, which frees the lock when the server sees the
+// session end.
+func (d *Driver) Release(ctx context.Context, g *backend.Grant) error {
+	if d.closed.Load() {
+		return errClosed
+	}
+	h, ok := g.Data.(*held)
+	if !ok {
+		return fmt.Errorf("%w: not a grant of this driver", backend.ErrNotHeld)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.released {
+		return fmt.Errorf("%w: released already", backend.ErrNotHeld)
+	}
+	h.released = true
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	var r sql.NullInt64
+	if err := h.conn.QueryRowContext(sctx, "SELECT RELEASE_LOCK(?)", h.name).Scan(&r); err != nil {
+		d.discard(h.conn)
+		if connGone(err) {
+			return sessionErr("release", err)
+		}
+		return fmt.Errorf("release: %w (the connection is closed: the server frees the lock when it sees the session end)", err)
+	}
+	d.release(h.conn)
+	if !r.Valid || r.Int64 != 1 {
+		return fmt.Errorf("%w: the session did not hold %s", backend.ErrNotHeld, h.name)
+	}
+	return nil
+}
+
+// transient reports whether err is worth waiting out: anything but an error
+// the server answered about the statement or the session (syntax,
+// permissions, authentication), except those that say it is overloaded or
+// going away.
+func transient(err error) bool {
+	var me *gomysql.MySQLError
+	if errors.As(err, &me) {
+		switch me.Number {
+		case 1040, // too many connections
+			1053, // server shutdown in progress
+			1205, // lock wait timeout
+			1213, // deadlock
+			1927: // connection was killed (MariaDB)
+			return true
+		}
+		return strings.HasPrefix(me.Message, "Connection was killed")
+	}
+	return !errors.Is(err, ErrNoConnection)
+}
+
+// connGone reports whether err says that the pinned connection, and with it
+// the lock's session, is gone.
+func connGone(err error) bool {
+	return errors.Is(err, driver.ErrBadConn) || errors.Is(err, gomysql.ErrInvalidConn)
+}
+
+// sessionErr is the error of a statement on a lease's session: one that
+// failed because the connection is gone wraps backend.ErrNotHeld.
+func sessionErr(op string, err error) error {
+	if connGone(err) {
+		return fmt.Errorf("%w: %s: the lock's session has ended: %w", backend.ErrNotHeld, op, err)
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}

@@ -1,0 +1,309 @@
+package mysql
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"net/url"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	gomysql "github.com/go-sql-driver/mysql"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/mysqldsn"
+)
+
+// Defaults for Options and the DSN parameters.
+const (
+	// DefaultNamespace is hashed with every key (see LockName). DSN
+	// parameter "namespace".
+	DefaultNamespace = "dlock"
+
+	// DefaultTable is the fence counter table. DSN parameter "table".
+	DefaultTable = "dlock_mysql_fence"
+
+	// DefaultMaxConns is the size of the pool a DSN opens: every held
+	// lease and every waiting Acquire pins a connection of its own. DSN
+	// parameter "max_conns".
+	DefaultMaxConns = 64
+
+	// DefaultConnWait is how long an Acquire waits for a free connection
+	// when all max_conns are pinned before it gives up with
+	// ErrNoConnection (a waiting Acquire waits for one as long as its ctx
+	// allows). DSN parameter "conn_wait".
+	DefaultConnWait = time.Second
+)
+
+// Tuning of the driver's own waits.
+const (
+	// waitChunk is the longest single GET_LOCK wait: a waiting Acquire
+	// asks again when it ends (the server's timeout is in seconds).
+	waitChunk = 30
+	// killGrace is how long a cancelled wait gives KILL QUERY before it
+	// closes the waiting connection instead.
+	killGrace = time.Second
+	// cleanupTimeout bounds the statements that clean up after a cancel,
+	// and a release.
+	cleanupTimeout = 2 * time.Second
+)
+
+var errClosed = fmt.Errorf("mysql driver: %w", backend.ErrClosed)
+
+// ErrAsyncCommit is returned by NewDriver (and Open) when InnoDB does not
+// make a commit durable before it answers (innodb_flush_log_at_trx_commit=0):
+// a crash could lose the last tokens granted, and tokens would go backwards.
+var ErrAsyncCommit = errors.New("mysql: commits are not durable")
+
+// ErrMultiPrimary is returned by NewDriver (and Open) when the server is a
+// node of a multi-primary cluster (Galera, as in MariaDB Galera Cluster and
+// Percona XtraDB Cluster; Group Replication in multi-primary mode), where a
+// user-level lock is held on one node only and another node would grant it
+// again.
+var ErrMultiPrimary = errors.New("mysql: a user-level lock is local to one node of a multi-primary cluster")
+
+// ErrNoConnection is returned (wrapped) by an Acquire that found every
+// connection of the pool pinned by held leases and waiting acquires for
+// longer than Options.ConnWait: a resource limit, not a held lock (raise
+// max_conns, or hold fewer locks at once).
+var ErrNoConnection = errors.New("mysql: no free connection in the pool")
+
+func init() {
+	backend.Register("mysql", open)
+}
+
+// Options configure a Driver. The zero value, or a nil *Options, gives the
+// defaults.
+type Options struct {
+	// Namespace is hashed with every key (see LockName): lockers with
+	// different namespaces never contend. 1 to 32 of the characters
+	// A-Z a-z 0-9 _ . -; empty means DefaultNamespace. DSN parameter
+	// "namespace".
+	Namespace string
+
+	// Table is the fence counter table, created if missing: an identifier,
+	// optionally qualified by its database (letters, digits, _). Empty
+	// means DefaultTable. DSN parameter "table".
+	Table string
+
+	// ConnWait is how long an Acquire waits for a free connection of the
+	// pool before it returns ErrNoConnection; a waiting Acquire waits as
+	// long as its ctx allows. Default DefaultConnWait. DSN parameter
+	// "conn_wait".
+	ConnWait time.Duration
+}
+
+var (
+	namespaceRE = regexp.MustCompile(`^[A-Za-z0-9_.-]{1,32}$`)
+	identRE     = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$`)
+)
+
+func (o *Options) withDefaults() (Options, error) {
+	var r Options
+	if o != nil {
+		r = *o
+	}
+	if r.Namespace == "" {
+		r.Namespace = DefaultNamespace
+	}
+	if r.Table == "" {
+		r.Table = DefaultTable
+	}
+	if r.ConnWait == 0 {
+		r.ConnWait = DefaultConnWait
+	}
+	switch {
+	case !namespaceRE.MatchString(r.Namespace):
+		return r, fmt.Errorf("namespace %q: want 1 to 32 of A-Z a-z 0-9 _ . -", r.Namespace)
+	case !identRE.MatchString(r.Table):
+		return r, fmt.Errorf("table %q: want an identifier, optionally qualified by its database (letters, digits, _)", r.Table)
+	case r.ConnWait < 0:
+		return r, fmt.Errorf("conn_wait %v: want a positive duration", r.ConnWait)
+	}
+	return r, nil
+}
+
+// Driver locks with GET_LOCK on one MySQL or MariaDB server. Its methods are
+// safe for concurrent use.
+type Driver struct {
+	db    *sql.DB
+	owned bool // Close closes db
+	opts  Options
+	sql   statements
+
+	closed atomic.Bool
+	quit   context.Context // cancelled by Close: waiting acquires end
+	stop   context.CancelFunc
+
+	mu    sync.Mutex
+	conns map[any]*connState // by driver connection: what the driver set on it
+}
+
+var (
+	_ backend.Driver = (*Driver)(nil)
+	_ backend.Named  = (*Driver)(nil)
+)
+
+// NewDriver returns a driver that locks through db, a pool of
+// go-sql-driver/mysql connections; opts may be nil for the defaults. It
+// refuses a server whose commits are not durable (ErrAsyncCommit) or that
+// is a node of a multi-primary cluster (ErrMultiPrimary), and creates the
+// fence counter table if it is missing, bounded by ctx. Every held lease
+// and every waiting Acquire pins one of db's connections; size the pool
+// (SetMaxOpenConns) for them. The caller keeps db: Close does not close it.
+func NewDriver(ctx context.Context, db *sql.DB, opts *Options) (*Driver, error) {
+	return newDriver(ctx, db, opts, false)
+}
+
+func newDriver(ctx context.Context, db *sql.DB, opts *Options, owned bool) (*Driver, error) {
+	if db == nil {
+		return nil, fmt.Errorf("%w: nil *sql.DB", dlock.ErrInvalidOption)
+	}
+	o, err := opts.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", dlock.ErrInvalidOption, err)
+	}
+	if err := checkServer(ctx, db); err != nil {
+		return nil, err
+	}
+	st := newStatements(o.Table)
+	if _, err := db.ExecContext(ctx, st.create); err != nil {
+		return nil, fmt.Errorf("create the fence table %s: %w", o.Table, err)
+	}
+	quit, stop := context.WithCancel(context.Background())
+	return &Driver{db: db, owned: owned, opts: o, sql: st, quit: quit, stop: stop, conns: make(map[any]*connState)}, nil
+}
+
+// checkServer refuses servers where a GET_LOCK or a token could be lost:
+// InnoDB committing asynchronously, and multi-primary clusters.
+func checkServer(ctx context.Context, db *sql.DB) error {
+	var flush int
+	if err := db.QueryRowContext(ctx, "SELECT @@innodb_flush_log_at_trx_commit").Scan(&flush); err != nil {
+		return fmt.Errorf("read innodb_flush_log_at_trx_commit: %w", err)
+	}
+	if flush == 0 {
+		return fmt.Errorf("%w: innodb_flush_log_at_trx_commit=0: a crash could lose the last tokens granted, "+
+			"and tokens would go backwards; set it to 1 (or 2, which survives a crash of the server but not of its machine)", ErrAsyncCommit)
+	}
+	// Galera (MariaDB Galera Cluster, Percona XtraDB Cluster): wsrep_on.
+	// The variable exists only where the server knows Galera.
+	var name, value string
+	err := db.QueryRowContext(ctx, "SHOW VARIABLES LIKE 'wsrep_on'").Scan(&name, &value)
+	switch {
+	case errors.Is(err, sql.ErrNoRows):
+	case err != nil:
+		return fmt.Errorf("read wsrep_on: %w", err)
+	case strings.EqualFold(value, "ON"):
+		return fmt.Errorf("%w: the server is a Galera node (wsrep_on=ON): every node grants GET_LOCK on its own; "+
+			"use the table lock (mysqltable://) or another backend", ErrMultiPrimary)
+	}
+	// Group Replication in multi-primary mode, while it runs.
+	var members int
+	err = db.QueryRowContext(ctx, "SELECT COUNT(*) FROM performance_schema.replication_group_members WHERE MEMBER_STATE = 'ONLINE'").Scan(&members)
+	if err == nil && members > 0 {
+		var single int
+		if err := db.QueryRowContext(ctx, "SELECT @@group_replication_single_primary_mode").Scan(&single); err == nil && single == 0 {
+			return fmt.Errorf("%w: the server is a member of a multi-primary replication group: every primary grants GET_LOCK on its own; "+
+				"use single-primary mode, the table lock (mysqltable://), or another backend", ErrMultiPrimary)
+		}
+	}
+	return nil
+}
+
+// New returns a dlock.Locker over db: dlock.New(NewDriver(ctx, db, opts),
+// lockerOpts...).
+func New(ctx context.Context, db *sql.DB, opts *Options, lockerOpts ...dlock.Option) (dlock.Locker, error) {
+	d, err := NewDriver(ctx, db, opts)
+	if err != nil {
+		return nil, &dlock.Error{Op: "open", Backend: "mysql", Err: err}
+	}
+	return dlock.New(d, lockerOpts...)
+}
+
+// open is the OpenFunc of the scheme mysql: a URL
+// mysql://user:password@host:3306/db?… with dlock's parameters (ttl, …) and
+// this driver's (namespace, table, max_conns, conn_wait); the others are
+// go-sql-driver/mysql's (tls, timeout, …); any other is refused. Unless the
+// DSN says otherwise, the client interpolates arguments
+// (interpolateParams=true: one round trip per statement).
+func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
+	p := backend.NewParams(u)
+	o := Options{
+		Namespace: p.String("namespace", DefaultNamespace),
+		Table:     p.String("table", DefaultTable),
+		ConnWait:  p.Duration("conn_wait", DefaultConnWait),
+	}
+	maxConns := p.Int("max_conns", DefaultMaxConns, 1, 100000)
+	rest := p.Rest()
+	if err := p.Done(); err != nil {
+		return nil, err
+	}
+	if _, err := o.withDefaults(); err != nil {
+		return nil, fmt.Errorf("%w: %w", dlock.ErrInvalidOption, err)
+	}
+	cfg, err := mysqldsn.Config(u, rest, "namespace, table, max_conns and conn_wait")
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Logger == nil || cfg.Logger == gomysql.NewConfig().Logger {
+		// go-sql-driver/mysql logs, on its own, every connection the server
+		// closed while it sat idle: the driver's sessions end that way by
+		// design (wait_timeout), and it reports errors itself.
+		cfg.Logger = quietLogger{}
+	}
+	conn, err := gomysql.NewConnector(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("%w: DSN: %w", dlock.ErrInvalidOption, backend.RedactError(err, u))
+	}
+	db := sql.OpenDB(conn)
+	db.SetMaxOpenConns(maxConns)
+	db.SetMaxIdleConns(maxConns)
+	d, err := newDriver(ctx, db, &o, true)
+	if err != nil {
+		_ = db.Close()
+		return nil, backend.RedactError(err, u)
+	}
+	return d, nil
+}
+
+// Name implements backend.Named.
+func (d *Driver) Name() string { return "mysql" }
+
+// Capabilities reports strict fencing (a committed counter), expiry by the
+// server (a silent session's wait_timeout), and waiting in the server. Not
+// FIFO (the server grants a released lock to any of its waiters), not fault
+// tolerant (one server), and no loss notification: a holder whose session
+// ended learns it at its next renewal.
+func (d *Driver) Capabilities() backend.Capabilities {
+	return backend.Capabilities{
+		Fencing:       backend.FencingStrict,
+		TimeAuthority: backend.TimeServer,
+		PushWait:      true,
+	}
+}
+
+// Close ends waiting acquires, closes the connection of every lease still
+// held (which frees its lock on the server) and, if the driver opened the
+// pool from a DSN, closes the pool. dlock releases every lease before it
+// calls Close.
+func (d *Driver) Close() error {
+	if d.closed.Swap(true) {
+		return errClosed
+	}
+	d.stop()
+	if d.owned {
+		return d.db.Close()
+	}
+	return nil
+}
+
+// quietLogger is the go-sql-driver/mysql Logger of the pools the driver
+// opens.
+type quietLogger struct{}
+
+func (quietLogger) Print(...any) {}
