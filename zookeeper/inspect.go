@@ -23,8 +23,10 @@ var (
 // Inspect implements backend.Inspector: the holder is the oldest lock node
 // under the key's node (as the queue orders them), its token the node's
 // czxid, its label the node's data, its owner ID the UUID of its protected
-// name; the other lock nodes are the waiters. A lock lasts as long as its
-// holder's session, so Expires is zero; ZooKeeper records no grant time.
+// name; the other lock nodes are the waiters. It reads after a sync, so it
+// sees every grant and release the ensemble committed before it was
+// called. A lock lasts as long as its holder's session, so Expires is zero;
+// ZooKeeper records no grant time.
 func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, error) {
 	if d.closed.Load() {
 		return backend.LockInfo{}, errClosed
@@ -35,6 +37,17 @@ func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, err
 
 // inspect reads key's lock and returns it with the holder's node path.
 func (d *Driver) inspect(ctx context.Context, key string) (backend.LockInfo, string, error) {
+	// A server reads from its own copy, which may lag the leader: a lock
+	// granted a moment ago through another server would read as free. The
+	// sync brings this client's server up to the leader first.
+	if _, err := d.sharedSync(ctx); err != nil {
+		return backend.LockInfo{Key: key}, "", fmt.Errorf("sync: %w", err)
+	}
+	return d.readHolder(ctx, key)
+}
+
+// readHolder is inspect without the sync.
+func (d *Driver) readHolder(ctx context.Context, key string) (backend.LockInfo, string, error) {
 	info := backend.LockInfo{Key: key}
 	parent := LockPath(d.root, key)
 	for range 3 { // the holder may go between the listing and the read
@@ -91,6 +104,9 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, e
 	if d.closed.Load() {
 		return nil, errClosed
 	}
+	if _, err := d.sharedSync(ctx); err != nil { // as in inspect
+		return nil, fmt.Errorf("sync: %w", err)
+	}
 	names, _, err := d.conn.Children(d.root)
 	if errors.Is(err, zk.ErrNoNode) {
 		return nil, nil
@@ -111,7 +127,7 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, e
 		if err != nil {
 			continue // not a node of dlock's layout
 		}
-		info, _, err := d.inspect(ctx, key)
+		info, _, err := d.readHolder(ctx, key)
 		if err != nil {
 			return nil, err
 		}
