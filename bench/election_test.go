@@ -99,12 +99,14 @@ func BenchmarkElection(b *testing.B) {
 	etcdSrv := testenv.StartEtcd(b)
 	zkSrv := testenv.StartZooKeeper(b)
 	pgSrv := testenv.StartPostgres(b)
+	mySrv := testenv.StartMariaDB(b)
 	dsns := []struct{ name, dsn string }{
 		{"redis", redisSrv.URL()},
 		{"redis-fair", redisSrv.URL() + "?fair=true"},
 		{"etcd", etcdSrv.URL() + "/bench-election"},
 		{"zookeeper", zkSrv.URL("/bench-election") + "?session=10s"},
 		{"postgres", pgSrv.URL()},
+		{"mysql", mySrv.URL("mysql")},
 	}
 	for _, d := range dsns {
 		b.Run("Handover/"+d.name+"/dlock", func(b *testing.B) {

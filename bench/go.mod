@@ -7,6 +7,7 @@ require (
 	github.com/dlock-go/dlock v0.0.0
 	github.com/dlock-go/dlock/dlockotel v0.0.0-00010101000000-000000000000
 	github.com/dlock-go/dlock/etcd v0.0.0-00010101000000-000000000000
+	github.com/go-sql-driver/mysql v1.9.3
 	github.com/go-zookeeper/zk v1.0.4
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
@@ -20,6 +21,7 @@ require (
 )
 
 require (
+	filippo.io/edwards25519 v1.1.0 // indirect
 	github.com/coreos/go-semver v0.3.1 // indirect
 	github.com/coreos/go-systemd/v22 v22.5.0 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect

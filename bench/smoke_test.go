@@ -39,6 +39,10 @@ func TestSmoke(t *testing.T) {
 			e := startPostgresEnv(tb)
 			return scaleBackend{name: "postgres", impls: e.impls, reqs: e.reqs}
 		}},
+		{"mysql", func(tb testing.TB) scaleBackend {
+			e := startMySQLEnv(tb)
+			return scaleBackend{name: "mysql", impls: e.impls, reqs: e.reqs}
+		}},
 	}
 	for _, be := range backends {
 		t.Run(be.name, func(t *testing.T) {

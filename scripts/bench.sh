@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Runs the peer benchmarks of the separate bench/ module — dlock's drivers
 # against redsync (1 and 5 pools), redislock, etcd's concurrency.Mutex,
-# go-zookeeper's zk.NewLock, raw pg_advisory_lock and each backend's raw
+# go-zookeeper's zk.NewLock, raw pg_advisory_lock, raw GET_LOCK, a ShedLock-style
+# table and each backend's raw
 # protocol floor — and writes docs/BENCHMARKS.md from that one run.
 #
 # The benchmarks start their own servers (redis-server, etcd, ZooKeeper,
-# PostgreSQL) on free loopback ports and stop them afterwards; install them
+# PostgreSQL, MariaDB) on free loopback ports and stop them afterwards; install them
 # first with scripts/install-test-deps.sh. A full run takes about 8–12
 # minutes on 2 cores; --quick (smaller sizes, one run) about 3.
 #
@@ -67,6 +68,7 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
   printf 'etcd\t%s\n' "$(version "$(find_bin etcd)" --version)"
   printf 'ZooKeeper\tDebian package %s\n' "$zk_version"
   printf 'PostgreSQL\t%s\n' "$(version "${pg_bin:-/nonexistent}/postgres" --version)"
+  printf 'MariaDB\t%s\n' "$(version "$(find_bin mariadbd)" --version)"
 } >"$meta"
 
 cd "$root/bench"
@@ -76,8 +78,8 @@ go test -c -o "$work/bench.test" .
 # A failed benchmark does not stop the run: the report lists the failures,
 # and the script exits non-zero at the end.
 status=0
-step "latency and contention: Redis, etcd, ZooKeeper, PostgreSQL; observability overhead; election hand-over (-count $count, -benchtime $benchtime)"
-"$work/bench.test" -test.run '^$' -test.bench '^Benchmark(Redis|Etcd|ZooKeeper|Postgres|Observe|Election)$' \
+step "latency and contention: Redis, etcd, ZooKeeper, PostgreSQL, MySQL; observability overhead; election hand-over (-count $count, -benchtime $benchtime)"
+"$work/bench.test" -test.run '^$' -test.bench '^Benchmark(Redis|Etcd|ZooKeeper|Postgres|MySQL|Observe|Election)$' \
   -test.benchtime "$benchtime" -test.count "$count" -test.timeout 40m 2>&1 | tee -a "$raw" || status=1
 load_mid=$(cut -d' ' -f1-3 /proc/loadavg)
 

@@ -197,6 +197,8 @@ var backends = []backend{
 		"One standalone ZooKeeper. `zk-lock` is go-zookeeper's `zk.NewLock` (no try-lock: the uncontended run uses `Lock`); the floor creates an ephemeral node and deletes it. Server requests: `zk_packets_received` from `mntr` (includes session pings)."},
 	{"PostgreSQL", "Postgres", "postgres", []string{"pg-advisory"}, "floor",
 		"One PostgreSQL server, fsync on. `dlock-seq` is dlock with `tokens=sequence` (its own table). `pg-advisory` is `pg_advisory_lock` / `pg_advisory_unlock` on one pgx connection per client; the floor is `pg_try_advisory_lock` / `pg_advisory_unlock`. Server requests: statements, from `pg_stat_statements`."},
+	{"MySQL (MariaDB)", "MySQL", "mysql", []string{"get-lock", "shedlock"}, "floor",
+		"One MariaDB server, innodb_flush_log_at_trx_commit=1 (a log flush per commit). `dlock` is `mysql://` (GET_LOCK on a pinned session, the token a committed counter); `dlock-table` is the table lock `mysqltable://` (waiters poll). `get-lock` is `GET_LOCK(name, 30)` / `RELEASE_LOCK` on one session per client; `shedlock` is ShedLock's statements with the database's time (a conditional `UPDATE` of `lock_until` to lock, one to unlock; it cannot wait, so its waiters retry every 10ms); the floor is `GET_LOCK(name, 0)` / `RELEASE_LOCK`. Server requests: the status variable `Questions` (statements from clients)."},
 	{"Observability overhead (Redis)", "Observe", "", nil, "dlock",
 		"One redis-server; dlock with no observer (`dlock`, here the floor), and with `dlockotel` over the OpenTelemetry API's no-op providers (`otel-noop`), over the SDK's MeterProvider (manual reader) with a no-op tracer (`otel-metrics`), and over the SDK's MeterProvider and TracerProvider (every span sampled, no exporter: `otel-sdk`). Server requests: as for Redis."},
 }
@@ -467,12 +469,14 @@ func writeTargets(w *strings.Builder, r *results) {
 	}
 
 	floorWhy := map[string]string{
-		"Redis":      "the same two round trips as the floor, but dlock's acquire script also bumps the fencing counter (floored at the server's clock) and its release script also publishes the release for waiters; plus the lease bookkeeping in the client (renewal scheduling, loss signal)",
-		"PostgreSQL": "the acquire statement also increments the durable fence counter in table `dlock_fence` and commits it with synchronous_commit=local: a WAL flush per grant, on a server with fsync on; the floor and pg-advisory only take the advisory lock. tokens=sequence (next line) removes the flush",
+		"Redis":           "the same two round trips as the floor, but dlock's acquire script also bumps the fencing counter (floored at the server's clock) and its release script also publishes the release for waiters; plus the lease bookkeeping in the client (renewal scheduling, loss signal)",
+		"PostgreSQL":      "the acquire statement also increments the durable fence counter in table `dlock_fence` and commits it with synchronous_commit=local: a WAL flush per grant, on a server with fsync on; the floor and pg-advisory only take the advisory lock. tokens=sequence (next line) removes the flush",
+		"MySQL (MariaDB)": "a grant is two statements, GET_LOCK and the committed counter (a redo-log flush per grant with innodb_flush_log_at_trx_commit=1); the floor takes the lock alone, with no token",
 	}
 	peerWhy := map[string]string{
-		"Redis":      "as for the floor: redislock is SET NX PX + a release script, with no fencing counter and no release announcement",
-		"PostgreSQL": "as for the floor: pg-advisory takes no fencing token",
+		"Redis":           "as for the floor: redislock is SET NX PX + a release script, with no fencing counter and no release announcement",
+		"PostgreSQL":      "as for the floor: pg-advisory takes no fencing token",
+		"MySQL (MariaDB)": "as for the floor: get-lock takes no fencing token, and shedlock's lock is one UPDATE that keeps no counter",
 	}
 	for _, be := range backends {
 		name := be.bench + "/Uncontended"

@@ -1,0 +1,184 @@
+package bench
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	_ "github.com/dlock-go/dlock/mysql"    // mysql://
+	_ "github.com/dlock-go/dlock/sqltable" // mysqltable://
+	_ "github.com/go-sql-driver/mysql"     // database/sql's "mysql", for the raw floors
+
+	"github.com/dlock-go/dlock/internal/testenv"
+)
+
+type mysqlEnv struct {
+	srv   *testenv.MariaDB
+	reqs  func() (float64, error)
+	impls []impl
+}
+
+// startMySQLEnv starts one MariaDB server with durable commits
+// (innodb_flush_log_at_trx_commit=1, the default: a log flush per commit, as
+// on a production server) and the implementations compared on it.
+func startMySQLEnv(tb testing.TB) *mysqlEnv {
+	e := &mysqlEnv{srv: testenv.StartMariaDB(tb)}
+	e.reqs = mysqlQuestions(tb, e.srv.DSN())
+	dsn := e.srv.DSN()
+	e.impls = []impl{
+		dlockImpl("dlock", e.srv.URL("mysql"), e.reqs),
+		dlockImpl("dlock-table", e.srv.URL("mysqltable"), e.reqs),
+		{name: "get-lock", newLocker: func(tb testing.TB) locker { return getLock{conn: newMySQLConn(tb, dsn)} }, canWait: true, reqs: e.reqs, oneSessionPerWaiter: true},
+		{name: "shedlock", newLocker: func(tb testing.TB) locker { return newShedLock(tb, dsn) }, canWait: true, reqs: e.reqs},
+		{name: "floor", newLocker: func(tb testing.TB) locker { return getLock{conn: newMySQLConn(tb, dsn), try: true} }, reqs: e.reqs},
+	}
+	return e
+}
+
+// mysqlQuestions returns a reader of the statements clients have sent the
+// server (the status variable Questions), without the reader's own.
+func mysqlQuestions(tb testing.TB, dsn string) func() (float64, error) {
+	db := newMySQLDB(tb, dsn)
+	var mu sync.Mutex
+	var own float64
+	return func() (float64, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		own++ // this SHOW counts itself
+		var name string
+		var n float64
+		if err := db.QueryRowContext(context.Background(), "SHOW GLOBAL STATUS LIKE 'Questions'").Scan(&name, &n); err != nil {
+			return 0, fmt.Errorf("mysql: reading Questions: %w", err)
+		}
+		return n - own, nil
+	}
+}
+
+func newMySQLDB(tb testing.TB, dsn string) *sql.DB {
+	db, err := sql.Open("mysql", dsn+"?interpolateParams=true")
+	if err != nil {
+		tb.Fatalf("mysql: %v", err)
+	}
+	db.SetMaxOpenConns(1)
+	tb.Cleanup(func() { _ = db.Close() })
+	return db
+}
+
+// newMySQLConn is one session of its own, as a client process would have.
+func newMySQLConn(tb testing.TB, dsn string) *sql.Conn {
+	c, err := newMySQLDB(tb, dsn).Conn(context.Background())
+	if err != nil {
+		tb.Fatalf("mysql: connect: %v", err)
+	}
+	tb.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// getLock is GET_LOCK / RELEASE_LOCK on one session: the peer waits in the
+// server (GET_LOCK with a 30s timeout); the floor asks with timeout 0.
+type getLock struct {
+	conn *sql.Conn
+	try  bool
+}
+
+func (g getLock) lock(ctx context.Context, key string, wait bool) (func() error, error) {
+	if wait && g.try {
+		return nil, fmt.Errorf("floor: cannot wait")
+	}
+	timeout := 0
+	if wait {
+		timeout = 30
+	}
+	var got sql.NullInt64
+	if err := g.conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, ?)", key, timeout).Scan(&got); err != nil {
+		return nil, err
+	}
+	if got.Int64 != 1 {
+		return nil, fmt.Errorf("GET_LOCK(%q): %v", key, got)
+	}
+	return func() error {
+		var r sql.NullInt64
+		if err := g.conn.QueryRowContext(context.Background(), "SELECT RELEASE_LOCK(?)", key).Scan(&r); err != nil {
+			return err
+		}
+		if r.Int64 != 1 {
+			return fmt.Errorf("RELEASE_LOCK(%q): %v", key, r)
+		}
+		return nil
+	}, nil
+}
+
+// shedLock is ShedLock's JDBC storage with the database's time: a row per
+// lock name; the first use inserts it (INSERT, the duplicate ignored, as
+// ShedLock remembers names it inserted), every lock is one conditional
+// UPDATE of lock_until, and the unlock one UPDATE. ShedLock does not wait;
+// a waiter here tries again every 10ms, as a caller's retry loop would.
+type shedLock struct {
+	db       *sql.DB
+	mu       sync.Mutex
+	inserted map[string]bool
+}
+
+const shedLockTable = "CREATE TABLE IF NOT EXISTS shedlock (name VARCHAR(64) NOT NULL PRIMARY KEY, " +
+	"lock_until TIMESTAMP(3) NOT NULL, locked_at TIMESTAMP(3) NOT NULL DEFAULT CURRENT_TIMESTAMP(3), locked_by VARCHAR(255) NOT NULL)"
+
+func newShedLock(tb testing.TB, dsn string) *shedLock {
+	db := newMySQLDB(tb, dsn)
+	if _, err := db.ExecContext(context.Background(), shedLockTable); err != nil {
+		tb.Fatalf("shedlock: %v", err)
+	}
+	return &shedLock{db: db, inserted: map[string]bool{}}
+}
+
+func (s *shedLock) lock(ctx context.Context, key string, wait bool) (func() error, error) {
+	name := key
+	if len(name) > 64 {
+		name = name[len(name)-64:]
+	}
+	s.mu.Lock()
+	first := !s.inserted[name]
+	s.inserted[name] = true
+	s.mu.Unlock()
+	if first {
+		if _, err := s.db.ExecContext(ctx, "INSERT IGNORE INTO shedlock (name, lock_until, locked_at, locked_by) VALUES (?, UTC_TIMESTAMP(3), UTC_TIMESTAMP(3), '')", name); err != nil {
+			return nil, err
+		}
+	}
+	ttlMS := benchTTL.Milliseconds()
+	for {
+		res, err := s.db.ExecContext(ctx, "UPDATE shedlock SET lock_until = TIMESTAMPADD(MICROSECOND, ?, UTC_TIMESTAMP(3)), locked_at = UTC_TIMESTAMP(3), locked_by = 'bench' "+
+			"WHERE name = ? AND lock_until <= UTC_TIMESTAMP(3)", ttlMS*1000, name)
+		if err != nil {
+			return nil, err
+		}
+		if n, _ := res.RowsAffected(); n == 1 {
+			break
+		}
+		if !wait {
+			return nil, fmt.Errorf("shedlock: %q is held", key)
+		}
+		t := time.NewTimer(10 * time.Millisecond)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		}
+	}
+	return func() error {
+		_, err := s.db.ExecContext(context.Background(), "UPDATE shedlock SET lock_until = UTC_TIMESTAMP(3) WHERE name = ?", name)
+		return err
+	}, nil
+}
+
+// BenchmarkMySQL compares dlock's MySQL driver (GET_LOCK) and its table lock
+// with a raw GET_LOCK session, a ShedLock-style table and the floor
+// (GET_LOCK with timeout 0) on one MariaDB server; the scenarios are
+// BenchmarkRedis's.
+func BenchmarkMySQL(b *testing.B) {
+	e := startMySQLEnv(b)
+	benchBackend(b, e.impls)
+}
