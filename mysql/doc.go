@@ -24,7 +24,8 @@
 // [ErrAsyncCommit]). Waiting happens in the server (GET_LOCK with a
 // timeout); a cancelled wait is stopped with KILL QUERY from another
 // connection and its connection is closed, so a grant racing the cancel dies
-// with its session. Multi-primary clusters, where a user-level lock is local
+// with its session. For a pool it opened from a DSN, the driver reads the end
+// of a lease's session off its idle connection (LossNotify, on Linux). Multi-primary clusters, where a user-level lock is local
 // to one node, are refused ([ErrMultiPrimary]). docs/mysql.md in the
 // repository has the whole write-up.
 package mysql

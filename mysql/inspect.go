@@ -116,8 +116,9 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, e
 
 // Break implements backend.Breaker: it ends the holding session (KILL
 // CONNECTION, which needs the privilege to kill other users' sessions when
-// the holder is another user's), which frees the lock; the token stays. The
-// broken holder learns it at its next renewal.
+// the holder is another user's) and returns once the session has let go of
+// the lock; the token stays. The broken holder learns it from its
+// connection (LossNotify) or at its next renewal.
 func (d *Driver) Break(ctx context.Context, key string) (backend.LockInfo, error) {
 	info, err := d.Inspect(ctx, key)
 	if err != nil {
@@ -136,7 +137,24 @@ func (d *Driver) Break(ctx context.Context, key string) (backend.LockInfo, error
 	if _, err := d.db.ExecContext(ctx, "KILL CONNECTION "+strconv.FormatInt(id.Int64, 10)); err != nil {
 		return info, fmt.Errorf("break: KILL CONNECTION %d: %w", id.Int64, err)
 	}
-	return info, nil
+	// KILL returns before the session has ended and let go of its locks:
+	// wait for that, so that the lock is free when Break returns.
+	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
+		var now sql.NullInt64
+		if err := d.db.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", LockName(d.opts.Namespace, key)).Scan(&now); err != nil {
+			return info, fmt.Errorf("break: the killed session %d still holds the lock: %w", id.Int64, err)
+		}
+		if now.Int64 != id.Int64 {
+			return info, nil
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return info, fmt.Errorf("break: the killed session %d still holds the lock: %w", id.Int64, ctx.Err())
+		}
+	}
 }
 
 // Relabel implements backend.Relabeler: on the lease's session, it sets
@@ -151,6 +169,11 @@ func (d *Driver) Relabel(ctx context.Context, g *backend.Grant, label string) er
 	}
 	sctx, cancel := statementCtx(ctx)
 	defer cancel()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.released {
+		return fmt.Errorf("%w: released", backend.ErrNotHeld)
+	}
 	res, err := h.conn.ExecContext(sctx, d.sql.relabel, label, h.name)
 	if err != nil {
 		return sessionErr("relabel", err)

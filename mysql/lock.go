@@ -14,6 +14,7 @@ import (
 	gomysql "github.com/go-sql-driver/mysql"
 
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/sockstate"
 )
 
 // statements are the driver's SQL, for one fence table.
@@ -70,11 +71,12 @@ type connState struct {
 
 // held is a grant's Data: the connection pinned to the lease.
 type held struct {
-	conn *sql.Conn
-	cs   *connState
-	name string
+	conn   *sql.Conn
+	cs     *connState
+	name   string
+	onLost func(error) // AcquireRequest.OnLost
 
-	mu       sync.Mutex
+	mu       sync.Mutex // one statement at a time; the watcher's check
 	released bool
 }
 
@@ -189,13 +191,20 @@ func (d *Driver) grant(ctx context.Context, req backend.AcquireRequest, conn *sq
 		}
 		return nil, ctx.Err()
 	}
+	h := &held{conn: conn, cs: cs, name: name, onLost: req.OnLost}
+	d.heldMu.Lock()
+	d.held[h] = struct{}{}
+	d.heldMu.Unlock()
+	if d.reg != nil && sockstate.Supported && req.OnLost != nil {
+		d.watch(h)
+	}
 	return &backend.Grant{
 		Key:      req.Key,
 		Owner:    req.Owner,
 		Token:    uint64(token),
 		Start:    start,
 		Validity: req.TTL - backend.DriftAllowance(req.TTL),
-		Data:     &held{conn: conn, cs: cs, name: name},
+		Data:     h,
 	}, nil
 }
 
@@ -263,18 +272,28 @@ func setWaitTimeout(ctx context.Context, conn *sql.Conn, value string) error {
 // not ended it within killGrace, by closing conn; then cancelled is true and
 // the caller must discard conn.
 func (d *Driver) getLock(ctx context.Context, conn *sql.Conn, cs *connState, name string, timeout int) (got, cancelled bool, err error) {
+	if !d.enter() {
+		return false, true, errClosed
+	}
+	defer d.calls.Done()
 	sctx, scancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer scancel()
+	killed := make(chan struct{})
+	var once sync.Once
 	kill := func() {
-		d.killQuery(cs.id)
-		t := time.AfterFunc(killGrace, scancel)
-		context.AfterFunc(sctx, func() { t.Stop() })
+		once.Do(func() {
+			defer close(killed)
+			d.killQuery(cs.id)
+			t := time.AfterFunc(killGrace, scancel)
+			context.AfterFunc(sctx, func() { t.Stop() })
+		})
 	}
 	stop := context.AfterFunc(ctx, kill)
 	stopQuit := context.AfterFunc(d.quit, kill)
 	var r sql.NullInt64
 	err = conn.QueryRowContext(sctx, "SELECT GET_LOCK(?, ?)", name, timeout).Scan(&r)
 	if s1, s2 := stop(), stopQuit(); !s1 || !s2 {
+		<-killed // the KILL QUERY is done with the pool before Close closes it
 		return false, true, err
 	}
 	if err != nil {
@@ -343,6 +362,11 @@ func (d *Driver) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duratio
 	}
 	sctx, cancel := statementCtx(ctx)
 	defer cancel()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.released {
+		return 0, fmt.Errorf("%w: released", backend.ErrNotHeld)
+	}
 	if secs := ttlSeconds(ttl); secs != h.cs.waitTimeout {
 		if err := setWaitTimeout(sctx, h.conn, strconv.Itoa(secs)); err != nil {
 			return 0, fmt.Errorf("%w: the lock's session: %w", backend.ErrNotHeld, err)
@@ -374,13 +398,18 @@ func statementCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 // connection is closed, which frees the lock when the server sees the
 // session end.
 func (d *Driver) Release(ctx context.Context, g *backend.Grant) error {
-	if d.closed.Load() {
-		return errClosed
-	}
 	h, ok := g.Data.(*held)
 	if !ok {
 		return fmt.Errorf("%w: not a grant of this driver", backend.ErrNotHeld)
 	}
+	if d.closed.Load() {
+		d.drop(h) // Close may not have reached it yet
+		return errClosed
+	}
+	d.unwatch(h)
+	d.heldMu.Lock()
+	delete(d.held, h)
+	d.heldMu.Unlock()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.released {
@@ -437,4 +466,19 @@ func sessionErr(op string, err error) error {
 		return fmt.Errorf("%w: %s: the lock's session has ended: %w", backend.ErrNotHeld, op, err)
 	}
 	return fmt.Errorf("%s: %w", op, err)
+}
+
+// drop ends h's session, if it is not released yet, by closing its
+// connection: the server frees the lock.
+func (d *Driver) drop(h *held) {
+	d.unwatch(h)
+	d.heldMu.Lock()
+	delete(d.held, h)
+	d.heldMu.Unlock()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.released {
+		h.released = true
+		d.discard(h.conn)
+	}
 }

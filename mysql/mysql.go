@@ -17,6 +17,7 @@ import (
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/internal/mysqldsn"
+	"github.com/dlock-go/dlock/internal/sockstate"
 )
 
 // Defaults for Options and the DSN parameters.
@@ -142,6 +143,27 @@ type Driver struct {
 
 	mu    sync.Mutex
 	conns map[any]*connState // by driver connection: what the driver set on it
+
+	reg     *registry // the connections of a pool the driver opened; nil for a caller's pool
+	watcher watcher
+	wg      sync.WaitGroup // the watcher
+
+	callMu sync.RWMutex   // enter against Close
+	calls  sync.WaitGroup // the waits in GET_LOCK, which Close ends before it closes the pool
+
+	heldMu sync.Mutex
+	held   map[*held]struct{} // the leases granted and not released: Close ends their sessions
+}
+
+// enter registers a wait in GET_LOCK, unless Close has begun.
+func (d *Driver) enter() bool {
+	d.callMu.RLock()
+	defer d.callMu.RUnlock()
+	if d.closed.Load() {
+		return false
+	}
+	d.calls.Add(1)
+	return true
 }
 
 var (
@@ -157,10 +179,12 @@ var (
 // and every waiting Acquire pins one of db's connections; size the pool
 // (SetMaxOpenConns) for them. The caller keeps db: Close does not close it.
 func NewDriver(ctx context.Context, db *sql.DB, opts *Options) (*Driver, error) {
-	return newDriver(ctx, db, opts, false)
+	return newDriver(ctx, db, opts, nil)
 }
 
-func newDriver(ctx context.Context, db *sql.DB, opts *Options, owned bool) (*Driver, error) {
+// newDriver is NewDriver; reg is the registry of the connections of a pool
+// the driver opened from a DSN (nil: the caller's pool).
+func newDriver(ctx context.Context, db *sql.DB, opts *Options, reg *registry) (*Driver, error) {
 	if db == nil {
 		return nil, fmt.Errorf("%w: nil *sql.DB", dlock.ErrInvalidOption)
 	}
@@ -176,7 +200,7 @@ func newDriver(ctx context.Context, db *sql.DB, opts *Options, owned bool) (*Dri
 		return nil, fmt.Errorf("create the fence table %s: %w", o.Table, err)
 	}
 	quit, stop := context.WithCancel(context.Background())
-	return &Driver{db: db, owned: owned, opts: o, sql: st, quit: quit, stop: stop, conns: make(map[any]*connState)}, nil
+	return &Driver{db: db, owned: reg != nil, opts: o, sql: st, quit: quit, stop: stop, conns: make(map[any]*connState), reg: reg, held: make(map[*held]struct{})}, nil
 }
 
 // checkServer refuses servers where a GET_LOCK or a token could be lost:
@@ -256,6 +280,10 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 		// design (wait_timeout), and it reports errors itself.
 		cfg.Logger = quietLogger{}
 	}
+	reg := newRegistry()
+	if sockstate.Supported {
+		cfg.DialFunc = reg.dial
+	}
 	conn, err := gomysql.NewConnector(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("%w: DSN: %w", dlock.ErrInvalidOption, backend.RedactError(err, u))
@@ -263,7 +291,7 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 	db := sql.OpenDB(conn)
 	db.SetMaxOpenConns(maxConns)
 	db.SetMaxIdleConns(maxConns)
-	d, err := newDriver(ctx, db, &o, true)
+	d, err := newDriver(ctx, db, &o, reg)
 	if err != nil {
 		_ = db.Close()
 		return nil, backend.RedactError(err, u)
@@ -277,25 +305,45 @@ func (d *Driver) Name() string { return "mysql" }
 // Capabilities reports strict fencing (a committed counter), expiry by the
 // server (a silent session's wait_timeout), and waiting in the server. Not
 // FIFO (the server grants a released lock to any of its waiters), not fault
-// tolerant (one server), and no loss notification: a holder whose session
-// ended learns it at its next renewal.
+// tolerant (one server). LossNotify when the driver opened the pool from a
+// DSN, on Linux: it reads the end of a lease's session off its idle
+// connection (the server closed it: a KILL, a restart, a cut connection)
+// within lossPoll; with a pool of the caller's, or elsewhere, a holder
+// whose session ended learns it at its next renewal.
 func (d *Driver) Capabilities() backend.Capabilities {
 	return backend.Capabilities{
 		Fencing:       backend.FencingStrict,
 		TimeAuthority: backend.TimeServer,
 		PushWait:      true,
+		LossNotify:    d.reg != nil && sockstate.Supported,
 	}
 }
 
-// Close ends waiting acquires, closes the connection of every lease still
-// held (which frees its lock on the server) and, if the driver opened the
-// pool from a DSN, closes the pool. dlock releases every lease before it
-// calls Close.
+// Close ends waiting acquires (KILL QUERY on their sessions, and waits for
+// them to return), closes the connection of every lease still held (which
+// frees its lock on the server) and, if the driver opened the pool from a
+// DSN, closes the pool. dlock releases every lease before it calls Close.
 func (d *Driver) Close() error {
-	if d.closed.Swap(true) {
+	// Under callMu, so that every enter that saw the driver open has added
+	// to calls before Wait below begins.
+	d.callMu.Lock()
+	already := d.closed.Swap(true)
+	d.callMu.Unlock()
+	if already {
 		return errClosed
 	}
-	d.stop()
+	d.stop() // the waits in GET_LOCK are killed, through the pool
+	d.calls.Wait()
+	d.wg.Wait()
+	d.heldMu.Lock()
+	hs := make([]*held, 0, len(d.held))
+	for h := range d.held {
+		hs = append(hs, h)
+	}
+	d.heldMu.Unlock()
+	for _, h := range hs {
+		d.drop(h)
+	}
 	if d.owned {
 		return d.db.Close()
 	}
