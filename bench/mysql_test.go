@@ -32,6 +32,7 @@ func startMySQLEnv(tb testing.TB) *mysqlEnv {
 		dlockImpl("dlock", e.srv.URL("mysql"), e.reqs),
 		dlockImpl("dlock-table", e.srv.URL("mysqltable"), e.reqs),
 		{name: "get-lock", newLocker: func(tb testing.TB) locker { return getLock{conn: newMySQLConn(tb, dsn)} }, canWait: true, reqs: e.reqs, oneSessionPerWaiter: true},
+		{name: "get-lock-1s", newLocker: func(tb testing.TB) locker { return getLock{conn: newMySQLConn(tb, dsn), chunk: 1} }, canWait: true, reqs: e.reqs, oneSessionPerWaiter: true},
 		{name: "shedlock", newLocker: func(tb testing.TB) locker { return newShedLock(tb, dsn) }, canWait: true, reqs: e.reqs},
 		{name: "floor", newLocker: func(tb testing.TB) locker { return getLock{conn: newMySQLConn(tb, dsn), try: true} }, reqs: e.reqs},
 	}
@@ -78,10 +79,14 @@ func newMySQLConn(tb testing.TB, dsn string) *sql.Conn {
 }
 
 // getLock is GET_LOCK / RELEASE_LOCK on one session: the peer waits in the
-// server (GET_LOCK with a 30s timeout); the floor asks with timeout 0.
+// server (GET_LOCK with a 30s timeout); with chunk set it waits in a bounded
+// loop instead (GET_LOCK(name, chunk) asked again until granted, ctx looked at
+// between the asks: the other way to make a wait cancellable); the floor asks
+// with timeout 0.
 type getLock struct {
-	conn *sql.Conn
-	try  bool
+	conn  *sql.Conn
+	try   bool
+	chunk int // seconds per GET_LOCK of a bounded wait loop; 0: one GET_LOCK(name, 30)
 }
 
 func (g getLock) lock(ctx context.Context, key string, wait bool) (func() error, error) {
@@ -89,12 +94,29 @@ func (g getLock) lock(ctx context.Context, key string, wait bool) (func() error,
 		return nil, fmt.Errorf("floor: cannot wait")
 	}
 	timeout := 0
-	if wait {
+	switch {
+	case wait && g.chunk > 0:
+		timeout = g.chunk
+	case wait:
 		timeout = 30
 	}
+	qctx := ctx
+	if g.chunk > 0 {
+		// Not ctx: go-sql-driver closes the connection when a query's ctx
+		// ends. The loop looks at ctx between the asks instead.
+		qctx = context.Background()
+	}
 	var got sql.NullInt64
-	if err := g.conn.QueryRowContext(ctx, "SELECT GET_LOCK(?, ?)", key, timeout).Scan(&got); err != nil {
-		return nil, err
+	for {
+		if err := g.conn.QueryRowContext(qctx, "SELECT GET_LOCK(?, ?)", key, timeout).Scan(&got); err != nil {
+			return nil, err
+		}
+		if got.Int64 == 1 || g.chunk == 0 || !wait || ctx.Err() != nil {
+			break
+		}
+	}
+	if got.Int64 != 1 && ctx.Err() != nil {
+		return nil, ctx.Err()
 	}
 	if got.Int64 != 1 {
 		return nil, fmt.Errorf("GET_LOCK(%q): %v", key, got)

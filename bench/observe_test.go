@@ -41,6 +41,7 @@ func BenchmarkObserve(b *testing.B) {
 	}
 	impls := []impl{
 		dlockImpl("dlock", srv.URL(), reqs),
+		dlockImpl("dlock-again", srv.URL(), reqs), // A/A control: the noise of a ratio of two equals
 		observed("otel-noop", dlockotel.WithMeterProvider(metricnoop.NewMeterProvider()), dlockotel.WithTracerProvider(tracenoop.NewTracerProvider())),
 		observed("otel-metrics", dlockotel.WithMeterProvider(mp), dlockotel.WithTracerProvider(tracenoop.NewTracerProvider())),
 		observed("otel-sdk", dlockotel.WithMeterProvider(mp), dlockotel.WithTracerProvider(tp)),
