@@ -70,8 +70,9 @@ func TestRootModuleStaysLean(t *testing.T) {
 }
 
 // TestImportRules enforces the import rules of docs/DESIGN.md with go list: the root
-// imports only backend and internal/clock; backend only the
-// standard library; internal/clock and internal/sockstate only the standard library and x/sys; drivers never import each other; conformance never imports a driver;
+// imports only backend, internal/clock and internal/sharedctx; backend only the
+// standard library; internal/clock and internal/sockstate only the standard library and x/sys;
+// internal/sharedctx only the standard library; drivers never import each other; conformance never imports a driver;
 // examples never import internal/.
 func TestImportRules(t *testing.T) {
 	const mod = "github.com/dlock-go/dlock"
@@ -90,8 +91,10 @@ func TestImportRules(t *testing.T) {
 			}
 			stdlib := !strings.Contains(strings.SplitN(imp, "/", 2)[0], ".")
 			switch {
-			case pkg == mod && strings.HasPrefix(imp, mod) && imp != mod+"/backend" && imp != mod+"/internal/clock":
-				t.Errorf("%s imports %s: the root may import only backend and internal/clock (mem:// is registered by importing memlock)", pkg, imp)
+			case pkg == mod && strings.HasPrefix(imp, mod) && imp != mod+"/backend" && imp != mod+"/internal/clock" && imp != mod+"/internal/sharedctx":
+				t.Errorf("%s imports %s: the root may import only backend, internal/clock and internal/sharedctx (mem:// is registered by importing memlock)", pkg, imp)
+			case pkg == mod+"/internal/sharedctx" && !stdlib:
+				t.Errorf("%s imports %s: internal/sharedctx may import only the standard library", pkg, imp)
 			case (pkg == mod+"/internal/clock" || pkg == mod+"/internal/sockstate") && !stdlib && imp != "golang.org/x/sys/unix":
 				t.Errorf("%s imports %s: %s may import only the standard library and x/sys", pkg, imp, pkg)
 			case pkg == mod+"/backend" && !stdlib:

@@ -350,11 +350,11 @@ func (l *Lease) Release(ctx context.Context) error {
 
 	if ctx.Err() != nil {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), l.set.releaseTimeout)
+		ctx, cancel = l.locker.releaseCtx(context.WithoutCancel(ctx), l.set.releaseTimeout)
 		defer cancel()
 	} else if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, l.set.releaseTimeout)
+		ctx, cancel = l.locker.releaseCtx(ctx, l.set.releaseTimeout)
 		defer cancel()
 	}
 	var released func(error)

@@ -68,7 +68,9 @@ func WithAutoRenew(on bool) Option {
 // when Release is called with a ctx that is already done, when Do releases
 // after fn, when Close releases the leases it still holds, and when a lost lease
 // is cleaned up. It also bounds Release called with a ctx that has no
-// deadline. Default DefaultReleaseTimeout (5s).
+// deadline. Default DefaultReleaseTimeout (5s). Releases whose ctx can never be
+// cancelled (context.Background, say) share one deadline: each gets at least d
+// and at most d·9/8.
 func WithReleaseTimeout(d time.Duration) Option {
 	return func(s *settings) { s.releaseTimeout = d }
 }
