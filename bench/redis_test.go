@@ -232,6 +232,69 @@ func (f redisFloor) lock(ctx context.Context, key string, wait bool) (func() err
 func BenchmarkRedis(b *testing.B) {
 	e := startRedisEnv(b)
 	benchBackend(b, e.impls)
+	b.Run("ServerTime", func(b *testing.B) {
+		runServerTime(b, e, b.N)
+	})
+}
+
+// runServerTime runs n uncontended try-acquire + release cycles of each
+// implementation on the single server, one implementation after another, and
+// reports the CPU time the server's main thread spent per cycle
+// (IMPL.server-us, from INFO cpu: command execution, scripts, protocol and
+// socket work). It shows how much of a gap between two implementations is
+// spent in Redis, and how much in the client and on the wire.
+func runServerTime(b *testing.B, e *redisEnv, n int) {
+	c := newRedisClient(b, e.single.Addr())
+	ctx := context.Background()
+	for _, im := range e.impls {
+		if strings.HasSuffix(im.name, "5") { // on the five nodes, not the single server
+			continue
+		}
+		l := im.newLocker(b)
+		key := uniqueKey("server-time", im.name)
+		cycle := func() {
+			unlock, err := l.lock(ctx, key, false)
+			if err == nil {
+				err = unlock()
+			}
+			if err != nil {
+				b.Fatalf("server time: %s: %v", im.name, err)
+			}
+		}
+		cycle() // warm-up: connections, scripts
+		before := redisMainThreadCPU(b, c)
+		for range n {
+			cycle()
+		}
+		report(b, (redisMainThreadCPU(b, c)-before).Seconds()*1e6/float64(n), im.name+".server-us")
+	}
+}
+
+// redisMainThreadCPU is the CPU time (user + system) of the server's main
+// thread so far, from INFO cpu.
+func redisMainThreadCPU(tb testing.TB, c *goredis.Client) time.Duration {
+	s, err := c.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		tb.Fatalf("INFO cpu: %v", err)
+	}
+	var sum float64
+	found := 0
+	for line := range strings.Lines(s) {
+		name, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || (name != "used_cpu_user_main_thread" && name != "used_cpu_sys_main_thread") {
+			continue
+		}
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil {
+			tb.Fatalf("INFO cpu: bad line %q", line)
+		}
+		sum += f
+		found++
+	}
+	if found != 2 {
+		tb.Fatalf("INFO cpu: no used_cpu_*_main_thread (Redis 6.2 or later has them)")
+	}
+	return time.Duration(sum * float64(time.Second))
 }
 
 // benchBackend runs the latency and contention scenarios of one backend.
