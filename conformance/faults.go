@@ -165,6 +165,33 @@ type FaultHarness interface {
 // again.
 type Injector func(t testing.TB, key string) (heal func())
 
+// Process is a deployment's one server process, as internal/testenv runs
+// them: Kill sends SIGKILL, Restart starts it again on the same data (through
+// its crash recovery), Pause and Resume send SIGSTOP and SIGCONT.
+type Process interface {
+	Kill()
+	Restart()
+	Pause()
+	Resume()
+}
+
+// ProcessFaults is ServerFaults for a deployment that is one process p: the
+// restart fault (Restart, or RestartEmpty for a server that keeps nothing
+// across it) kills p and heals by restarting it, and Stall stops p and heals
+// by resuming it.
+func ProcessFaults(p Process, restart Fault) map[Fault]Injector {
+	return map[Fault]Injector{
+		restart: func(testing.TB, string) func() {
+			p.Kill()
+			return p.Restart
+		},
+		Stall: func(testing.TB, string) func() {
+			p.Pause()
+			return p.Resume
+		},
+	}
+}
+
 // serverFaults lists the faults in m in faultOrder.
 func serverFaults(m map[Fault]Injector) []Fault {
 	var fs []Fault

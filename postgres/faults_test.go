@@ -34,16 +34,7 @@ func (h *faultHarness) LinkedDSN(t testing.TB) (string, conformance.Link) {
 
 // ServerFaults: see postgresMatrix for what each fault does and why.
 func (h *faultHarness) ServerFaults() map[conformance.Fault]conformance.Injector {
-	return map[conformance.Fault]conformance.Injector{
-		conformance.Restart: func(testing.TB, string) func() {
-			h.srv.Kill()
-			return h.srv.Restart
-		},
-		conformance.Stall: func(testing.TB, string) func() {
-			h.srv.Pause()
-			return h.srv.Resume
-		},
-	}
+	return conformance.ProcessFaults(h.srv, conformance.Restart)
 }
 
 var (

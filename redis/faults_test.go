@@ -50,28 +50,20 @@ func (h *faultHarness) ServerFaults() map[conformance.Fault]conformance.Injector
 	if h.aof {
 		restart = conformance.Restart
 	}
-	return map[conformance.Fault]conformance.Injector{
-		restart: func(testing.TB, string) func() {
-			h.srv.Kill()
-			return h.srv.Restart
-		},
-		conformance.Stall: func(testing.TB, string) func() {
-			h.srv.Pause()
-			return h.srv.Resume
-		},
-		// A forward jump of the server's clock past the key's expiry: the key
-		// expires now (DEL, not PEXPIRE 1, which a renewal landing within that
-		// millisecond would undo). The fence counter is untouched (its floor,
-		// the server's clock, would jump forward too). In a soak the key may
-		// have been released meanwhile: no key, no jump.
-		conformance.ClockJump: func(t testing.TB, key string) func() {
-			lk := redis.LockKey(redis.DefaultPrefix, key)
-			if err := h.raw.Del(context.Background(), lk).Err(); err != nil {
-				t.Fatalf("ClockJump: DEL %s: %v", lk, err)
-			}
-			return func() {}
-		},
+	faults := conformance.ProcessFaults(h.srv, restart)
+	// A forward jump of the server's clock past the key's expiry: the key
+	// expires now (DEL, not PEXPIRE 1, which a renewal landing within that
+	// millisecond would undo). The fence counter is untouched (its floor,
+	// the server's clock, would jump forward too). In a soak the key may
+	// have been released meanwhile: no key, no jump.
+	faults[conformance.ClockJump] = func(t testing.TB, key string) func() {
+		lk := redis.LockKey(redis.DefaultPrefix, key)
+		if err := h.raw.Del(context.Background(), lk).Err(); err != nil {
+			t.Fatalf("ClockJump: DEL %s: %v", lk, err)
+		}
+		return func() {}
 	}
+	return faults
 }
 
 // redisMatrix is the single redis-server's row of the fault matrix.

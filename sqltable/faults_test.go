@@ -45,16 +45,7 @@ func (h *faultHarness) LinkedDSN(t testing.TB) (string, conformance.Link) {
 
 // ServerFaults: see tableMatrix.
 func (h *faultHarness) ServerFaults() map[conformance.Fault]conformance.Injector {
-	return map[conformance.Fault]conformance.Injector{
-		conformance.Restart: func(testing.TB, string) func() {
-			h.srv.Kill()
-			return h.srv.Restart
-		},
-		conformance.Stall: func(testing.TB, string) func() {
-			h.srv.Pause()
-			return h.srv.Resume
-		},
-	}
+	return conformance.ProcessFaults(h.srv, conformance.Restart)
 }
 
 // FailoverTime: after a server restart PgBouncer refuses logins for

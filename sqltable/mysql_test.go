@@ -103,16 +103,7 @@ func (h mysqlFaultHarness) LinkedDSN(t testing.TB) (string, conformance.Link) {
 }
 
 func (h mysqlFaultHarness) ServerFaults() map[conformance.Fault]conformance.Injector {
-	return map[conformance.Fault]conformance.Injector{
-		conformance.Restart: func(testing.TB, string) func() {
-			h.srv.Kill()
-			return h.srv.Restart
-		},
-		conformance.Stall: func(testing.TB, string) func() {
-			h.srv.Pause()
-			return h.srv.Resume
-		},
-	}
+	return conformance.ProcessFaults(h.srv, conformance.Restart)
 }
 
 var _ conformance.FaultHarness = mysqlFaultHarness{}

@@ -8,10 +8,10 @@ import (
 	"github.com/dlock-go/dlock/internal/sockstate"
 )
 
-// TestPeerClosed: an open connection is not closed, with or without unread
-// bytes; one whose peer closed it is, and the bytes sent before the close
-// are still there to read.
-func TestPeerClosed(t *testing.T) {
+// pair returns the two ends of a loopback TCP connection, closed when t
+// ends; it skips t where PeerClosed is not supported.
+func pair(t *testing.T) (client, server *net.TCPConn) {
+	t.Helper()
 	if !sockstate.Supported {
 		t.Skip("not supported on this platform")
 	}
@@ -33,17 +33,25 @@ func TestPeerClosed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close()
-	server := <-accepted
-	if server == nil {
+	t.Cleanup(func() { _ = c.Close() })
+	s, ok := (<-accepted).(*net.TCPConn)
+	if !ok {
 		t.Fatal("accept failed")
 	}
-	tcp := c.(*net.TCPConn)
+	t.Cleanup(func() { _ = s.Close() })
+	return c.(*net.TCPConn), s
+}
+
+// TestPeerClosed: an open connection is not closed, with or without unread
+// bytes; one whose peer closed it is, and the bytes sent before the close
+// are still there to read.
+func TestPeerClosed(t *testing.T) {
+	c, server := pair(t)
 	check := func(want bool, what string) {
 		t.Helper()
 		deadline := time.Now().Add(5 * time.Second)
 		for {
-			got, err := sockstate.PeerClosed(tcp)
+			got, err := sockstate.PeerClosed(c)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -75,37 +83,12 @@ func TestPeerClosed(t *testing.T) {
 // TestPeerReset: a reset (the peer closed with unread data, or SO_LINGER 0)
 // counts as closed.
 func TestPeerReset(t *testing.T) {
-	if !sockstate.Supported {
-		t.Skip("not supported on this platform")
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err != nil {
-			close(accepted)
-			return
-		}
-		accepted <- c
-	}()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	server, ok := (<-accepted).(*net.TCPConn)
-	if !ok {
-		t.Fatal("accept failed")
-	}
+	c, server := pair(t)
 	_ = server.SetLinger(0)
 	_ = server.Close()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		closed, err := sockstate.PeerClosed(c.(*net.TCPConn))
+		closed, err := sockstate.PeerClosed(c)
 		if err != nil {
 			t.Fatal(err)
 		}
