@@ -182,6 +182,9 @@ func run(self, dsn string, ttl time.Duration) error {
 		return err
 	}
 	frozenAt := time.Now()
+	if err := alice.send("go"); err != nil { // read once she thaws: her next write is due then
+		return err
+	}
 	if line, err = bob.expect("leading", timeout); err != nil {
 		return fmt.Errorf("bob never led while alice was frozen: %w", err)
 	}
@@ -190,6 +193,9 @@ func run(self, dsn string, ttl time.Duration) error {
 		return err
 	}
 	say("bob", "%s", line)
+	if err := bob.send("go"); err != nil {
+		return err
+	}
 	if rest := freeze - time.Since(frozenAt); rest > 0 {
 		time.Sleep(rest)
 	}
@@ -277,6 +283,10 @@ func (p *proc) expect(word string, timeout time.Duration) (string, error) {
 // stop ends the candidate (thawing it first, in case it is frozen) and waits
 // for it.
 func (p *proc) stop() {
+	go func() { // owned by stop: ends when the reader closes lines, at the end of the output
+		for range p.lines { // nobody expects lines any more: keep the reader from blocking on them
+		}
+	}()
 	_ = p.cmd.Process.Signal(syscall.SIGCONT)
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
@@ -291,7 +301,8 @@ func (p *proc) stop() {
 // standard input), it runs in the election and, while leading, writes to the
 // resource every 100ms with its term's token. Its write loop looks for the
 // loss of leadership only between writes, as code with a request in flight
-// does.
+// does. After its first write it waits for a line "go" on its standard input
+// (once per process), so that the program can freeze it between two writes.
 func candidate(name string) error {
 	ttl, err := time.ParseDuration(os.Getenv(envTTL))
 	if err != nil {
@@ -304,10 +315,12 @@ func candidate(name string) error {
 		return err
 	}
 	defer locker.Close()
-	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+	in := bufio.NewReader(os.Stdin)
+	if _, err := in.ReadString('\n'); err != nil { // "campaign"
 		return err
 	}
 	url := os.Getenv(envResource)
+	held := false // this candidate has waited for "go" after its first write
 	err = election.Run(ctx, locker, electionName, name, election.Callbacks{
 		OnStartedLeading: func(ld *election.Leadership) { fmt.Printf("leading with token %v\n", ld.Token()) },
 		OnStoppedLeading: func(ld *election.Leadership, err error) {
@@ -315,7 +328,7 @@ func candidate(name string) error {
 		},
 	}, func(ctx context.Context, ld *election.Leadership) error {
 		for {
-			time.Sleep(100 * time.Millisecond) // work; a freeze lands here
+			time.Sleep(100 * time.Millisecond) // work
 			status, err := write(url, name, ld.Token())
 			switch {
 			case err != nil:
@@ -327,6 +340,16 @@ func candidate(name string) error {
 			}
 			if ctx.Err() != nil {
 				return nil // campaign again
+			}
+			if !held {
+				// The program holds a candidate after its first write until
+				// it says "go": a freeze it injects lands here, between two
+				// writes, and the next write goes out with this term's token
+				// whatever happened meanwhile.
+				held = true
+				if _, err := in.ReadString('\n'); err != nil {
+					return err
+				}
 			}
 		}
 	})
