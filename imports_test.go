@@ -101,8 +101,10 @@ func TestImportRules(t *testing.T) {
 				t.Errorf("%s imports %s: backend may import only the standard library", pkg, imp)
 			case drivers[pkg] && drivers[imp]:
 				t.Errorf("driver %s imports driver %s", pkg, imp)
-			case pkg == mod+"/election" && strings.HasPrefix(imp, mod) && imp != mod:
-				t.Errorf("%s imports %s: election is built on the public API alone (the root)", pkg, imp)
+			case (pkg == mod+"/election" || pkg == mod+"/semaphore") && strings.HasPrefix(imp, mod) && imp != mod:
+				t.Errorf("%s imports %s: %s is built on the public API alone (the root)", pkg, imp, pkg)
+			case pkg == mod+"/rwlock" && strings.HasPrefix(imp, mod) && imp != mod && imp != mod+"/semaphore":
+				t.Errorf("%s imports %s: rwlock is built on the root and semaphore alone", pkg, imp)
 			case pkg == mod+"/conformance" && drivers[imp]:
 				t.Errorf("conformance imports driver %s", imp)
 			case strings.HasPrefix(pkg, mod+"/examples/") && strings.HasPrefix(imp, mod+"/internal/"):

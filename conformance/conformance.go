@@ -80,6 +80,17 @@ func Run(t *testing.T, h Harness) {
 		{"ElectionHandover", s.testElectionHandover},
 		{"ElectionLossCancelsRun", s.testElectionLossCancelsRun},
 		{"ElectionObservePush", s.testElectionObservePush},
+		{"Semaphore", s.testSemaphore},
+		{"SemaphoreWakes", s.testSemaphoreWakes},
+		{"SemaphoreHolderVanishes", s.testSemaphoreHolderVanishes},
+		{"SemaphoreCancel", s.testSemaphoreCancel},
+		{"SemaphoreSize", s.testSemaphoreSize},
+		{"SemaphoreFenced", s.testSemaphoreFenced},
+		{"RWExclusion", s.testRWExclusion},
+		{"RWWriterNotStarved", s.testRWWriterNotStarved},
+		{"RWHolderVanishes", s.testRWHolderVanishes},
+		{"RWNested", s.testRWNested},
+		{"RWCancel", s.testRWCancel},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, tc.fn)

@@ -1,0 +1,343 @@
+package conformance
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/fencing"
+	"github.com/dlock-go/dlock/semaphore"
+)
+
+func (s *suite) semaphore(t *testing.T, l dlock.Locker, name string, n int, opts ...semaphore.Option) *semaphore.Semaphore {
+	t.Helper()
+	sem, err := semaphore.New(l, name, n, opts...)
+	if err != nil {
+		t.Fatalf("semaphore.New(%q, %d): %v", name, n, err)
+	}
+	return sem
+}
+
+// testSemaphore: 4 lockers × 3 goroutines × 15 rounds take permits of a
+// semaphore of 3. Never more than 3 hold one at once, two never hold the same
+// slot, the holders do run side by side, each slot's tokens pass a guard
+// keyed by the slot (strictly increasing where tokens are strict), and a
+// TryAcquire while all 3 are held is refused with ErrNotAcquired.
+func (s *suite) testSemaphore(t *testing.T) {
+	const n, lockers, goroutines, rounds = 3, 4, 3, 15
+	ctx := s.ctx(t)
+	name := key(t)
+	var (
+		guard   fencing.Guard
+		inside  atomic.Int32
+		most    atomic.Int32
+		mu      sync.Mutex
+		holders = map[int]bool{}
+	)
+	var wg sync.WaitGroup
+	errs := make(chan error, lockers*goroutines)
+	for range lockers {
+		sem := s.semaphore(t, s.locker(t), name, n, semaphore.WithLeaseOptions(dlock.WithTTL(30*time.Second)))
+		for range goroutines {
+			wg.Go(func() {
+				for range rounds {
+					p, err := sem.Acquire(ctx)
+					if err != nil {
+						errs <- err
+						return
+					}
+					in := inside.Add(1)
+					for m := most.Load(); in > m && !most.CompareAndSwap(m, in); m = most.Load() {
+					}
+					mu.Lock()
+					if holders[p.Slot()] {
+						t.Errorf("slot %d granted while held", p.Slot())
+					}
+					holders[p.Slot()] = true
+					mu.Unlock()
+					if s.fences() {
+						check := guard.Do
+						if s.caps.Fencing == backend.FencingStrict {
+							check = guard.Advance
+						}
+						if err := check(p.Key(), p.Token(), func() error { return nil }); err != nil {
+							t.Errorf("permit of slot %d: %v", p.Slot(), err)
+						}
+					}
+					time.Sleep(2 * time.Millisecond) // the work: lets holders overlap
+					mu.Lock()
+					delete(holders, p.Slot())
+					mu.Unlock()
+					inside.Add(-1)
+					if err := p.Release(context.Background()); err != nil {
+						errs <- err
+						return
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("semaphore: %v", err)
+	}
+	if m := most.Load(); m > n {
+		t.Fatalf("%d holders at once, the semaphore has %d permits", m, n)
+	} else if m < 2 {
+		t.Errorf("at most %d holder at once over %d acquires: the permits were never held side by side", m, lockers*goroutines*rounds)
+	}
+	t.Logf("at most %d of %d permits held at once", most.Load(), n)
+
+	// All held: TryAcquire is refused, and takes nothing.
+	sem := s.semaphore(t, s.locker(t), name, n)
+	var held []*semaphore.Permit
+	for range n {
+		p, err := sem.TryAcquire(ctx)
+		if err != nil {
+			t.Fatalf("TryAcquire of a free permit: %v", err)
+		}
+		held = append(held, p)
+	}
+	other := s.semaphore(t, s.locker(t), name, n)
+	if p, err := other.TryAcquire(ctx); !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatalf("TryAcquire with all %d permits held: %v, %v; want ErrNotAcquired", n, p, err)
+	}
+	mustRelease(t, held[1].Lease())
+	p, err := other.TryAcquire(ctx)
+	if err != nil {
+		t.Fatalf("TryAcquire after a permit was released: %v", err)
+	}
+	if p.Slot() != held[1].Slot() {
+		t.Errorf("granted slot %d, the free one was %d", p.Slot(), held[1].Slot())
+	}
+	mustRelease(t, p.Lease())
+	mustRelease(t, held[0].Lease())
+	mustRelease(t, held[2].Lease())
+}
+
+// testSemaphoreWakes: a waiter for a full semaphore is granted the permit
+// released by its holder, pushed: with a poll interval of an hour.
+func (s *suite) testSemaphoreWakes(t *testing.T) {
+	ctx := s.ctx(t)
+	name := key(t)
+	a := s.semaphore(t, s.locker(t), name, 1)
+	b := s.semaphore(t, s.locker(t), name, 1, semaphore.WithPollInterval(time.Hour))
+	p, err := a.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	got := make(chan *semaphore.Permit, 1)
+	go func() {
+		q, err := b.Acquire(wctx)
+		if err != nil && wctx.Err() == nil {
+			t.Errorf("waiter: %v", err)
+		}
+		got <- q
+	}()
+	s.waitQueued(t, ctx, name)
+	mustRelease(t, p.Lease())
+	var q *semaphore.Permit
+	select {
+	case q = <-got:
+	case <-time.After(10 * time.Second):
+		cancel()
+		<-got
+		t.Fatal("the waiter was not granted the released permit within 10s (it polls once an hour: the release was not pushed)")
+	}
+	if q == nil {
+		return
+	}
+	if s.fences() && q.Token() <= p.Token() {
+		t.Errorf("the waiter's token %v is not above the released permit's %v", q.Token(), p.Token())
+	}
+	mustRelease(t, q.Lease())
+}
+
+// waitQueued returns once a waiter heads the semaphore's queue.
+func (s *suite) waitQueued(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	probe := s.locker(t)
+	for end := time.Now().Add(s.waitBound()); ; {
+		in, err := dlock.Inspect(ctx, probe, name+"/permits/queue")
+		if errors.Is(err, errors.ErrUnsupported) {
+			time.Sleep(500 * time.Millisecond)
+			return
+		}
+		if err != nil {
+			t.Fatalf("Inspect the queue: %v", err)
+		}
+		if in.Held {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatal("no waiter joined the semaphore's queue")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// testSemaphoreHolderVanishes: the permits of a holder that vanished (no
+// renewal; crashed where the harness can) come back after their TTL, and
+// never before their deadline.
+func (s *suite) testSemaphoreHolderVanishes(t *testing.T) {
+	ctx := s.ctx(t)
+	name := key(t)
+	la := s.locker(t)
+	a := s.semaphore(t, la, name, 2, semaphore.WithLeaseOptions(dlock.WithTTL(s.ttl), dlock.WithAutoRenew(false)))
+	gone := map[int]*semaphore.Permit{}
+	for range 2 {
+		p, err := a.Acquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		gone[p.Slot()] = p
+	}
+	if cr, ok := s.h.(Crasher); ok {
+		cr.Crash(t, la)
+	}
+	b := s.semaphore(t, s.locker(t), name, 2, semaphore.WithPollInterval(50*time.Millisecond))
+	for range 2 {
+		p, err := b.Acquire(ctx)
+		if err != nil {
+			t.Fatalf("acquire after the holder vanished: %v", err)
+		}
+		old := gone[p.Slot()]
+		if p.Lease().Granted().Before(old.Lease().Deadline()) {
+			t.Fatalf("slot %d granted %v before the vanished holder's deadline", p.Slot(), old.Lease().Deadline().Sub(p.Lease().Granted()))
+		}
+		if s.fences() && p.Token() <= old.Token() {
+			t.Errorf("slot %d: token %v not above the vanished holder's %v", p.Slot(), p.Token(), old.Token())
+		}
+		defer mustRelease(t, p.Lease())
+	}
+	for _, p := range gone {
+		waitDone(t, p.Lease(), time.Second, "vanished holder's permit")
+	}
+}
+
+// testSemaphoreCancel: a waiter cancelled mid-wait returns ErrNotAcquired
+// with ctx's error, and leaves nothing: no queue, no permit, and the next
+// release goes to a live waiter at once.
+func (s *suite) testSemaphoreCancel(t *testing.T) {
+	ctx := s.ctx(t)
+	name := key(t)
+	a := s.semaphore(t, s.locker(t), name, 1)
+	b := s.semaphore(t, s.locker(t), name, 1)
+	p, err := a.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		q, err := b.Acquire(wctx)
+		if err == nil {
+			q.Release(context.Background())
+		}
+		done <- err
+	}()
+	s.waitQueued(t, ctx, name)
+	cancel()
+	if err := <-done; !errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled wait: %v, want ErrNotAcquired and context.Canceled", err)
+	}
+	if left := s.residue(t, name+"/permits/queue"); len(left) > 0 {
+		t.Fatalf("the cancelled waiter left its queue entry: %q", left)
+	}
+	mustRelease(t, p.Lease())
+	if left := s.residue(t, semaphore.SlotKey(name, 0)); len(left) > 0 {
+		t.Fatalf("after the cancel and the release, the backend still holds %q", left)
+	}
+	c := s.semaphore(t, s.locker(t), name, 1)
+	q, err := c.TryAcquire(ctx)
+	if err != nil {
+		t.Fatalf("TryAcquire after the cancel and the release: %v", err)
+	}
+	mustRelease(t, q.Lease())
+}
+
+// testSemaphoreSize: callers that disagree on the number of permits are
+// refused with ErrSizeMismatch (the later one), and the refused grant is
+// given back.
+func (s *suite) testSemaphoreSize(t *testing.T) {
+	ctx := s.ctx(t)
+	name := key(t)
+	if _, err := dlock.List(ctx, s.locker(t), name); errors.Is(err, errors.ErrUnsupported) {
+		t.Skip("the backend cannot list locks: the size check is off")
+	}
+	two := s.semaphore(t, s.locker(t), name, 2)
+	p, err := two.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{1, 3} {
+		other := s.semaphore(t, s.locker(t), name, n)
+		for range 3 { // from a random slot: each try may land anywhere
+			q, err := other.TryAcquire(ctx)
+			if n == 1 && p.Slot() == 0 && errors.Is(err, dlock.ErrNotAcquired) {
+				continue // its only slot is held: nothing to compare yet
+			}
+			if !errors.Is(err, semaphore.ErrSizeMismatch) {
+				if err == nil {
+					q.Release(ctx)
+				}
+				t.Fatalf("a semaphore of %d while a holder uses 2: %v, want ErrSizeMismatch", n, err)
+			}
+		}
+	}
+	// The refused grants were given back: both slots' other one is free.
+	q, err := two.TryAcquire(ctx)
+	if err != nil {
+		t.Fatalf("TryAcquire of the second permit after the refusals: %v", err)
+	}
+	mustRelease(t, q.Lease())
+	mustRelease(t, p.Lease())
+}
+
+// testSemaphoreFenced: a permit lost behind its holder's back (the server
+// expired it) is granted to another, and a guard keyed by the slot rejects
+// the old holder's token.
+func (s *suite) testSemaphoreFenced(t *testing.T) {
+	if !s.fences() {
+		t.Skip("the backend gives no fencing tokens")
+	}
+	ctx := s.ctx(t)
+	name := key(t)
+	a := s.semaphore(t, s.locker(t), name, 1)
+	b := s.semaphore(t, s.locker(t), name, 1)
+	old, err := a.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var guard fencing.Guard
+	if err := guard.Do(old.Key(), old.Token(), func() error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	s.h.Expire(t, old.Key())
+	p, err := b.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer mustRelease(t, p.Lease())
+	if p.Key() != old.Key() {
+		t.Fatalf("new permit on %q, old on %q", p.Key(), old.Key())
+	}
+	if err := guard.Do(p.Key(), p.Token(), func() error { return nil }); err != nil {
+		t.Fatalf("the new holder's write: %v", err)
+	}
+	var stale *fencing.StaleTokenError
+	if err := guard.Do(old.Key(), old.Token(), func() error { return nil }); !errors.As(err, &stale) {
+		t.Fatalf("the expired holder's write: %v, want a StaleTokenError", err)
+	}
+	if err := old.Release(ctx); !errors.Is(err, dlock.ErrLeaseLost) {
+		t.Errorf("Release of the expired permit: %v, want ErrLeaseLost", err)
+	}
+}

@@ -1,0 +1,371 @@
+// Package rwlock is a read/write lock on any dlock backend: many readers or
+// one writer, each hold made of leases, so renewed, lost loudly, ended by the
+// server when its holder vanishes, and fenced.
+//
+// A lock NAME is two things on the Locker: the write lock NAME/write, and a
+// semaphore of Readers read slots, NAME/read/permits/0 to /15 (see package
+// semaphore).
+//
+//   - A reader takes the write lock, then one read slot, then gives the write
+//     lock back at once. A reader's lease is its slot's.
+//   - A writer takes the write lock and keeps it, then takes every read slot
+//     (waiting for the readers that hold one to leave), and keeps them all
+//     until it releases. Its hold is those Readers+1 leases; it is lost when
+//     any of them is.
+//
+// So a writer excludes every reader and writer by the locks alone, with no
+// timing assumption beyond each lease's own. A waiting writer holds the
+// write lock, or waits for it in the backend's order, so readers that come
+// after it wait behind it: on backends whose locks are FIFO (see
+// dlock.Capabilities) a writer waits only for the readers and writers that
+// came before it; elsewhere no later reader can overtake a writer that holds
+// the write lock, and readers pass through it in one round trip.
+//
+// Tokens: a write hold's token is its write lock's lease token, strictly
+// greater than every earlier write's (and read's) on backends with strict
+// tokens. A read hold's token is the write lock's token at the moment the
+// reader passed through it: greater than the token of every write granted
+// before the read, smaller than that of every write granted after it. A
+// reader can tell which writes it saw by comparing tokens, and a resource can
+// fence writes with one fencing.Guard keyed by the lock's name.
+//
+// Upgrading (a write lock asked for under a read hold) and downgrading would
+// wait for the caller itself; under a ctx that carries a hold of the same
+// lock (the ctx Read and Write pass to their function, or one from
+// Hold.Context) Lock and RLock refuse at once with ErrNested.
+//
+// The price of portability: a read costs three requests (take and give back
+// the write lock, take a slot) and a write 2×(Readers+1); at most Readers
+// readers hold the lock at once, and the others wait.
+package rwlock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/semaphore"
+)
+
+// Readers is the number of read slots: the most readers that hold one lock
+// at once. It is a constant, not an option: writers and readers must agree
+// on it, and a writer takes every slot.
+const Readers = 16
+
+// ErrNested means Lock or RLock was called under a ctx that already carries
+// a hold of the same lock: an upgrade, a downgrade or a second hold, which
+// would wait for the caller itself.
+var ErrNested = errors.New("rwlock: ctx already holds this lock")
+
+// RWMutex is the read/write lock name on one Locker. It is safe for
+// concurrent use; two RWMutex values of one name, in one process or in many,
+// are the same lock.
+type RWMutex struct {
+	l       dlock.Locker
+	name    string
+	opts    []dlock.Option
+	readers *semaphore.Semaphore
+}
+
+// New returns the read/write lock name on l; opts apply to every lease it
+// takes (WithTTL, WithLabel, …). It checks its arguments only (an error
+// matching dlock.ErrInvalidKey for a name that cannot make its keys) and
+// makes no call to the backend.
+func New(l dlock.Locker, name string, opts ...dlock.Option) (*RWMutex, error) {
+	readers, err := semaphore.New(l, name+"/read", Readers, semaphore.WithLeaseOptions(opts...), semaphore.WithSizeCheck(false))
+	if err != nil {
+		return nil, fmt.Errorf("rwlock %q: %w", name, err)
+	}
+	return &RWMutex{l: l, name: name, opts: opts, readers: readers}, nil
+}
+
+// Name returns the lock's name.
+func (m *RWMutex) Name() string { return m.name }
+
+// WriteKey returns the key of the write lock, NAME/write.
+func (m *RWMutex) WriteKey() string { return m.name + "/write" }
+
+// ReadKeys returns the keys of the read slots.
+func (m *RWMutex) ReadKeys() []string {
+	keys := make([]string, Readers)
+	for i := range keys {
+		keys[i] = m.readers.SlotKey(i)
+	}
+	return keys
+}
+
+// Hold is a read or write hold of the lock. Its methods are safe for
+// concurrent use.
+type Hold struct {
+	m       *RWMutex
+	write   bool
+	token   dlock.Token
+	granted time.Time
+	lease   *dlock.Lease    // write: the write lock; read: the read slot
+	slots   *dlock.LeaseSet // write only: every read slot
+
+	done chan struct{}
+	once sync.Once
+	err  error
+}
+
+// Write reports whether this is a write hold.
+func (h *Hold) Write() bool { return h.write }
+
+// Token returns the hold's token (see the package doc): a write's is its
+// write lock's lease token; a read's, the write lock's token when the reader
+// passed through it.
+func (h *Hold) Token() dlock.Token { return h.token }
+
+// Granted returns when the hold began: when the request that completed it
+// was sent (for a write, the last read slot's; for a read, its slot's).
+func (h *Hold) Granted() time.Time { return h.granted }
+
+// Lease returns the hold's main lease: the write lock's for a write, the
+// read slot's for a read.
+func (h *Hold) Lease() *dlock.Lease { return h.lease }
+
+// Done is closed when the hold ends: released, or lost (any of its leases;
+// Err says which).
+func (h *Hold) Done() <-chan struct{} { return h.done }
+
+// Err is nil while the hold lasts; afterwards an error matching
+// dlock.ErrReleased or dlock.ErrLeaseLost.
+func (h *Hold) Err() error {
+	select {
+	case <-h.done:
+		return h.err
+	default:
+		return nil
+	}
+}
+
+func (h *Hold) end(err error) {
+	h.once.Do(func() {
+		h.err = err
+		close(h.done)
+	})
+}
+
+// watch ends h when one of its leases ends. The goroutine exits then.
+func (h *Hold) watch() {
+	if h.slots == nil {
+		go func() {
+			<-h.lease.Done()
+			h.end(h.lease.Err())
+		}()
+		return
+	}
+	go func() {
+		select {
+		case <-h.lease.Done():
+			h.end(h.lease.Err())
+		case <-h.slots.Done():
+			h.end(h.slots.Err())
+		}
+	}()
+}
+
+// Release ends the hold. It returns an error matching dlock.ErrLeaseLost if
+// the hold had been lost, dlock.ErrReleased if it was already released.
+func (h *Hold) Release(ctx context.Context) error {
+	var errs []error
+	if h.slots != nil {
+		if err := h.slots.Release(ctx); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := h.lease.Release(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	<-h.done
+	if len(errs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("rwlock %q: release: %w", h.m.name, errors.Join(errs...))
+}
+
+// holdKey is the context key of the holds a ctx carries.
+type holdKey struct{}
+
+type holdList struct {
+	h    *Hold
+	next *holdList
+}
+
+// Context returns a copy of ctx that carries h: Lock and RLock of the same
+// lock under it return ErrNested instead of waiting for h.
+func (h *Hold) Context(ctx context.Context) context.Context {
+	next, _ := ctx.Value(holdKey{}).(*holdList)
+	return context.WithValue(ctx, holdKey{}, &holdList{h: h, next: next})
+}
+
+func (m *RWMutex) nested(ctx context.Context) error {
+	for hl, _ := ctx.Value(holdKey{}).(*holdList); hl != nil; hl = hl.next {
+		if hl.h.m.l == m.l && hl.h.m.name == m.name && hl.h.Err() == nil {
+			kind := "read"
+			if hl.h.write {
+				kind = "write"
+			}
+			return fmt.Errorf("%w (a %s hold): upgrading or downgrading is not supported; release it first", ErrNested, kind)
+		}
+	}
+	return nil
+}
+
+// Lock waits for a write hold or until ctx ends (the error then matches
+// dlock.ErrNotAcquired and ctx's error, and nothing is left behind).
+func (m *RWMutex) Lock(ctx context.Context) (*Hold, error) {
+	h, err := m.lock(ctx, true)
+	if err != nil {
+		return nil, fmt.Errorf("rwlock %q: lock: %w", m.name, err)
+	}
+	return h, nil
+}
+
+// TryLock makes one attempt at a write hold; if a reader or a writer holds
+// the lock, the error matches dlock.ErrNotAcquired.
+func (m *RWMutex) TryLock(ctx context.Context) (*Hold, error) {
+	h, err := m.lock(ctx, false)
+	if err != nil {
+		return nil, fmt.Errorf("rwlock %q: try-lock: %w", m.name, err)
+	}
+	return h, nil
+}
+
+func (m *RWMutex) lock(ctx context.Context, wait bool) (*Hold, error) {
+	if err := m.nested(ctx); err != nil {
+		return nil, err
+	}
+	w, err := m.takeWrite(ctx, wait)
+	if err != nil {
+		return nil, err
+	}
+	var slots *dlock.LeaseSet
+	if wait {
+		slots, err = dlock.AcquireAll(ctx, m.l, m.ReadKeys(), m.opts...)
+	} else {
+		slots, err = dlock.TryAcquireAll(ctx, m.l, m.ReadKeys(), m.opts...)
+	}
+	if err != nil {
+		m.giveBack(ctx, w)
+		return nil, err
+	}
+	h := &Hold{m: m, write: true, token: w.Token(), lease: w, slots: slots, done: make(chan struct{}), granted: w.Granted()}
+	for _, l := range slots.Leases() {
+		if l.Granted().After(h.granted) {
+			h.granted = l.Granted()
+		}
+	}
+	h.watch()
+	return h, nil
+}
+
+// RLock waits for a read hold or until ctx ends (the error then matches
+// dlock.ErrNotAcquired and ctx's error, and nothing is left behind).
+func (m *RWMutex) RLock(ctx context.Context) (*Hold, error) {
+	h, err := m.rlock(ctx, true)
+	if err != nil {
+		return nil, fmt.Errorf("rwlock %q: rlock: %w", m.name, err)
+	}
+	return h, nil
+}
+
+// TryRLock makes one attempt at a read hold; if a writer holds the lock (or
+// waits holding the write lock), or Readers readers hold it, the error
+// matches dlock.ErrNotAcquired.
+func (m *RWMutex) TryRLock(ctx context.Context) (*Hold, error) {
+	h, err := m.rlock(ctx, false)
+	if err != nil {
+		return nil, fmt.Errorf("rwlock %q: try-rlock: %w", m.name, err)
+	}
+	return h, nil
+}
+
+func (m *RWMutex) rlock(ctx context.Context, wait bool) (*Hold, error) {
+	if err := m.nested(ctx); err != nil {
+		return nil, err
+	}
+	w, err := m.takeWrite(ctx, wait)
+	if err != nil {
+		return nil, err
+	}
+	var p *semaphore.Permit
+	if wait {
+		p, err = m.readers.Acquire(ctx)
+	} else {
+		p, err = m.readers.TryAcquire(ctx)
+	}
+	if err == nil && w.Err() != nil {
+		// The write lock ended before the slot was granted: a writer may
+		// already have found this slot free.
+		err = fmt.Errorf("%w: the write lock was lost while taking a read slot: %w", dlock.ErrNotAcquired, w.Err())
+		m.giveBack(ctx, p.Lease())
+	}
+	m.giveBack(ctx, w)
+	if err != nil {
+		return nil, err
+	}
+	h := &Hold{m: m, token: w.Token(), lease: p.Lease(), done: make(chan struct{}), granted: p.Lease().Granted()}
+	h.watch()
+	return h, nil
+}
+
+func (m *RWMutex) takeWrite(ctx context.Context, wait bool) (*dlock.Lease, error) {
+	if wait {
+		return m.l.Acquire(ctx, m.WriteKey(), m.opts...)
+	}
+	return m.l.TryAcquire(ctx, m.WriteKey(), m.opts...)
+}
+
+// giveBack releases a lease taken on the way, whatever ctx has become.
+func (m *RWMutex) giveBack(ctx context.Context, l *dlock.Lease) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = l.Release(rctx)
+}
+
+// Read runs fn under a read hold: it waits for one (as RLock), runs fn with
+// a ctx that carries the hold and is cancelled if the hold is lost, and
+// releases it when fn returns.
+func (m *RWMutex) Read(ctx context.Context, fn func(ctx context.Context, h *Hold) error) error {
+	return m.do(ctx, false, fn)
+}
+
+// Write runs fn under a write hold, as Read does under a read hold.
+func (m *RWMutex) Write(ctx context.Context, fn func(ctx context.Context, h *Hold) error) error {
+	return m.do(ctx, true, fn)
+}
+
+func (m *RWMutex) do(ctx context.Context, write bool, fn func(ctx context.Context, h *Hold) error) error {
+	var (
+		h   *Hold
+		err error
+	)
+	if write {
+		h, err = m.Lock(ctx)
+	} else {
+		h, err = m.RLock(ctx)
+	}
+	if err != nil {
+		return err
+	}
+	fctx, cancel := context.WithCancelCause(h.Context(ctx))
+	go func() {
+		select {
+		case <-h.Done():
+			cancel(h.Err())
+		case <-fctx.Done():
+		}
+	}()
+	fnErr := fn(fctx, h)
+	cancel(nil)
+	relErr := h.Release(context.WithoutCancel(ctx))
+	if errors.Is(relErr, dlock.ErrReleased) {
+		relErr = nil
+	}
+	return errors.Join(fnErr, relErr)
+}

@@ -1,0 +1,391 @@
+// Package semaphore lets at most n holders at a time take a permit of a
+// named semaphore, on any dlock backend, each permit a lease with a fencing
+// token.
+//
+// A semaphore of n permits is n locks, its slots: the keys NAME/permits/0 to
+// NAME/permits/(n-1). A permit is the lease on one slot, so it is everything a
+// lock is: renewed by the Locker's keepalive, lost loudly (Done, Err), ended
+// by the server when its holder vanishes (its TTL, or its session's end), so a
+// crashed holder's permit comes back instead of leaking, and fenced: a permit
+// names its slot (Key) and carries that slot's token, which is strictly
+// greater than every earlier holder's of that slot on the backends whose
+// tokens are strict. A resource that must reject a stale permit holder keeps
+// one fencing.Guard per slot:
+//
+//	sem, err := semaphore.New(locker, "gpu", 4)
+//	permit, err := sem.Acquire(ctx)
+//	if err != nil { return err }
+//	defer permit.Release(context.Background())
+//	// write with (permit.Key(), permit.Token()); guard.Check keyed by permit.Key()
+//
+// Acquire tries the slots from a random one on, one attempt each. If all are
+// held it queues on the lock NAME/permits/queue (a lock, so waiters enter the
+// queue in the backend's order: FIFO where the backend's locks are), and the
+// waiter at the head watches the slots (dlock.Watch; pushed where the backend
+// pushes) and reads them again every poll interval, which catches what a
+// backend does not push, such as an expiry. TryAcquire makes one attempt at
+// each slot and does not queue.
+//
+// Every permit's label is "permits=N HOLDER", so Inspect and List show the
+// count the holder uses. All holders must agree on n. After each grant the
+// permit reads the semaphore's slots (dlock.List) and, if any holder uses
+// another count (or holds a slot past n), it gives its permit back and
+// returns ErrSizeMismatch: of two callers that disagree, the later one is
+// refused. The check costs one List per grant (on Redis a SCAN of the
+// keyspace; see WithSizeCheck). A backend that cannot list is not checked.
+package semaphore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/dlock-go/dlock"
+)
+
+// MaxPermits is the largest number of permits a semaphore may have.
+const MaxPermits = 1024
+
+// DefaultPollInterval is how often the waiter at the head of the queue reads
+// every slot again when no change was pushed.
+const DefaultPollInterval = 500 * time.Millisecond
+
+// ErrSizeMismatch means a holder of the semaphore uses another number of
+// permits than this caller: the caller's permit was given back.
+var ErrSizeMismatch = errors.New("semaphore: holders disagree on the number of permits")
+
+// maxWatched is the most slots the head waiter watches; past it, it polls.
+const maxWatched = 64
+
+// Option configures a Semaphore.
+type Option func(*config)
+
+type config struct {
+	lease     []dlock.Option
+	sizeCheck bool
+	poll      time.Duration
+}
+
+// WithLeaseOptions passes opts to every acquire of a slot and of the queue
+// (WithTTL, say). The semaphore sets the label of a permit itself ("permits=N
+// HOSTNAME:PID"), so a WithLabel among opts labels only the queue, and it
+// acquires permits WithAnnounce, so that PostgreSQL waiters are woken by
+// NOTIFY.
+func WithLeaseOptions(opts ...dlock.Option) Option {
+	return func(c *config) { c.lease = append(c.lease, opts...) }
+}
+
+// WithSizeCheck turns the check that every holder uses the same number of
+// permits on or off (on by default). Off, a grant costs no List, and
+// callers that disagree on n are not told: the semaphore then admits up to
+// the largest n any caller uses.
+func WithSizeCheck(on bool) Option {
+	return func(c *config) { c.sizeCheck = on }
+}
+
+// WithPollInterval sets how often the head waiter reads every slot again
+// (DefaultPollInterval by default); d must be > 0.
+func WithPollInterval(d time.Duration) Option {
+	return func(c *config) { c.poll = d }
+}
+
+// Semaphore is a named semaphore of n permits on one Locker. It is safe for
+// concurrent use; two Semaphore values of one name, in one process or in
+// many, share the permits.
+type Semaphore struct {
+	l     dlock.Locker
+	name  string
+	n     int
+	label string
+	cfg   config
+}
+
+// New returns the semaphore name of n permits on l. It checks its arguments
+// only (an error matching dlock.ErrInvalidKey for a name that cannot make
+// slot keys, dlock.ErrInvalidOption for n outside 1..MaxPermits or a bad
+// option); it makes no call to the backend.
+func New(l dlock.Locker, name string, n int, opts ...Option) (*Semaphore, error) {
+	cfg := config{sizeCheck: true, poll: DefaultPollInterval}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	switch {
+	case l == nil:
+		return nil, fmt.Errorf("semaphore %q: %w: nil Locker", name, dlock.ErrInvalidOption)
+	case n < 1 || n > MaxPermits:
+		return nil, fmt.Errorf("semaphore %q: %w: permits must be 1..%d, got %d", name, dlock.ErrInvalidOption, MaxPermits, n)
+	case cfg.poll <= 0:
+		return nil, fmt.Errorf("semaphore %q: %w: poll interval must be > 0, got %v", name, dlock.ErrInvalidOption, cfg.poll)
+	}
+	if err := CheckName(name); err != nil {
+		return nil, err
+	}
+	return &Semaphore{l: l, name: name, n: n, cfg: cfg, label: "permits=" + strconv.Itoa(n) + " " + dlock.DefaultLabel}, nil
+}
+
+// CheckName reports whether name can name a semaphore: the keys of its slots
+// must be valid keys (non-empty, valid UTF-8, no NUL, at most
+// dlock.MaxKeyLen bytes). The error matches dlock.ErrInvalidKey.
+func CheckName(name string) error {
+	const longest = "/permits/queue"
+	switch {
+	case name == "":
+		return fmt.Errorf("semaphore: %w: empty name", dlock.ErrInvalidKey)
+	case !utf8.ValidString(name) || strings.IndexByte(name, 0) >= 0:
+		return fmt.Errorf("semaphore %q: %w: the name must be valid UTF-8 without NUL", name, dlock.ErrInvalidKey)
+	case len(name)+len(longest) > dlock.MaxKeyLen:
+		return fmt.Errorf("semaphore: %w: a name of %d bytes makes slot keys longer than %d bytes", dlock.ErrInvalidKey, len(name), dlock.MaxKeyLen)
+	}
+	return nil
+}
+
+// Name returns the semaphore's name.
+func (s *Semaphore) Name() string { return s.name }
+
+// Permits returns n, the number of permits.
+func (s *Semaphore) Permits() int { return s.n }
+
+// SlotKey returns the lock key of slot i: NAME/permits/i.
+func (s *Semaphore) SlotKey(i int) string { return SlotKey(s.name, i) }
+
+// SlotKey returns the lock key of slot i of the semaphore name.
+func SlotKey(name string, i int) string { return name + "/permits/" + strconv.Itoa(i) }
+
+func (s *Semaphore) queueKey() string { return s.name + "/permits/queue" }
+
+func (s *Semaphore) leaseOpts() []dlock.Option {
+	opts := make([]dlock.Option, 0, len(s.cfg.lease)+2)
+	opts = append(opts, s.cfg.lease...)
+	return append(opts, dlock.WithLabel(s.label), dlock.WithAnnounce())
+}
+
+// Permit is one permit of a semaphore: the lease on one of its slots. Its
+// methods are safe for concurrent use.
+type Permit struct {
+	sem   *Semaphore
+	slot  int
+	lease *dlock.Lease
+}
+
+// Slot returns the index of the permit's slot, 0..n-1.
+func (p *Permit) Slot() int { return p.slot }
+
+// Key returns the lock key of the permit's slot. A resource that fences
+// permit holders keys its guard by it: the token is strictly increasing per
+// slot, not across slots.
+func (p *Permit) Key() string { return p.lease.Key() }
+
+// Token returns the permit's fencing token: strictly greater than every
+// earlier grant's of the same slot (Key) on backends with strict tokens.
+func (p *Permit) Token() dlock.Token { return p.lease.Token() }
+
+// Lease returns the lease on the permit's slot.
+func (p *Permit) Lease() *dlock.Lease { return p.lease }
+
+// Done is closed when the permit ends: released, or lost (Err says which).
+func (p *Permit) Done() <-chan struct{} { return p.lease.Done() }
+
+// Err is nil while the permit is held; afterwards an error matching
+// dlock.ErrReleased or dlock.ErrLeaseLost.
+func (p *Permit) Err() error { return p.lease.Err() }
+
+// Release gives the permit back. It returns an error matching
+// dlock.ErrLeaseLost if the permit had been lost, dlock.ErrReleased if it was
+// already released.
+func (p *Permit) Release(ctx context.Context) error {
+	if err := p.lease.Release(ctx); err != nil {
+		return fmt.Errorf("semaphore %q: release permit %d: %w", p.sem.name, p.slot, err)
+	}
+	return nil
+}
+
+// TryAcquire makes one attempt at each slot, from a random one on, and
+// returns the first permit granted. If every slot is held it returns an
+// error matching dlock.ErrNotAcquired.
+func (s *Semaphore) TryAcquire(ctx context.Context) (*Permit, error) {
+	p, err := s.tryAll(ctx, nil)
+	if err != nil {
+		return nil, fmt.Errorf("semaphore %q: try-acquire: %w", s.name, err)
+	}
+	if p == nil {
+		return nil, fmt.Errorf("semaphore %q: try-acquire: %w: all %d permits are held", s.name, dlock.ErrNotAcquired, s.n)
+	}
+	return p, nil
+}
+
+// Acquire waits until a permit is granted or ctx ends; then the error
+// matches dlock.ErrNotAcquired and ctx's error, and nothing is left behind.
+// ctx bounds the wait only, never the permit's life.
+func (s *Semaphore) Acquire(ctx context.Context) (*Permit, error) {
+	p, err := s.acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("semaphore %q: acquire: %w", s.name, err)
+	}
+	return p, nil
+}
+
+func (s *Semaphore) acquire(ctx context.Context) (*Permit, error) {
+	if p, err := s.tryAll(ctx, nil); p != nil || err != nil {
+		return p, err
+	}
+	// Every slot is held: queue. The queue's lock admits one waiter at a
+	// time to watch the slots; the others wait in the backend's order.
+	q, err := s.l.Acquire(ctx, s.queueKey(), s.cfg.lease...)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_ = q.Release(rctx)
+		cancel()
+	}()
+
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	changed := make(chan int, maxWatched)
+	watched := s.n <= maxWatched
+	for i := range s.n {
+		if !watched {
+			break
+		}
+		err := dlock.Watch(wctx, s.l, s.SlotKey(i), func() {
+			select {
+			case changed <- i:
+			default:
+			}
+		})
+		if err != nil {
+			watched = false // MySQL, the table lock: wait on the slots in turn
+		}
+	}
+	tick := time.NewTicker(s.cfg.poll)
+	defer tick.Stop()
+	var first *int
+	for next := rand.IntN(s.n); ; next = (next + 1) % s.n {
+		p, err := s.tryAll(ctx, first)
+		if p != nil || err != nil {
+			return p, err
+		}
+		if !watched {
+			// Wait on one slot, in the backend's own way, for at most an
+			// interval; then read all slots again and wait on the next.
+			if p, err := s.waitOn(ctx, next); p != nil || err != nil {
+				return p, err
+			}
+			continue
+		}
+		select {
+		case i := <-changed:
+			first = &i // try the slot that changed first
+		case <-tick.C:
+			first = nil
+		case <-ctx.Done():
+			return nil, notAcquired(ctx)
+		}
+	}
+}
+
+// waitOn waits up to the poll interval for slot i.
+func (s *Semaphore) waitOn(ctx context.Context, i int) (*Permit, error) {
+	wctx, cancel := context.WithTimeout(ctx, s.cfg.poll)
+	defer cancel()
+	lease, err := s.l.Acquire(wctx, s.SlotKey(i), s.leaseOpts()...)
+	switch {
+	case err == nil:
+		return s.granted(ctx, i, lease)
+	case ctx.Err() != nil:
+		return nil, notAcquired(ctx)
+	case errors.Is(err, dlock.ErrNotAcquired):
+		return nil, nil
+	default:
+		return nil, err
+	}
+}
+
+func notAcquired(ctx context.Context) error {
+	return fmt.Errorf("%w: %w", dlock.ErrNotAcquired, context.Cause(ctx))
+}
+
+// tryAll tries every slot once, from first (or a random slot) on. It
+// returns (nil, nil) if all are held.
+func (s *Semaphore) tryAll(ctx context.Context, first *int) (*Permit, error) {
+	start := rand.IntN(s.n)
+	if first != nil {
+		start = *first
+	}
+	opts := s.leaseOpts()
+	for j := range s.n {
+		i := (start + j) % s.n
+		lease, err := s.l.TryAcquire(ctx, s.SlotKey(i), opts...)
+		if err != nil {
+			if errors.Is(err, dlock.ErrNotAcquired) && ctx.Err() == nil {
+				continue
+			}
+			return nil, err
+		}
+		return s.granted(ctx, i, lease)
+	}
+	return nil, nil
+}
+
+// granted makes lease on slot i a permit, once the size check passed; else
+// it gives the lease back.
+func (s *Semaphore) granted(ctx context.Context, i int, lease *dlock.Lease) (*Permit, error) {
+	if err := s.checkSize(ctx); err != nil {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_ = lease.Release(rctx)
+		cancel()
+		return nil, err
+	}
+	return &Permit{sem: s, slot: i, lease: lease}, nil
+}
+
+// checkSize reads the held slots and refuses the grant if a holder uses
+// another number of permits.
+func (s *Semaphore) checkSize(ctx context.Context) error {
+	if !s.cfg.sizeCheck {
+		return nil
+	}
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	infos, err := dlock.List(lctx, s.l, s.name+"/permits/")
+	if errors.Is(err, errors.ErrUnsupported) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("check the number of permits: %w", err)
+	}
+	for _, in := range infos {
+		rest := strings.TrimPrefix(in.Key, s.name+"/permits/")
+		slot, err := strconv.Atoi(rest)
+		if err != nil || !in.Held {
+			continue // the queue, or another name that shares the prefix
+		}
+		if slot >= s.n {
+			return fmt.Errorf("%w: permit %d is held (label %q), this semaphore has %d", ErrSizeMismatch, slot, in.Label, s.n)
+		}
+		if m, ok := ParseLabel(in.Label); ok && m != s.n {
+			return fmt.Errorf("%w: the holder of permit %d (label %q) uses %d permits, this semaphore %d", ErrSizeMismatch, slot, in.Label, m, s.n)
+		}
+	}
+	return nil
+}
+
+// ParseLabel reads the number of permits from a permit's label
+// ("permits=N ..."). ok is false for a label of another form.
+func ParseLabel(label string) (n int, ok bool) {
+	rest, found := strings.CutPrefix(label, "permits=")
+	if !found {
+		return 0, false
+	}
+	if i := strings.IndexByte(rest, ' '); i >= 0 {
+		rest = rest[:i]
+	}
+	n, err := strconv.Atoi(rest)
+	return n, err == nil && n > 0
+}

@@ -1,0 +1,89 @@
+package semaphore_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/semaphore"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+func TestNewRejectsBadInput(t *testing.T) {
+	ctx := context.Background()
+	l, err := dlock.Open(ctx, "mem://semaphore-new")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	for _, tc := range []struct {
+		name string
+		n    int
+		opts []semaphore.Option
+		want error
+	}{
+		{"", 1, nil, dlock.ErrInvalidKey},
+		{"a\x00b", 1, nil, dlock.ErrInvalidKey},
+		{"\xff", 1, nil, dlock.ErrInvalidKey},
+		{strings.Repeat("k", dlock.MaxKeyLen), 1, nil, dlock.ErrInvalidKey},
+		{"ok", 0, nil, dlock.ErrInvalidOption},
+		{"ok", semaphore.MaxPermits + 1, nil, dlock.ErrInvalidOption},
+		{"ok", 1, []semaphore.Option{semaphore.WithPollInterval(0)}, dlock.ErrInvalidOption},
+	} {
+		if _, err := semaphore.New(l, tc.name, tc.n, tc.opts...); !errors.Is(err, tc.want) {
+			t.Errorf("New(%q, %d): %v, want %v", tc.name, tc.n, err, tc.want)
+		}
+	}
+	if _, err := semaphore.New(nil, "ok", 1); !errors.Is(err, dlock.ErrInvalidOption) {
+		t.Errorf("New(nil Locker): %v, want ErrInvalidOption", err)
+	}
+	s, err := semaphore.New(l, "ok", semaphore.MaxPermits)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.SlotKey(7) != "ok/permits/7" || s.Permits() != semaphore.MaxPermits || s.Name() != "ok" {
+		t.Errorf("SlotKey(7) = %q, Permits() = %d, Name() = %q", s.SlotKey(7), s.Permits(), s.Name())
+	}
+}
+
+func TestParseLabel(t *testing.T) {
+	for label, want := range map[string]int{
+		"permits=3 host:12": 3, "permits=1024": 1024, "permits=0": 0, "permits=x y": 0, "host:12": 0, "": 0, "permits=-2": 0,
+	} {
+		n, ok := semaphore.ParseLabel(label)
+		if ok != (want > 0) || n != want && ok {
+			t.Errorf("ParseLabel(%q) = %d, %v; want %d", label, n, ok, want)
+		}
+	}
+}
+
+// A holder of permit 3 of 4 makes a semaphore of 2 refuse every grant: it
+// holds a slot beyond 2.
+func TestSizeMismatchBeyondRange(t *testing.T) {
+	ctx := context.Background()
+	l, err := dlock.Open(ctx, "mem://semaphore-size")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	held, err := l.Acquire(ctx, semaphore.SlotKey("s", 3), dlock.WithLabel("someone else"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release(ctx)
+	two, _ := semaphore.New(l, "s", 2)
+	if _, err := two.TryAcquire(ctx); !errors.Is(err, semaphore.ErrSizeMismatch) || !strings.Contains(err.Error(), "permit 3 is held") {
+		t.Fatalf("TryAcquire while slot 3 is held: %v, want ErrSizeMismatch naming permit 3", err)
+	}
+	unchecked, _ := semaphore.New(l, "s", 2, semaphore.WithSizeCheck(false))
+	p, err := unchecked.TryAcquire(ctx)
+	if err != nil {
+		t.Fatalf("TryAcquire without the size check: %v", err)
+	}
+	_ = p.Release(ctx)
+}
