@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dlock-go/dlock/backend"
@@ -341,7 +342,13 @@ func (p *pin) release(ctx context.Context) error {
 // holds); a lock the session did not hold is reported, and left to the
 // caller.
 func (p *pin) unlocked(err error, pid uint32, held bool) error {
+	var pgErr *pgconn.PgError
 	switch {
+	case errors.As(err, &pgErr) && pgErr.Severity == "FATAL":
+		// The server ended the session (it was terminated, or timed out):
+		// it freed its advisory locks, this lease's among them.
+		p.destroy()
+		return fmt.Errorf("%w: the session ended: %w", backend.ErrNotHeld, err)
 	case err != nil:
 		// Unknown whether the unlock ran: closing the session frees the lock.
 		p.destroy()
