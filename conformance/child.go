@@ -76,7 +76,7 @@ type childSpec struct {
 	Goroutines int           // soak: lockers (each its own dlock.Open)
 	Interval   time.Duration // soak: least time between two acquisitions of one goroutine
 	Think      time.Duration // time between a read and the write of an increment
-	Elect      bool          // holder: lead an election named Keys[0] (election.Run) instead of acquiring it
+	Role       role          // holder: what it takes of Keys[0] (a lock; roleLeader: leads an election of that name with election.Run)
 }
 
 // msg is one line of the pipe protocol, both ways. From the child: "grant"
@@ -183,8 +183,9 @@ func increment(c *childConn, lease *dlock.Lease, label string, granted int64, th
 
 // runHolderChild is the holder of a PauseHolder trial: it acquires the one key,
 // reports its grant and deadline, increments the register while its lease is
-// held, and when told to stop releases it and exits. With spec.Elect (a
-// LeaderPause trial) it leads an election of that name instead, with
+// held, and when told to stop releases it and exits. With spec.Role it takes
+// a permit or a write hold instead (see take); with roleLeader (a
+// LeaderPause trial) it leads an election of that name, with
 // election.Run, and the end it reports is when Run cancelled the term's ctx.
 func runHolderChild(c *childConn, spec childSpec) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -194,7 +195,7 @@ func runHolderChild(c *childConn, spec childSpec) error {
 		return err
 	}
 	defer l.Close()
-	if spec.Elect {
+	if spec.Role == roleLeader {
 		var finish func()
 		err := election.Run(ctx, l, spec.Keys[0], spec.Name, election.Callbacks{}, func(tctx context.Context, ld *election.Leadership) error {
 			finish = holdAndReport(c, spec, ld.Lease(), tctx.Done(), func() error { return context.Cause(tctx) })
@@ -205,12 +206,12 @@ func runHolderChild(c *childConn, spec childSpec) error {
 		}
 		return err
 	}
-	lease, err := l.Acquire(ctx, spec.Keys[0], dlock.WithTTL(spec.TTL))
+	lease, release, err := take(ctx, l, spec.Keys[0], spec.Role, spec.TTL)
 	if err != nil {
 		return err
 	}
 	finish := holdAndReport(c, spec, lease, lease.Done(), lease.Err)
-	err = lease.Release(context.Background())
+	err = release(context.Background())
 	finish()
 	if err != nil && !errors.Is(err, dlock.ErrLeaseLost) && !errors.Is(err, dlock.ErrReleased) {
 		return fmt.Errorf("release: %w", err)

@@ -10,8 +10,9 @@ import (
 // classifies what happened as an Outcome.
 type Fault string
 
-// The faults the suite knows. Link faults (Partition, Disconnect,
-// LeaderPartition) and PauseHolder (LeaderPause) need only
+// The faults the suite knows. Link faults (Partition, Disconnect and the
+// primitive cells that repeat Partition) and PauseHolder (and the cells that
+// repeat it) need only
 // FaultHarness.LinkedDSN; server faults need an
 // Injector in FaultHarness.ServerFaults.
 const (
@@ -40,6 +41,26 @@ const (
 	// LeaderPause is PauseHolder with the holder a leader, as
 	// LeaderPartition is Partition.
 	LeaderPause Fault = "leader-pause"
+
+	// SemaphorePartition is Partition with the holder and the contender
+	// taking the one permit of a semaphore of 1 (package semaphore), fenced
+	// by the permit's token. Without a cell of its own it has Partition's
+	// claim: a permit is a lease on its slot's lock.
+	SemaphorePartition Fault = "semaphore-partition"
+
+	// SemaphorePause is PauseHolder with a permit, as SemaphorePartition is
+	// Partition.
+	SemaphorePause Fault = "semaphore-pause"
+
+	// WriterPartition is Partition with the holder and the contender taking
+	// the write side of a read/write lock (package rwlock), fenced by the
+	// write hold's token. Without a cell of its own it has Partition's
+	// claim: a write hold is the write lock's lease and the read slots'.
+	WriterPartition Fault = "rw-partition"
+
+	// WriterPause is PauseHolder with a write hold, as WriterPartition is
+	// Partition.
+	WriterPause Fault = "rw-pause"
 
 	// Restart kills a server with SIGKILL and restarts it on the same port
 	// and data directory (Redis with appendonly/appendfsync always).

@@ -17,6 +17,8 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/election"
+	"github.com/dlock-go/dlock/rwlock"
+	"github.com/dlock-go/dlock/semaphore"
 )
 
 // FailoverTimer is an optional interface on a FaultHarness whose deployment
@@ -47,39 +49,62 @@ func trials() int {
 
 // faultOrder is the order in which RunFaults runs the known faults; others
 // follow in name order.
-var faultOrder = []Fault{Partition, Disconnect, PauseHolder, LeaderPartition, LeaderPause, Restart, RestartEmpty, Stall, KillLeader, ClockJump}
+var faultOrder = []Fault{Partition, Disconnect, PauseHolder, LeaderPartition, LeaderPause,
+	SemaphorePartition, SemaphorePause, WriterPartition, WriterPause, Restart, RestartEmpty, Stall, KillLeader, ClockJump}
 
-// leaderFaults maps each election fault to the lock fault it repeats with a
-// leader as the holder.
-var leaderFaults = map[Fault]Fault{LeaderPartition: Partition, LeaderPause: PauseHolder}
+// A role is what the holder and the contender of a trial take: a lock, an
+// election's leadership, a semaphore's permit or a read/write lock's write
+// side.
+type role string
 
-// withLeaderCells returns m with the election cells it lacks, each with the
+const (
+	roleLock   role = ""
+	roleLeader role = "leader"
+	rolePermit role = "permit"
+	roleWriter role = "writer"
+)
+
+// primitiveFaults maps each fault that repeats a lock fault with another
+// role to that fault, the role, and why the lock fault's claim holds for it.
+var primitiveFaults = map[Fault]struct {
+	base Fault
+	role role
+	why  string
+}{
+	LeaderPartition:    {Partition, roleLeader, "the leader's term is the election lock's lease, and Run cancels its ctx when it ends"},
+	LeaderPause:        {PauseHolder, roleLeader, "the leader's term is the election lock's lease, and Run cancels its ctx when it ends"},
+	SemaphorePartition: {Partition, rolePermit, "a permit is the lease on its slot's lock, fenced by that lock's token"},
+	SemaphorePause:     {PauseHolder, rolePermit, "a permit is the lease on its slot's lock, fenced by that lock's token"},
+	WriterPartition:    {Partition, roleWriter, "a write hold is the write lock's lease (fenced by its token) and the read slots' leases"},
+	WriterPause:        {PauseHolder, roleWriter, "a write hold is the write lock's lease (fenced by its token) and the read slots' leases"},
+}
+
+// withLeaderCells returns m with the primitive cells it lacks, each with the
 // claim of the lock fault it repeats.
 func withLeaderCells(m Matrix) Matrix {
-	out := make(Matrix, len(m)+len(leaderFaults))
+	out := make(Matrix, len(m)+len(primitiveFaults))
 	for f, e := range m {
 		out[f] = e
 	}
-	for lf, f := range leaderFaults {
-		if e, ok := m[f]; ok {
-			if _, own := m[lf]; !own {
+	for pf, p := range primitiveFaults {
+		if e, ok := m[p.base]; ok {
+			if _, own := m[pf]; !own {
 				if e.Why != "" {
-					e.Why = "as " + string(f) + ", for the leader's term is the election lock's lease, and Run cancels its ctx when it ends: " + e.Why
+					e.Why = "as " + string(p.base) + ", for " + p.why + ": " + e.Why
 				}
-				out[lf] = e
+				out[pf] = e
 			}
 		}
 	}
 	return out
 }
 
-// baseFault returns the lock fault f repeats and whether f is an election
-// fault.
-func baseFault(f Fault) (Fault, bool) {
-	if b, ok := leaderFaults[f]; ok {
-		return b, true
+// baseFault returns the lock fault f repeats and the role of its holder.
+func baseFault(f Fault) (Fault, role) {
+	if p, ok := primitiveFaults[f]; ok {
+		return p.base, p.role
 	}
-	return f, false
+	return f, roleLock
 }
 
 // AllFaults returns the faults the suite knows, in the order RunFaults runs
@@ -103,7 +128,10 @@ func orderedFaults(m Matrix) []Fault {
 }
 
 // isLinkFault reports whether f breaks the holder's Link.
-func isLinkFault(f Fault) bool { return f == Partition || f == Disconnect || f == LeaderPartition }
+func isLinkFault(f Fault) bool {
+	b, _ := baseFault(f)
+	return b == Partition || b == Disconnect
+}
 
 // lasting reports whether f lasts 2×TTL before it is healed. The others
 // (Restart, RestartEmpty, ClockJump) are healed as soon as they are in effect:
@@ -234,12 +262,18 @@ type faultSuite struct {
 	failover time.Duration
 }
 
+// isPause reports whether f is PauseHolder or repeats it.
+func isPause(f Fault) bool {
+	b, _ := baseFault(f)
+	return b == PauseHolder
+}
+
 // missing returns why h cannot take f, or "".
 func (fs *faultSuite) missing(f Fault) string {
 	switch {
 	case isLinkFault(f):
 		return ""
-	case f == PauseHolder || f == LeaderPause:
+	case isPause(f):
 		if !mainCalled {
 			return "the package's TestMain does not call conformance.Main, so the holder cannot run as a child process"
 		}
@@ -371,12 +405,12 @@ func (v *holderView) end(at int64, lost bool, err string) {
 
 // localHolder runs the holder in-process, through dlock.Open(dsn). stop
 // releases its lease, closes its locker and waits for it.
-func (fs *faultSuite) localHolder(t *testing.T, dsn, k string, reg *register, elect bool) (*holderView, func() error) {
+func (fs *faultSuite) localHolder(t *testing.T, dsn, k string, reg *register, r role) (*holderView, func() error) {
 	v := newHolderView()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { // owned by the trial: stop cancels ctx and waits for done
-		if elect {
+		if r == roleLeader {
 			done <- fs.localLeader(ctx, dsn, k, reg, v)
 			return
 		}
@@ -388,7 +422,7 @@ func (fs *faultSuite) localHolder(t *testing.T, dsn, k string, reg *register, el
 				return fmt.Errorf("holder: open %s: %w", dsn, err)
 			}
 			defer l.Close()
-			lease, err := l.Acquire(octx, k, dlock.WithTTL(fs.ttl))
+			lease, release, err := take(octx, l, k, r, fs.ttl)
 			if err != nil {
 				return fmt.Errorf("holder: acquire: %w", err)
 			}
@@ -414,7 +448,7 @@ func (fs *faultSuite) localHolder(t *testing.T, dsn, k string, reg *register, el
 			v.mu.Lock()
 			v.relAt = time.Now().UnixNano()
 			v.mu.Unlock()
-			err = lease.Release(context.Background())
+			err = release(context.Background())
 			<-watched
 			if err != nil && !errors.Is(err, dlock.ErrLeaseLost) && !errors.Is(err, dlock.ErrReleased) {
 				return fmt.Errorf("holder: release: %w", err)
@@ -503,9 +537,9 @@ func localIncrement(reg *register, k string, ref leaseRef, think time.Duration) 
 }
 
 // childHolder runs the holder as a child process (for PauseHolder).
-func (fs *faultSuite) childHolder(t *testing.T, dsn, k string, reg *register, elect bool) (*holderView, *child, func() error) {
+func (fs *faultSuite) childHolder(t *testing.T, dsn, k string, reg *register, r role) (*holderView, *child, func() error) {
 	ch := startChild(t, "holder", childSpec{Name: "holder", DSN: dsn, Keys: []string{k}, TTL: fs.ttl,
-		Think: fs.ttl / 10, Interval: fs.ttl / 20, Elect: elect}, reg)
+		Think: fs.ttl / 10, Interval: fs.ttl / 20, Role: r}, reg)
 	v := newHolderView()
 	viewed := make(chan struct{})
 	go func() { // owned by the child handle: ends when the child's stdout closes
@@ -549,24 +583,24 @@ type contender struct {
 	stop    func() error
 }
 
-func (fs *faultSuite) startContender(t *testing.T, k string, reg *register, bound time.Duration, elect bool) *contender {
+func (fs *faultSuite) startContender(t *testing.T, k string, reg *register, bound time.Duration, r role) *contender {
 	c := &contender{granted: make(chan struct{})}
 	l := fs.h.NewLocker(t)
 	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	done := make(chan error, 1)
-	acquire := func() (*dlock.Lease, error) {
-		if !elect {
-			return l.Acquire(ctx, k, dlock.WithTTL(fs.ttl))
+	acquire := func() (*dlock.Lease, func(context.Context) error, error) {
+		if r != roleLeader {
+			return take(ctx, l, k, r, fs.ttl)
 		}
 		ld, err := election.Campaign(ctx, l, k, "contender", dlock.WithTTL(fs.ttl))
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		return ld.Lease(), nil
+		return ld.Lease(), ld.Resign, nil
 	}
 	go func() { // owned by the trial: stop cancels ctx and waits for done
 		done <- func() error {
-			lease, err := acquire()
+			lease, release, err := acquire()
 			if err != nil {
 				if ctx.Err() != nil {
 					return nil // never granted; the liveness check reports it
@@ -588,7 +622,7 @@ func (fs *faultSuite) startContender(t *testing.T, k string, reg *register, boun
 			// The contender's lease may be lost too: granted by a server that
 			// was stalled since the request, it ends at once (its deadline
 			// counts from the request).
-			if err := lease.Release(context.Background()); err != nil && !errors.Is(err, dlock.ErrLeaseLost) {
+			if err := release(context.Background()); err != nil && !errors.Is(err, dlock.ErrLeaseLost) {
 				return fmt.Errorf("contender: release: %w", err)
 			}
 			return nil
@@ -610,6 +644,42 @@ func (fs *faultSuite) startContender(t *testing.T, k string, reg *register, boun
 	return c
 }
 
+// take acquires k on l in role r (not roleLeader): the lease that stands for
+// the hold (a lock's lease; a permit's, of a semaphore of 1 named k; a write
+// hold's write lock lease, of the read/write lock k) and the release of the
+// whole hold.
+func take(ctx context.Context, l dlock.Locker, k string, r role, ttl time.Duration) (*dlock.Lease, func(context.Context) error, error) {
+	switch r {
+	case rolePermit:
+		sem, err := semaphore.New(l, k, 1, semaphore.WithLeaseOptions(dlock.WithTTL(ttl)), semaphore.WithPollInterval(ttl/10))
+		if err != nil {
+			return nil, nil, err
+		}
+		p, err := sem.Acquire(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		return p.Lease(), p.Release, nil
+	case roleWriter:
+		m, err := rwlock.New(l, k, dlock.WithTTL(ttl))
+		if err != nil {
+			return nil, nil, err
+		}
+		h, err := m.Lock(ctx)
+		if err != nil {
+			return nil, nil, err
+		}
+		return h.Lease(), h.Release, nil
+	case roleLock:
+		lease, err := l.Acquire(ctx, k, dlock.WithTTL(ttl))
+		if err != nil {
+			return nil, nil, err
+		}
+		return lease, lease.Release, nil
+	}
+	return nil, nil, fmt.Errorf("take: role %q has a path of its own", r)
+}
+
 // sleepUntil sleeps until the wall time at: the trial's schedule, not a
 // synchronisation.
 func sleepUntil(at time.Time) { time.Sleep(time.Until(at)) }
@@ -627,11 +697,11 @@ func (fs *faultSuite) trial(t *testing.T, f Fault) trialResult {
 		ch         *child
 		stopHolder func() error
 	)
-	base, elect := baseFault(f)
+	base, r := baseFault(f)
 	if base == PauseHolder {
-		hv, ch, stopHolder = fs.childHolder(t, dsn, k, reg, elect)
+		hv, ch, stopHolder = fs.childHolder(t, dsn, k, reg, r)
 	} else {
-		hv, stopHolder = fs.localHolder(t, dsn, k, reg, elect)
+		hv, stopHolder = fs.localHolder(t, dsn, k, reg, r)
 	}
 	select {
 	case <-hv.granted:
@@ -644,7 +714,7 @@ func (fs *faultSuite) trial(t *testing.T, f Fault) trialResult {
 
 	bound := ttl + fs.failover + livenessSlack
 	faultLen := 2 * ttl
-	c := fs.startContender(t, k, reg, 10*bound+4*faultLen+time.Minute, elect)
+	c := fs.startContender(t, k, reg, 10*bound+4*faultLen+time.Minute, r)
 
 	// Inject at a random phase of the refresh tick (every TTL/3 after the grant).
 	sleepUntil(grantAt.Add(ttl/3 + rand.N(ttl/3)))
