@@ -199,9 +199,17 @@ var backends = []backend{
 		"One PostgreSQL server, fsync on. `dlock-seq` is dlock with `tokens=sequence` (its own table). `pg-advisory` is `pg_advisory_lock` / `pg_advisory_unlock` on one pgx connection per client; the floor is `pg_try_advisory_lock` / `pg_advisory_unlock`. Server requests: statements, from `pg_stat_statements`."},
 	{"MySQL (MariaDB)", "MySQL", "mysql", []string{"get-lock", "get-lock-1s", "shedlock"}, "floor",
 		"One MariaDB server, innodb_flush_log_at_trx_commit=1 (a log flush per commit). `dlock` is `mysql://` (GET_LOCK on a pinned session, the token a committed counter); `dlock-table` is the table lock `mysqltable://` (waiters poll). `get-lock` is `GET_LOCK(name, 30)` / `RELEASE_LOCK` on one session per client; `get-lock-1s` waits in a bounded loop instead (`GET_LOCK(name, 1)` asked again, ctx looked at between asks — the alternative to dlock's `KILL QUERY` for cancelling a wait: the same hand-off, since the server wakes a waiting `GET_LOCK` on release either way, but a cancel takes effect only at the end of the current ask, up to 1s); `shedlock` is ShedLock's statements with the database's time (a conditional `UPDATE` of `lock_until` to lock, one to unlock; it cannot wait, so its waiters retry every 10ms); the floor is `GET_LOCK(name, 0)` / `RELEASE_LOCK`. Server requests: the status variable `Questions` (statements from clients)."},
+	{"Semaphore and read/write lock: Redis", "Primitives/Redis", "", nil, "floor", primitivesNote},
+	{"Semaphore and read/write lock: etcd", "Primitives/Etcd", "", []string{"recipes-rw-read", "recipes-rw-write"}, "floor", primitivesNote + " `recipes-rw-read`/`recipes-rw-write` are etcd's `experimental/recipes` RWMutex (RLock/RUnlock, Lock/Unlock) on one session per client: the only Go peer of either primitive on these backends."},
+	{"Semaphore and read/write lock: ZooKeeper", "Primitives/ZooKeeper", "", nil, "floor", primitivesNote},
+	{"Semaphore and read/write lock: PostgreSQL", "Primitives/Postgres", "", nil, "floor", primitivesNote},
+	{"Semaphore and read/write lock: MySQL (MariaDB)", "Primitives/MySQL", "", nil, "floor", primitivesNote},
 	{"Observability overhead (Redis)", "Observe", "", nil, "dlock",
 		"One redis-server; dlock with no observer (`dlock`, here the floor; `dlock-again` is a second one, an A/A control: its ratio to `dlock` is the noise), and with `dlockotel` over the OpenTelemetry API's no-op providers (`otel-noop`), over the SDK's MeterProvider (manual reader) with a no-op tracer (`otel-metrics`), and over the SDK's MeterProvider and TracerProvider (every span sampled, no exporter: `otel-sdk`). Server requests: as for Redis."},
 }
+
+// primitivesNote says what BenchmarkPrimitives compares.
+const primitivesNote = "Packages `semaphore` and `rwlock` on the backend's dlock driver, interleaved with a lock (`dlock`, the reference of the *vs dlock* column) and the backend's floor (as in its own table). `semaphore`: a permit of a semaphore of 4 (a try on a random slot, then the size check: one `dlock.List` of the slots); `semaphore-unchecked`: the same with `WithSizeCheck(false)`; `rw-read`: a read hold (take the write lock, take a read slot, give the write lock back); `rw-write`: a write hold (the write lock and all 16 read slots, then 17 releases). See docs/primitives.md."
 
 func write(w *strings.Builder, r *results, meta [][2]string, cmd, raw string) {
 	fmt.Fprintf(w, "# Benchmarks\n\n")
