@@ -90,6 +90,7 @@ type msg struct {
 	ID       uint64      `json:"id,omitempty"`
 	Lease    string      `json:"lease,omitempty"`
 	Key      string      `json:"key,omitempty"`
+	Lock     string      `json:"lk,omitempty"` // soak "grant": the lock key of the hold, where it is not Key (a permit's slot, a write hold's write lock)
 	Token    dlock.Token `json:"tok,omitempty"`
 	At       int64       `json:"at,omitempty"`
 	Granted  int64       `json:"gat,omitempty"`
@@ -168,8 +169,8 @@ func wallDeadline(l *dlock.Lease) int64 {
 
 // increment runs one fenced increment of lease's key through the parent's
 // register: read, think, write. It reports whether both were accepted.
-func increment(c *childConn, lease *dlock.Lease, label string, granted int64, think time.Duration) bool {
-	base := msg{T: "op", Lease: label, Key: lease.Key(), Token: lease.Token(), Granted: granted}
+func increment(c *childConn, key string, lease *dlock.Lease, label string, granted int64, think time.Duration) bool {
+	base := msg{T: "op", Lease: label, Key: key, Token: lease.Token(), Granted: granted}
 	r, ok := c.call(base)
 	if !ok || !r.OK {
 		return false
@@ -262,7 +263,7 @@ func holdAndReport(c *childConn, spec childSpec, lease *dlock.Lease, ended <-cha
 		select {
 		case <-c.stopped:
 		default:
-			increment(c, lease, label, granted, spec.Think)
+			increment(c, spec.Keys[0], lease, label, granted, spec.Think)
 			time.Sleep(spec.Interval) // pacing between increments
 			continue
 		}
@@ -300,6 +301,14 @@ func runSoakChild(c *childConn, spec childSpec) error {
 	return errors.Join(all...)
 }
 
+// soakRoles is what the soak's handles take of each key, by the key's
+// index: a lock, a permit of a semaphore of 1, a read/write lock's write
+// side. The overlap check and the register see the lease that stands for
+// the hold (see take); both are keyed by the name the handle asked for (the
+// semaphore's, the read/write lock's), so two holds of one name at once are
+// an overlap whatever locks they are on.
+var soakRoles = []role{roleLock, rolePermit, roleWriter}
+
 func soakLocker(c *childConn, spec childSpec, g int) error {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -322,9 +331,9 @@ func soakLocker(c *childConn, spec childSpec, g int) error {
 	defer l.Close()
 	for seq := 0; ctx.Err() == nil; seq++ {
 		next := time.Now().Add(spec.Interval)
-		key := spec.Keys[rand.IntN(len(spec.Keys))]
+		i := rand.IntN(len(spec.Keys))
 		actx, acancel := context.WithTimeout(ctx, 4*spec.TTL)
-		lease, err := l.Acquire(actx, key, dlock.WithTTL(spec.TTL))
+		lease, release, err := take(actx, l, spec.Keys[i], soakRoles[i%len(soakRoles)], spec.TTL)
 		acancel()
 		if err == nil {
 			label := spec.Name + ".g" + strconv.Itoa(g) + "#" + strconv.Itoa(seq)
@@ -332,7 +341,7 @@ func soakLocker(c *childConn, spec childSpec, g int) error {
 			// At is when Acquire returned; Granted when the winning request
 			// was sent (Lease.Granted), for the overlap check after a lost
 			// lease (see soakLease.sent).
-			c.send(msg{T: "grant", Lease: label, Key: key, Token: lease.Token(), At: granted, Granted: lease.Granted().UnixNano(), Deadline: wallDeadline(lease)})
+			c.send(msg{T: "grant", Lease: label, Key: spec.Keys[i], Lock: lease.Key(), Token: lease.Token(), At: granted, Granted: lease.Granted().UnixNano(), Deadline: wallDeadline(lease)})
 			var doneAt atomic.Int64
 			watched := make(chan struct{})
 			go func() { // owned by this iteration: ends with the lease
@@ -341,7 +350,7 @@ func soakLocker(c *childConn, spec childSpec, g int) error {
 				doneAt.Store(time.Now().UnixNano())
 			}()
 			for n := 1 + rand.IntN(3); n > 0 && lease.Err() == nil && ctx.Err() == nil; n-- {
-				increment(c, lease, label, granted, spec.Think)
+				increment(c, spec.Keys[i], lease, label, granted, spec.Think)
 			}
 			// The parent counts the lease as this holder's until the earliest
 			// of: Done closed, Release called, and — if it was lost — its
@@ -349,7 +358,7 @@ func soakLocker(c *childConn, spec childSpec, g int) error {
 			// Deadline no longer moves, so the one read now is the last one
 			// in effect, however late (a pause) this report is sent.
 			relAt := time.Now().UnixNano()
-			_ = lease.Release(context.Background())
+			_ = release(context.Background())
 			<-watched
 			end := msg{T: "end", Lease: label, At: doneAt.Load(), Released: relAt, Deadline: wallDeadline(lease), Err: fmt.Sprint(lease.Err())}
 			end.Lost = errors.Is(lease.Err(), dlock.ErrLeaseLost)

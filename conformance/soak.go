@@ -90,6 +90,7 @@ func (o SoakOptions) withDefaults() SoakOptions {
 type soakLease struct {
 	label    string
 	key      string
+	lock     string // the lock key, where it is not key (a permit's slot, a write hold's write lock)
 	token    dlock.Token
 	grant    int64 // when the holder's Acquire returned
 	sent     int64 // when its winning request was sent (Lease.Granted); 0: unknown
@@ -214,7 +215,9 @@ func (o soakOverlap) String() string {
 // Soak runs o.Processes child processes (the test binary re-executed; the
 // package's TestMain must call Main) with o.Goroutines lock handles each, each
 // reaching the deployment through its process's LinkedDSN. Every handle loops:
-// acquire a random one of o.Keys keys (short TTL, auto-renew), make one to
+// acquire a random one of o.Keys keys (short TTL, auto-renew; the first key
+// as a lock, the second as the one permit of a semaphore of 1, the third as
+// the write side of a read/write lock, and so on in turn), make one to
 // three fenced increments of that key's counter in the test process's fenced
 // register, release, at most once per o.Interval. Every o.FaultEvery the test
 // injects a random fault of o.Faults — a link fault on one child's Link, a
@@ -281,7 +284,7 @@ func Soak(t *testing.T, h FaultHarness, o SoakOptions) {
 				mu.Lock()
 				switch m.T {
 				case "grant":
-					leases[m.Lease] = &soakLease{label: m.Lease, key: m.Key, token: m.Token, grant: m.At, sent: m.Granted, deadline: m.Deadline}
+					leases[m.Lease] = &soakLease{label: m.Lease, key: m.Key, lock: m.Lock, token: m.Token, grant: m.At, sent: m.Granted, deadline: m.Deadline}
 					select {
 					case grantCh <- struct{}{}:
 					default:
@@ -437,7 +440,11 @@ func heldKey(mu *sync.Mutex, leases map[string]*soakLease, keys []string) string
 	defer mu.Unlock()
 	var held []string
 	for _, l := range leases {
-		if !l.ended {
+		switch {
+		case l.ended:
+		case l.lock != "":
+			held = append(held, l.lock) // a server fault hits the lock itself
+		default:
 			held = append(held, l.key)
 		}
 	}
