@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/semaphore"
 )
 
 const runUsage = `Usage: dlock run [flags] KEY -- COMMAND [ARG...]
@@ -48,6 +49,12 @@ Flags:
   --wait D       give up after waiting D for the lock (default: wait as long
                  as it takes)
   --no-wait      give up at once if the lock is held
+  --permits N    run while holding one of N permits of the semaphore KEY
+                 instead of the lock KEY, as 'consul lock -n N' does: at most N
+                 commands run at once (package semaphore). $DLOCK_KEY is then
+                 the permit's slot (KEY/permits/I), whose token $DLOCK_TOKEN
+                 is; every caller must use the same N, or the later one is
+                 refused (exit 64)
   --grace D      after the lease is lost, the time from SIGTERM to SIGKILL
                  (default 10s; 0 sends SIGKILL at once)
   -v, --verbose  report the token, acquire and release, and the driver's
@@ -79,6 +86,7 @@ Examples:
   dlock run nightly-report -- ./report.sh --full
   dlock run --no-wait backup -- sh -c 'pg_dump app > /backup/app.sql'
   dlock run --wait 5m --ttl 1m migrate -- ./migrate up
+  dlock run --permits 4 gpu -- ./train.sh
   dlock run --dsn etcd://10.0.0.1:2379/locks deploy -- sh -c 'deploy --fence "$DLOCK_TOKEN"'
 `
 
@@ -99,6 +107,7 @@ type runOptions struct {
 	lockOpt []dlock.Option // --ttl
 	wait    time.Duration  // 0: as long as it takes
 	noWait  bool
+	permits int // run: > 0 holds a permit of a semaphore of this many instead of the lock
 	grace   time.Duration
 	verbose bool
 	logJSON bool // --log-format json
@@ -109,6 +118,9 @@ type runOptions struct {
 func (o *runOptions) what() string {
 	if o.cmd == "elect" {
 		return fmt.Sprintf("the leadership of election %q", o.key)
+	}
+	if o.permits > 0 {
+		return fmt.Sprintf("a permit of the semaphore %q (%d permits)", o.key, o.permits)
 	}
 	return fmt.Sprintf("the lock %q", o.key)
 }
@@ -138,6 +150,9 @@ func parseRunArgs(cmd string, args []string, stdout, stderr io.Writer) (o runOpt
 	ttl := fs.Duration("ttl", 0, "")
 	fs.DurationVar(&o.wait, "wait", 0, "")
 	fs.BoolVar(&o.noWait, "no-wait", false, "")
+	if cmd == "run" {
+		fs.IntVar(&o.permits, "permits", 0, "")
+	}
 	fs.DurationVar(&o.grace, "grace", defaultGrace, "")
 	fs.BoolVar(&o.verbose, "v", false, "")
 	fs.BoolVar(&o.verbose, "verbose", false, "")
@@ -176,6 +191,8 @@ func parseRunArgs(cmd string, args []string, stdout, stderr io.Writer) (o runOpt
 		return o, usageError(stderr, cmd, "--ttl must be a positive duration such as 30s"), false
 	case o.grace < 0:
 		return o, usageError(stderr, cmd, "--grace must not be negative"), false
+	case set["permits"] && (o.permits < 1 || o.permits > semaphore.MaxPermits):
+		return o, usageError(stderr, cmd, "--permits must be 1..%d, got %d", semaphore.MaxPermits, o.permits), false
 	case *logFormat != "text" && *logFormat != "json":
 		return o, usageError(stderr, cmd, "--log-format must be text or json, got %q", *logFormat), false
 	}
@@ -301,16 +318,10 @@ func (o *runOptions) acquire(ctx context.Context, locker dlock.Locker, logf func
 		defer cancel()
 	}
 	start := time.Now()
-	var lease *dlock.Lease
-	var err error
-	if o.noWait {
-		lease, err = locker.TryAcquire(actx, o.key, o.lockOpt...)
-	} else {
-		lease, err = locker.Acquire(actx, o.key, o.lockOpt...)
-	}
+	lease, err := o.take(actx, locker)
 	if err == nil {
 		if o.verbose {
-			logf("acquired %q with token %d after %s", o.key, lease.Token(), formatDuration(time.Since(start)))
+			logf("acquired %q with token %d after %s", lease.Key(), lease.Token(), formatDuration(time.Since(start)))
 		}
 		return lease, exitOK
 	}
@@ -323,8 +334,14 @@ func (o *runOptions) acquire(ctx context.Context, locker dlock.Locker, logf func
 	}
 	if errors.Is(err, dlock.ErrNotAcquired) {
 		switch {
+		case o.noWait && o.permits > 0:
+			logf("all %d permits of the semaphore %q are held (--no-wait)", o.permits, o.key)
+			return nil, exitBusy
 		case o.noWait:
 			logf("%s is held by another owner (--no-wait)", o.what())
+			return nil, exitBusy
+		case errors.Is(err, context.DeadlineExceeded) && o.permits > 0:
+			logf("all %d permits of the semaphore %q are still held after waiting %v (--wait)", o.permits, o.key, o.wait)
 			return nil, exitBusy
 		case errors.Is(err, context.DeadlineExceeded):
 			logf("%s is still held by another owner after waiting %v (--wait)", o.what(), o.wait)
@@ -332,7 +349,35 @@ func (o *runOptions) acquire(ctx context.Context, locker dlock.Locker, logf func
 		}
 	}
 	logf("cannot take %s %s", o.what(), causeText(err))
+	if errors.Is(err, semaphore.ErrSizeMismatch) {
+		return nil, exitUsage
+	}
 	return nil, exitFor(err)
+}
+
+// take acquires the lock KEY, or with --permits a permit of the semaphore
+// KEY, waiting or not as the flags say; a permit is the lease on its slot.
+func (o *runOptions) take(ctx context.Context, locker dlock.Locker) (*dlock.Lease, error) {
+	if o.permits == 0 {
+		if o.noWait {
+			return locker.TryAcquire(ctx, o.key, o.lockOpt...)
+		}
+		return locker.Acquire(ctx, o.key, o.lockOpt...)
+	}
+	sem, err := semaphore.New(locker, o.key, o.permits, semaphore.WithLeaseOptions(o.lockOpt...))
+	if err != nil {
+		return nil, err
+	}
+	var p *semaphore.Permit
+	if o.noWait {
+		p, err = sem.TryAcquire(ctx)
+	} else {
+		p, err = sem.Acquire(ctx)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return p.Lease(), nil
 }
 
 // supervise runs the command while lease is held, and returns dlock's exit
@@ -341,7 +386,7 @@ func (o *runOptions) supervise(lease *dlock.Lease, path string, sigs <-chan os.S
 	cmd := exec.Command(path, o.command[1:]...)
 	cmd.Args[0] = o.command[0]
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
-	cmd.Env = childEnv(os.Environ(), o.key, lease.Token())
+	cmd.Env = childEnv(os.Environ(), lease.Key(), lease.Token())
 	if o.cmd == "elect" {
 		cmd.Env = append(slices.DeleteFunc(cmd.Env, func(kv string) bool { return strings.HasPrefix(kv, "DLOCK_VALUE=") }),
 			"DLOCK_VALUE="+o.value)
@@ -398,7 +443,7 @@ loop:
 	switch err := lease.Release(ctx); {
 	case err == nil:
 		if o.verbose {
-			logf("released %q", o.key)
+			logf("released %q", lease.Key())
 		}
 	case errors.Is(err, dlock.ErrLeaseLost):
 		logf("%s was lost before the command finished %s", o.what(), causeText(err))
