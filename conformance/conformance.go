@@ -86,6 +86,7 @@ func Run(t *testing.T, h Harness) {
 		{"SemaphoreCancel", s.testSemaphoreCancel},
 		{"SemaphoreSize", s.testSemaphoreSize},
 		{"SemaphoreFenced", s.testSemaphoreFenced},
+		{"SemaphoreMany", s.testSemaphoreMany},
 		{"RWExclusion", s.testRWExclusion},
 		{"RWWriterNotStarved", s.testRWWriterNotStarved},
 		{"RWHolderVanishes", s.testRWHolderVanishes},

@@ -341,3 +341,105 @@ func (s *suite) testSemaphoreFenced(t *testing.T) {
 		t.Errorf("Release of the expired permit: %v, want ErrLeaseLost", err)
 	}
 }
+
+// testSemaphoreMany: AcquireN takes k permits or none. A try that finds too
+// few free takes nothing; a waiter at the head of the queue keeps what it
+// gathers (so a single permit freed goes to it, not to a later try) and
+// completes when enough are free; one cancelled mid-gathering gives back
+// what it held; k outside 1..n is refused.
+func (s *suite) testSemaphoreMany(t *testing.T) {
+	ctx := s.ctx(t)
+	name := key(t)
+	a := s.semaphore(t, s.locker(t), name, 3)
+	b := s.semaphore(t, s.locker(t), name, 3)
+	c := s.semaphore(t, s.locker(t), name, 3)
+	for _, k := range []int{0, 4} {
+		if _, err := a.AcquireN(ctx, k); !errors.Is(err, dlock.ErrInvalidOption) {
+			t.Errorf("AcquireN(%d) of 3: %v, want ErrInvalidOption", k, err)
+		}
+	}
+	two, err := a.AcquireN(ctx, 2)
+	if err != nil || len(two) != 2 || two[0].Slot() == two[1].Slot() {
+		t.Fatalf("AcquireN(2): %v, %v", two, err)
+	}
+	if _, err := b.TryAcquireN(ctx, 2); !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatalf("TryAcquireN(2) with one free: %v, want ErrNotAcquired", err)
+	}
+	last, err := c.TryAcquire(ctx) // the try above took nothing
+	if err != nil {
+		t.Fatalf("TryAcquire of the one free permit after a failed TryAcquireN: %v", err)
+	}
+
+	got := make(chan []*semaphore.Permit, 1)
+	go func() {
+		ps, err := b.AcquireN(ctx, 2)
+		if err != nil {
+			t.Errorf("AcquireN(2): %v", err)
+		}
+		got <- ps
+	}()
+	s.waitQueued(t, ctx, name)
+	mustRelease(t, two[0].Lease())
+	// The freed permit goes to the waiter, which keeps it while it waits.
+	probe := s.semaphore(t, s.locker(t), name, 3)
+	for end := time.Now().Add(s.waitBound()); ; {
+		p, err := probe.TryAcquire(ctx)
+		if errors.Is(err, dlock.ErrNotAcquired) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustRelease(t, p.Lease()) // the waiter had not taken it yet
+		if time.Now().After(end) {
+			t.Fatal("the waiter at the head of the queue never took the freed permit")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// It keeps it: the same grant a while later.
+	inspect := func() dlock.LockInfo {
+		in, err := dlock.Inspect(ctx, probe.Locker(), two[0].Key())
+		if err != nil && !errors.Is(err, errors.ErrUnsupported) {
+			t.Fatal(err)
+		}
+		return in
+	}
+	before := inspect()
+	time.Sleep(10 * s.ttl / 10)
+	if after := inspect(); before.Token != after.Token || before.Held != after.Held {
+		t.Errorf("the waiter did not keep the permit it gathered: held %v token %v, then held %v token %v", before.Held, before.Token, after.Held, after.Token)
+	}
+	mustRelease(t, last.Lease())
+	var ps []*semaphore.Permit
+	select {
+	case ps = <-got:
+	case <-time.After(s.waitBound()):
+		t.Fatal("AcquireN(2) not granted once two permits were free")
+	}
+	if len(ps) != 2 || ps[0].Slot() == ps[1].Slot() {
+		t.Fatalf("AcquireN(2) gave %d permits", len(ps))
+	}
+
+	// Cancelled while holding part of what it asked for: gives it back.
+	mustRelease(t, ps[0].Lease())
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.AcquireN(wctx, 3)
+		done <- err
+	}()
+	s.waitQueued(t, ctx, name)
+	cancel()
+	if err := <-done; !errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled AcquireN(3): %v, want ErrNotAcquired and context.Canceled", err)
+	}
+	mustRelease(t, ps[1].Lease())
+	mustRelease(t, two[1].Lease())
+	all, err := probe.TryAcquireN(ctx, 3)
+	if err != nil {
+		t.Fatalf("TryAcquireN(3) once everyone left: %v", err)
+	}
+	for _, p := range all {
+		mustRelease(t, p.Lease())
+	}
+}

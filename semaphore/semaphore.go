@@ -144,6 +144,9 @@ func CheckName(name string) error {
 	return nil
 }
 
+// Locker returns the Locker the semaphore is on.
+func (s *Semaphore) Locker() dlock.Locker { return s.l }
+
 // Name returns the semaphore's name.
 func (s *Semaphore) Name() string { return s.name }
 
@@ -208,33 +211,73 @@ func (p *Permit) Release(ctx context.Context) error {
 // returns the first permit granted. If every slot is held it returns an
 // error matching dlock.ErrNotAcquired.
 func (s *Semaphore) TryAcquire(ctx context.Context) (*Permit, error) {
-	p, err := s.tryAll(ctx, nil)
+	ps, err := s.TryAcquireN(ctx, 1)
 	if err != nil {
-		return nil, fmt.Errorf("semaphore %q: try-acquire: %w", s.name, err)
+		return nil, err
 	}
-	if p == nil {
-		return nil, fmt.Errorf("semaphore %q: try-acquire: %w: all %d permits are held", s.name, dlock.ErrNotAcquired, s.n)
-	}
-	return p, nil
+	return ps[0], nil
 }
 
 // Acquire waits until a permit is granted or ctx ends; then the error
 // matches dlock.ErrNotAcquired and ctx's error, and nothing is left behind.
 // ctx bounds the wait only, never the permit's life.
 func (s *Semaphore) Acquire(ctx context.Context) (*Permit, error) {
-	p, err := s.acquire(ctx)
+	ps, err := s.AcquireN(ctx, 1)
+	if err != nil {
+		return nil, err
+	}
+	return ps[0], nil
+}
+
+// TryAcquireN takes k permits (1 ≤ k ≤ n) at once or none: one attempt at
+// each slot; if fewer than k are free, it gives back what it took and
+// returns an error matching dlock.ErrNotAcquired.
+func (s *Semaphore) TryAcquireN(ctx context.Context, k int) ([]*Permit, error) {
+	ps, err := s.acquire(ctx, k, false)
+	if err == nil && ps == nil {
+		err = fmt.Errorf("%w: fewer than %d of the %d permits are free", dlock.ErrNotAcquired, k, s.n)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("semaphore %q: try-acquire: %w", s.name, err)
+	}
+	return ps, nil
+}
+
+// AcquireN waits until it holds k permits (1 ≤ k ≤ n), in slot order, or
+// ctx ends (the error then matches dlock.ErrNotAcquired and ctx's error,
+// and it gives back what it took). Only the waiter at the head of the queue
+// keeps the permits it gathers while it waits for the rest, so two callers
+// of AcquireN never hold part of what the other needs.
+func (s *Semaphore) AcquireN(ctx context.Context, k int) ([]*Permit, error) {
+	ps, err := s.acquire(ctx, k, true)
 	if err != nil {
 		return nil, fmt.Errorf("semaphore %q: acquire: %w", s.name, err)
 	}
-	return p, nil
+	return ps, nil
 }
 
-func (s *Semaphore) acquire(ctx context.Context) (*Permit, error) {
-	if p, err := s.tryAll(ctx, nil); p != nil || err != nil {
-		return p, err
+// acquire takes k permits; without wait it returns (nil, nil) if fewer are
+// free.
+func (s *Semaphore) acquire(ctx context.Context, k int, wait bool) (ps []*Permit, err error) {
+	if k < 1 || k > s.n {
+		return nil, fmt.Errorf("%w: asked for %d permits of %d", dlock.ErrInvalidOption, k, s.n)
 	}
-	// Every slot is held: queue. The queue's lock admits one waiter at a
-	// time to watch the slots; the others wait in the backend's order.
+	held := map[int]*dlock.Lease{}
+	defer func() {
+		if ps == nil {
+			s.giveBack(ctx, held)
+		}
+	}()
+	if err := s.tryMore(ctx, held, k, nil); err != nil || len(held) == k {
+		return s.complete(ctx, held, err)
+	}
+	if !wait {
+		return nil, nil
+	}
+	// Not enough free: give back what the first try took, and queue. The
+	// queue's lock admits one waiter at a time to watch the slots (and keep
+	// what it gathers); the others wait in the backend's order.
+	s.giveBack(ctx, held)
 	q, err := s.l.Acquire(ctx, s.queueKey(), s.cfg.lease...)
 	if err != nil {
 		return nil, err
@@ -267,15 +310,17 @@ func (s *Semaphore) acquire(ctx context.Context) (*Permit, error) {
 	defer tick.Stop()
 	var first *int
 	for next := rand.IntN(s.n); ; next = (next + 1) % s.n {
-		p, err := s.tryAll(ctx, first)
-		if p != nil || err != nil {
-			return p, err
+		if err := s.tryMore(ctx, held, k, first); err != nil || len(held) == k {
+			return s.complete(ctx, held, err)
 		}
 		if !watched {
-			// Wait on one slot, in the backend's own way, for at most an
-			// interval; then read all slots again and wait on the next.
-			if p, err := s.waitOn(ctx, next); p != nil || err != nil {
-				return p, err
+			// Wait on one slot not held yet, in the backend's own way, for
+			// at most an interval; then read all slots again.
+			for held[next] != nil {
+				next = (next + 1) % s.n
+			}
+			if err := s.waitOn(ctx, held, next); err != nil {
+				return nil, err
 			}
 			continue
 		}
@@ -290,20 +335,22 @@ func (s *Semaphore) acquire(ctx context.Context) (*Permit, error) {
 	}
 }
 
-// waitOn waits up to the poll interval for slot i.
-func (s *Semaphore) waitOn(ctx context.Context, i int) (*Permit, error) {
+// waitOn waits up to the poll interval for slot i, and adds it to held if
+// granted.
+func (s *Semaphore) waitOn(ctx context.Context, held map[int]*dlock.Lease, i int) error {
 	wctx, cancel := context.WithTimeout(ctx, s.cfg.poll)
 	defer cancel()
 	lease, err := s.l.Acquire(wctx, s.SlotKey(i), s.leaseOpts()...)
 	switch {
 	case err == nil:
-		return s.granted(ctx, i, lease)
+		held[i] = lease
+		return nil
 	case ctx.Err() != nil:
-		return nil, notAcquired(ctx)
+		return notAcquired(ctx)
 	case errors.Is(err, dlock.ErrNotAcquired):
-		return nil, nil
+		return nil
 	default:
-		return nil, err
+		return err
 	}
 }
 
@@ -311,38 +358,61 @@ func notAcquired(ctx context.Context) error {
 	return fmt.Errorf("%w: %w", dlock.ErrNotAcquired, context.Cause(ctx))
 }
 
-// tryAll tries every slot once, from first (or a random slot) on. It
-// returns (nil, nil) if all are held.
-func (s *Semaphore) tryAll(ctx context.Context, first *int) (*Permit, error) {
+// tryMore tries every slot not in held once, from first (or a random slot)
+// on, until held has k.
+func (s *Semaphore) tryMore(ctx context.Context, held map[int]*dlock.Lease, k int, first *int) error {
 	start := rand.IntN(s.n)
 	if first != nil {
 		start = *first
 	}
 	opts := s.leaseOpts()
-	for j := range s.n {
+	for j := 0; j < s.n && len(held) < k; j++ {
 		i := (start + j) % s.n
+		if held[i] != nil {
+			continue
+		}
 		lease, err := s.l.TryAcquire(ctx, s.SlotKey(i), opts...)
 		if err != nil {
 			if errors.Is(err, dlock.ErrNotAcquired) && ctx.Err() == nil {
 				continue
 			}
-			return nil, err
+			return err
 		}
-		return s.granted(ctx, i, lease)
+		held[i] = lease
 	}
-	return nil, nil
+	return nil
 }
 
-// granted makes lease on slot i a permit, once the size check passed; else
-// it gives the lease back.
-func (s *Semaphore) granted(ctx context.Context, i int, lease *dlock.Lease) (*Permit, error) {
-	if err := s.checkSize(ctx); err != nil {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		_ = lease.Release(rctx)
-		cancel()
+// complete makes the leases in held permits, once the size check passed
+// (the caller gives them back on an error).
+func (s *Semaphore) complete(ctx context.Context, held map[int]*dlock.Lease, err error) ([]*Permit, error) {
+	if err == nil {
+		err = s.checkSize(ctx)
+	}
+	if err != nil {
 		return nil, err
 	}
-	return &Permit{sem: s, slot: i, lease: lease}, nil
+	ps := make([]*Permit, 0, len(held))
+	for i := range s.n {
+		if lease := held[i]; lease != nil {
+			ps = append(ps, &Permit{sem: s, slot: i, lease: lease})
+		}
+	}
+	return ps, nil
+}
+
+// giveBack releases every lease in held, whatever ctx has become, and
+// empties it.
+func (s *Semaphore) giveBack(ctx context.Context, held map[int]*dlock.Lease) {
+	if len(held) == 0 {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	for i, lease := range held {
+		_ = lease.Release(rctx)
+		delete(held, i)
+	}
 }
 
 // checkSize reads the held slots and refuses the grant if a holder uses
