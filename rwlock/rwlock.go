@@ -124,6 +124,20 @@ func (h *Hold) Token() dlock.Token { return h.token }
 // was sent (for a write, the last read slot's; for a read, its slot's).
 func (h *Hold) Granted() time.Time { return h.granted }
 
+// Deadline returns the earliest deadline of the hold's leases: the hold is
+// lost by then unless they are renewed.
+func (h *Hold) Deadline() time.Time {
+	d := h.lease.Deadline()
+	if h.slots != nil {
+		for _, l := range h.slots.Leases() {
+			if ld := l.Deadline(); ld.Before(d) {
+				d = ld
+			}
+		}
+	}
+	return d
+}
+
 // Lease returns the hold's main lease: the write lock's for a write, the
 // read slot's for a read.
 func (h *Hold) Lease() *dlock.Lease { return h.lease }
