@@ -118,46 +118,56 @@ func floorOf(tb testing.TB, impls []impl) impl {
 // with a lock cycle and the backend's floor, on each backend; on etcd also
 // the recipes RWMutex (the only Go peer of either on these backends).
 func BenchmarkPrimitives(b *testing.B) {
-	b.Run("Redis", func(b *testing.B) {
-		e := startRedisEnv(b)
-		impls := primitiveImpls(e.single.URL(), floorOf(b, e.impls))
-		b.Run("Uncontended", func(b *testing.B) { reportUncontended(b, runUncontended(b, impls, b.N)) })
-	})
-	b.Run("Etcd", func(b *testing.B) {
-		e := startEtcdEnv(b)
-		impls := primitiveImpls(e.srv.URL()+"/dlock", floorOf(b, e.impls))
-		ep := e.srv.Endpoint()
-		for _, write := range []bool{false, true} {
-			name := "recipes-rw-read"
-			if write {
-				name = "recipes-rw-write"
-			}
-			impls = append(impls, impl{name: name, canWait: true, reqs: e.reqs, newLocker: func(tb testing.TB) locker {
-				s, err := concurrency.NewSession(newEtcdClient(tb, ep), concurrency.WithTTL(int(benchTTL.Seconds())))
-				if err != nil {
-					tb.Fatal(err)
-				}
-				tb.Cleanup(func() { _ = s.Close() })
-				return recipeRW{s, write}
-			}})
+	backends := []struct {
+		name string
+		// impls starts the backend and returns what runs on it.
+		impls func(tb testing.TB) []impl
+	}{
+		{"Redis", func(tb testing.TB) []impl {
+			e := startRedisEnv(tb)
+			return primitiveImpls(e.single.URL(), floorOf(tb, e.impls))
+		}},
+		{"Etcd", func(tb testing.TB) []impl {
+			e := startEtcdEnv(tb)
+			impls := primitiveImpls(e.srv.URL()+"/dlock", floorOf(tb, e.impls))
+			return append(impls, recipeImpl(e, false), recipeImpl(e, true))
+		}},
+		{"ZooKeeper", func(tb testing.TB) []impl {
+			e := startZooKeeperEnv(tb)
+			return primitiveImpls(e.srv.URL("/dlock")+"?session=10s", floorOf(tb, e.impls))
+		}},
+		{"Postgres", func(tb testing.TB) []impl {
+			e := startPostgresEnv(tb)
+			return primitiveImpls(e.srv.URL(), floorOf(tb, e.impls))
+		}},
+		{"MySQL", func(tb testing.TB) []impl {
+			e := startMySQLEnv(tb)
+			return primitiveImpls(e.srv.URL("mysql"), floorOf(tb, e.impls))
+		}},
+	}
+	for _, be := range backends {
+		b.Run(be.name, func(b *testing.B) {
+			impls := be.impls(b)
+			b.Run("Uncontended", func(b *testing.B) { reportUncontended(b, runUncontended(b, impls, b.N)) })
+		})
+	}
+}
+
+// recipeImpl is etcd's recipes RWMutex, reading or writing, on a session
+// per client.
+func recipeImpl(e *etcdEnv, write bool) impl {
+	name := "recipes-rw-read"
+	if write {
+		name = "recipes-rw-write"
+	}
+	return impl{name: name, canWait: true, reqs: e.reqs, newLocker: func(tb testing.TB) locker {
+		s, err := concurrency.NewSession(newEtcdClient(tb, e.srv.Endpoint()), concurrency.WithTTL(int(benchTTL.Seconds())))
+		if err != nil {
+			tb.Fatal(err)
 		}
-		b.Run("Uncontended", func(b *testing.B) { reportUncontended(b, runUncontended(b, impls, b.N)) })
-	})
-	b.Run("ZooKeeper", func(b *testing.B) {
-		e := startZooKeeperEnv(b)
-		impls := primitiveImpls(e.srv.URL("/dlock")+"?session=10s", floorOf(b, e.impls))
-		b.Run("Uncontended", func(b *testing.B) { reportUncontended(b, runUncontended(b, impls, b.N)) })
-	})
-	b.Run("Postgres", func(b *testing.B) {
-		e := startPostgresEnv(b)
-		impls := primitiveImpls(e.srv.URL(), floorOf(b, e.impls))
-		b.Run("Uncontended", func(b *testing.B) { reportUncontended(b, runUncontended(b, impls, b.N)) })
-	})
-	b.Run("MySQL", func(b *testing.B) {
-		e := startMySQLEnv(b)
-		impls := primitiveImpls(e.srv.URL("mysql"), floorOf(b, e.impls))
-		b.Run("Uncontended", func(b *testing.B) { reportUncontended(b, runUncontended(b, impls, b.N)) })
-	})
+		tb.Cleanup(func() { _ = s.Close() })
+		return recipeRW{s, write}
+	}}
 }
 
 // TestSmokePrimitives runs BenchmarkPrimitives's implementations a few
@@ -171,14 +181,7 @@ func TestSmokePrimitives(t *testing.T) {
 	e := startEtcdEnv(t)
 	for _, impls := range [][]impl{
 		primitiveImpls(r.single.URL(), floorOf(t, r.impls)),
-		append(primitiveImpls(e.srv.URL()+"/dlock", floorOf(t, e.impls)), impl{name: "recipes-rw-write", newLocker: func(tb testing.TB) locker {
-			s, err := concurrency.NewSession(newEtcdClient(tb, e.srv.Endpoint()))
-			if err != nil {
-				tb.Fatal(err)
-			}
-			tb.Cleanup(func() { _ = s.Close() })
-			return recipeRW{s, true}
-		}}),
+		append(primitiveImpls(e.srv.URL()+"/dlock", floorOf(t, e.impls)), recipeImpl(e, false), recipeImpl(e, true)),
 	} {
 		for _, res := range runUncontended(t, impls, 3) {
 			if res.errors > 0 || len(res.samples) != 3 {
