@@ -353,7 +353,10 @@ func render(recs []conformance.Record, mach string, now time.Time) string {
 	b.WriteString(`Each row is one deployment under one fault (see conformance.Fault). A holder takes a
 lock with a short TTL and auto-renew and keeps incrementing a counter behind a fencing Guard
 (fenced read, think time, fenced write); a contender waits for the lock; the fault hits at a
-random phase of the refresh tick and is healed. Outcomes, best first:
+random phase of the refresh tick and is healed. The leader-, semaphore- and rw- cells repeat
+partition and pause-holder with the holder and the contender leading an election (package
+election), holding the one permit of a semaphore of 1 (package semaphore), or holding the
+write side of a read/write lock (package rwlock). Outcomes, best first:
 
 - **held** — the holder kept the lock through the fault; nobody else got it.
 - **loss-detected** — the holder's lease ended (Done closed; for a paused process its Deadline
