@@ -396,7 +396,8 @@ request reached the resource.
 ## Soak
 
 Several processes × lockers on a few keys at a capped rate, a random fault every ~10 s
-(conformance.Soak). A lease ends at the earliest of its Done, its Release call and (if it
+(conformance.Soak): one key as a lock, one as a semaphore of 1, one as a read/write lock's
+write side, in turn (two holds of one name at once are an overlap). A lease ends at the earliest of its Done, its Release call and (if it
 was lost) its Deadline. Two leases of one key that overlap fail the soak, unless a fault
 whose cell allows safe-with-fencing was in effect: those overlaps are counted here. In
 every case the fenced counter must stay linearizable, with no stale write accepted.
