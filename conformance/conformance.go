@@ -89,6 +89,7 @@ func Run(t *testing.T, h Harness) {
 		{"SemaphoreMany", s.testSemaphoreMany},
 		{"RWExclusion", s.testRWExclusion},
 		{"RWWriterNotStarved", s.testRWWriterNotStarved},
+		{"RWWriterFirst", s.testRWWriterFirst},
 		{"RWHolderVanishes", s.testRWHolderVanishes},
 		{"RWNested", s.testRWNested},
 		{"RWCancel", s.testRWCancel},

@@ -175,6 +175,78 @@ func (s *suite) testRWWriterNotStarved(t *testing.T) {
 	}
 }
 
+// testRWWriterFirst: a writer waiting for a reader to leave holds the way:
+// a reader that asks after it waits for it, and gets in only once the writer
+// has written and released.
+func (s *suite) testRWWriterFirst(t *testing.T) {
+	ctx := s.ctx(t)
+	name := key(t)
+	r1, err := s.rwmutex(t, s.locker(t), name).RLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	order := make(chan string, 2)
+	wm := s.rwmutex(t, s.locker(t), name)
+	wrote := make(chan *rwlock.Hold, 1)
+	go func() {
+		h, err := wm.Lock(ctx)
+		if err != nil {
+			t.Errorf("writer: %v", err)
+		}
+		order <- "writer"
+		wrote <- h
+	}()
+	// The writer holds the write lock once it waits for the read slots.
+	probe := s.locker(t)
+	for end := time.Now().Add(s.waitBound()); ; {
+		in, err := dlock.Inspect(ctx, probe, wm.WriteKey())
+		if err != nil && !errors.Is(err, errors.ErrUnsupported) {
+			t.Fatal(err)
+		}
+		if in.Held || err != nil {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("the writer never took the write lock")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	rm := s.rwmutex(t, s.locker(t), name)
+	read := make(chan *rwlock.Hold, 1)
+	go func() {
+		h, err := rm.RLock(ctx)
+		if err != nil {
+			t.Errorf("later reader: %v", err)
+		}
+		order <- "reader"
+		read <- h
+	}()
+	if _, err := s.rwmutex(t, s.locker(t), name).TryRLock(ctx); !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Errorf("TryRLock while a writer waits: %v, want ErrNotAcquired", err)
+	}
+	if err := r1.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	w := <-wrote
+	if first := <-order; first != "writer" {
+		t.Fatalf("%s got in first; the writer was waiting before the reader asked", first)
+	}
+	if w == nil {
+		return
+	}
+	if err := w.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-read; r != nil {
+		if s.fences() && r.Token() < w.Token() {
+			t.Errorf("the later read's token %v is below the write's %v", r.Token(), w.Token())
+		}
+		if err := r.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // testRWHolderVanishes: a reader that vanished (no renewal; crashed where
 // the harness can) stops holding the lock after its TTL, never before its
 // deadline: a writer waits for it, then gets in.
