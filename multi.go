@@ -30,8 +30,9 @@ type LeaseSet struct {
 
 // AcquireAll takes every key in keys on l, or none. Where the backend can
 // take a set in one atomic step (etcd: one transaction; see
-// backend.MultiAcquirer) it tries that first; otherwise, or if a key is held,
-// it acquires the keys one at a time in sorted order, waiting for each as
+// backend.MultiAcquirer) it tries that first; otherwise it tries every key at
+// once (a TryAcquire each, up to 16 in flight) and gives back what it took if
+// one is held. Then it acquires the keys one at a time in sorted order, waiting for each as
 // Acquire does, so that two callers asking for overlapping sets never
 // deadlock (the one that holds the lowest common key goes first). If any acquire fails — ctx ends, the Locker closes,
 // the backend fails — the leases already taken are released before it
@@ -57,12 +58,19 @@ func acquireAll(ctx context.Context, l Locker, keys []string, wait bool, opts []
 	if err != nil {
 		return nil, err
 	}
-	if lk, ok := l.(*locker); ok && len(sorted) > 1 {
-		leases, err := lk.tryAll(ctx, sorted, opts)
+	if len(sorted) > 1 {
+		err := errNoAtomic
+		var leases []*Lease
+		if lk, ok := l.(*locker); ok {
+			leases, err = lk.tryAll(ctx, sorted, opts)
+		}
+		if errors.Is(err, errNoAtomic) {
+			leases, err = tryEach(ctx, l, sorted, opts)
+		}
 		switch {
 		case err == nil:
 			return newLeaseSet(leases), nil
-		case errors.Is(err, errNoAtomic), wait && errors.Is(err, ErrNotAcquired) && ctx.Err() == nil:
+		case wait && errors.Is(err, ErrNotAcquired) && ctx.Err() == nil:
 			// One key at a time, below.
 		default:
 			return nil, fmt.Errorf("all of %d keys: %w", len(sorted), err)
@@ -92,6 +100,58 @@ func newLeaseSet(leases []*Lease) *LeaseSet {
 		set.stops = append(set.stops, context.AfterFunc(lease.ctx, func() { set.cancel(lease.Err()) }))
 	}
 	return set
+}
+
+// parallelism bounds the requests in flight of one tryEach or one release of
+// a set.
+const parallelism = 16
+
+// forEach calls f(0) … f(n-1), up to parallelism at a time, and returns when
+// every call has.
+func forEach(n int, f func(i int)) {
+	if n == 1 {
+		f(0)
+		return
+	}
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, parallelism)
+	for i := range n {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			f(i)
+		})
+	}
+	wg.Wait()
+}
+
+// tryEach tries every key of sorted at once, one TryAcquire each: all the
+// leases, or, if any try failed, it releases the ones taken and returns the
+// first error that is not ErrNotAcquired, else the first error.
+func tryEach(ctx context.Context, l Locker, sorted []string, opts []Option) ([]*Lease, error) {
+	leases := make([]*Lease, len(sorted))
+	errs := make([]error, len(sorted))
+	forEach(len(sorted), func(i int) { leases[i], errs[i] = l.TryAcquire(ctx, sorted[i], opts...) })
+	var first, held error
+	taken := make([]*Lease, 0, len(sorted))
+	for i, err := range errs {
+		switch {
+		case err == nil:
+			taken = append(taken, leases[i])
+		case !errors.Is(err, ErrNotAcquired) && first == nil:
+			first = err
+		case held == nil:
+			held = err
+		}
+	}
+	if first == nil {
+		first = held
+	}
+	if first != nil {
+		_ = releaseAll(taken)
+		return nil, first
+	}
+	return leases, nil
 }
 
 // errNoAtomic means the Locker cannot take a set of keys in one step.
@@ -191,13 +251,11 @@ func sortedKeys(keys []string) ([]string, error) {
 	return sorted, nil
 }
 
-// releaseAll releases leases, the last taken first, each on a detached
-// context bounded by its release timeout.
+// releaseAll releases leases, up to parallelism at a time, each on a
+// detached context bounded by its release timeout.
 func releaseAll(leases []*Lease) error {
 	errs := make([]error, len(leases))
-	for i := len(leases) - 1; i >= 0; i-- {
-		errs[i] = leases[i].Release(context.Background())
-	}
+	forEach(len(leases), func(i int) { errs[i] = leases[i].Release(context.Background()) })
 	return errors.Join(errs...)
 }
 
@@ -242,7 +300,7 @@ func (s *LeaseSet) Err() error {
 	return context.Cause(s.ctx)
 }
 
-// Release releases every lease of the set, the last key first, and returns
+// Release releases every lease of the set, up to 16 at a time, and returns
 // the errors of those that were not cleanly released (a lease that was lost
 // reports ErrLeaseLost, as Lease.Release does). A second Release returns an
 // error matching ErrReleased.
@@ -255,9 +313,7 @@ func (s *LeaseSet) Release(ctx context.Context) error {
 	s.released = true
 	s.mu.Unlock()
 	errs := make([]error, len(s.leases))
-	for i := len(s.leases) - 1; i >= 0; i-- {
-		errs[i] = s.leases[i].Release(ctx)
-	}
+	forEach(len(s.leases), func(i int) { errs[i] = s.leases[i].Release(ctx) })
 	for _, stop := range s.stops {
 		stop()
 	}
