@@ -262,20 +262,31 @@ func (p *proc) send(line string) error {
 	return err
 }
 
-// expect waits for a line of p's containing word, and returns it.
+// expect waits for a line of p's containing word, and returns it. Its error
+// quotes the last lines p printed meanwhile.
 func (p *proc) expect(word string, timeout time.Duration) (string, error) {
 	deadline := time.After(timeout)
+	var seen []string
+	said := func() string {
+		if len(seen) == 0 {
+			return "it printed nothing meanwhile"
+		}
+		return "its last lines: " + strings.Join(seen, " | ")
+	}
 	for {
 		select {
 		case l, ok := <-p.lines:
 			if !ok {
-				return "", fmt.Errorf("%s exited before printing %q", p.name, word)
+				return "", fmt.Errorf("%s exited before printing %q (%s)", p.name, word, said())
 			}
 			if strings.Contains(l, word) {
 				return l, nil
 			}
+			if seen = append(seen, l); len(seen) > 10 {
+				seen = seen[1:]
+			}
 		case <-deadline:
-			return "", fmt.Errorf("%s did not print %q within %v", p.name, word, timeout)
+			return "", fmt.Errorf("%s did not print %q within %v (%s)", p.name, word, timeout, said())
 		}
 	}
 }
@@ -332,24 +343,34 @@ func candidate(name string) error {
 			status, err := write(url, name, ld.Token())
 			switch {
 			case err != nil:
-				return err
+				// A real client retries a write that got no answer; say so,
+				// so that a run that goes wrong shows why.
+				fmt.Printf("write with token %v failed (%v); trying again\n", ld.Token(), err)
+				if ctx.Err() != nil {
+					return nil // campaign again
+				}
+				continue
 			case status == http.StatusConflict:
 				fmt.Printf("write with token %v REJECTED by the resource (stale)\n", ld.Token())
 			default:
 				fmt.Printf("write with token %v accepted\n", ld.Token())
 			}
-			if ctx.Err() != nil {
-				return nil // campaign again
-			}
 			if !held {
 				// The program holds a candidate after its first write until
-				// it says "go": a freeze it injects lands here, between two
-				// writes, and the next write goes out with this term's token
-				// whatever happened meanwhile.
+				// it says "go": a freeze it injects lands between that write
+				// and this wait (it sends "go" only once the process is
+				// stopped), and the next write goes out with this term's
+				// token whatever happened meanwhile. So the term's end is
+				// not looked at here: a freeze that lands before this line
+				// would otherwise end the term without that write.
 				held = true
 				if _, err := in.ReadString('\n'); err != nil {
 					return err
 				}
+				continue
+			}
+			if ctx.Err() != nil {
+				return nil // campaign again
 			}
 		}
 	})
@@ -359,8 +380,12 @@ func candidate(name string) error {
 	return err
 }
 
+// client is the candidates' HTTP client: a write that gets no answer in 5s
+// has failed.
+var client = &http.Client{Timeout: 5 * time.Second}
+
 func write(url, who string, token dlock.Token) (int, error) {
-	resp, err := http.Post(fmt.Sprintf("%s?who=%s&token=%d", url, who, token), "text/plain", nil)
+	resp, err := client.Post(fmt.Sprintf("%s?who=%s&token=%d", url, who, token), "text/plain", nil)
 	if err != nil {
 		return 0, err
 	}
