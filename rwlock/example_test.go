@@ -56,3 +56,34 @@ func Example() {
 }
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// valueLocker is a Locker whose type is not comparable (a struct with a
+// slice), as a user's wrapper may be.
+type valueLocker struct {
+	dlock.Locker
+	tags []string
+}
+
+// Nested-hold detection must not panic on a Locker that == cannot compare.
+func TestNestedOnAnIncomparableLocker(t *testing.T) {
+	ctx := context.Background()
+	l, err := dlock.Open(ctx, "mem://rwlock-incomparable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	m, err := rwlock.New(valueLocker{Locker: l, tags: []string{"x"}}, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = m.Read(ctx, func(ctx context.Context, h *rwlock.Hold) error {
+		r, err := m.TryRLock(ctx) // not detected as nested: a second reader
+		if err != nil {
+			return err
+		}
+		return r.Release(ctx)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

@@ -43,6 +43,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"sync"
 	"time"
 
@@ -56,8 +57,11 @@ import (
 const Readers = 16
 
 // ErrNested means Lock or RLock was called under a ctx that already carries
-// a hold of the same lock: an upgrade, a downgrade or a second hold, which
-// would wait for the caller itself.
+// a hold of the same lock (the same name on the same Locker): an upgrade, a
+// downgrade or a second hold, which would wait for the caller itself. A
+// Locker whose type == cannot compare (a wrapper struct holding a slice, say;
+// never one dlock returns) is never taken for the same, so under it nothing
+// is refused as nested.
 var ErrNested = errors.New("rwlock: ctx already holds this lock")
 
 // RWMutex is the read/write lock name on one Locker. It is safe for
@@ -219,7 +223,7 @@ func (h *Hold) Context(ctx context.Context) context.Context {
 
 func (m *RWMutex) nested(ctx context.Context) error {
 	for hl, _ := ctx.Value(holdKey{}).(*holdList); hl != nil; hl = hl.next {
-		if hl.h.m.l == m.l && hl.h.m.name == m.name && hl.h.Err() == nil {
+		if hl.h.m.name == m.name && sameLocker(hl.h.m.l, m.l) && hl.h.Err() == nil {
 			kind := "read"
 			if hl.h.write {
 				kind = "write"
@@ -228,6 +232,13 @@ func (m *RWMutex) nested(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// sameLocker reports whether a and b are the same Locker, without the panic
+// of == on a Locker whose type is not comparable.
+func sameLocker(a, b dlock.Locker) bool {
+	t := reflect.TypeOf(a)
+	return t == reflect.TypeOf(b) && t != nil && t.Comparable() && a == b
 }
 
 // Lock waits for a write hold or until ctx ends (the error then matches
