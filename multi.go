@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/internal/clock"
 )
@@ -28,16 +30,17 @@ type LeaseSet struct {
 	released bool
 }
 
-// AcquireAll takes every key in keys on l, or none. Where the backend can
-// take a set in one atomic step (etcd: one transaction; see
-// backend.MultiAcquirer) it tries that first; otherwise it tries every key at
-// once (a TryAcquire each, up to 16 in flight) and gives back what it took if
-// one is held. Then it acquires the keys one at a time in sorted order, waiting for each as
-// Acquire does, so that two callers asking for overlapping sets never
-// deadlock (the one that holds the lowest common key goes first). If any acquire fails — ctx ends, the Locker closes,
-// the backend fails — the leases already taken are released before it
-// returns, and the error names the key that failed (it matches what that
-// Acquire's error matches: ErrNotAcquired and ctx.Err() when ctx ended).
+// AcquireAll takes every key in keys on l, or none. It first tries to take
+// them all at once: in one atomic step where the backend can (etcd: one
+// transaction; see backend.MultiAcquirer), otherwise with one TryAcquire per
+// key, up to 16 in flight, giving back what it took if a key is held. If a key
+// is held, it then acquires the keys one at a time in sorted order, waiting
+// for each as Acquire does, so that two callers asking for overlapping sets
+// never deadlock (the one that holds the lowest common key goes first). If
+// any acquire fails — ctx ends, the Locker closes, the backend fails — the
+// leases already taken are released before it returns, and the error names
+// the key that failed (it matches what that Acquire's error matches:
+// ErrNotAcquired and ctx.Err() when ctx ended).
 //
 // opts apply to every key. keys must not be empty or name a key twice (an
 // error matching ErrInvalidKey). With WithReentrant, keys that ctx already
@@ -113,16 +116,12 @@ func forEach(n int, f func(i int)) {
 		f(0)
 		return
 	}
-	var wg sync.WaitGroup
-	slots := make(chan struct{}, parallelism)
+	var g errgroup.Group
+	g.SetLimit(parallelism)
 	for i := range n {
-		slots <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-slots }()
-			f(i)
-		})
+		g.Go(func() error { f(i); return nil })
 	}
-	wg.Wait()
+	_ = g.Wait()
 }
 
 // tryEach tries every key of sorted at once, one TryAcquire each: all the
