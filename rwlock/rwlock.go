@@ -44,7 +44,6 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
-	"sync"
 	"time"
 
 	"github.com/dlock-go/dlock"
@@ -110,10 +109,7 @@ type Hold struct {
 	granted time.Time
 	lease   *dlock.Lease    // write: the write lock; read: the read slot
 	slots   *dlock.LeaseSet // write only: every read slot
-
-	done chan struct{}
-	once sync.Once
-	err  error
+	done    <-chan struct{} // read: the slot's Done; write: closed when lease or slots end
 }
 
 // Write reports whether this is a write hold.
@@ -153,38 +149,27 @@ func (h *Hold) Done() <-chan struct{} { return h.done }
 // Err is nil while the hold lasts; afterwards an error matching
 // dlock.ErrReleased or dlock.ErrLeaseLost.
 func (h *Hold) Err() error {
-	select {
-	case <-h.done:
-		return h.err
-	default:
-		return nil
+	if err := h.lease.Err(); err != nil || h.slots == nil {
+		return err
 	}
+	return h.slots.Err()
 }
 
-func (h *Hold) end(err error) {
-	h.once.Do(func() {
-		h.err = err
-		close(h.done)
-	})
-}
-
-// watch ends h when one of its leases ends. The goroutine exits then.
-func (h *Hold) watch() {
-	if h.slots == nil {
-		go func() {
-			<-h.lease.Done()
-			h.end(h.lease.Err())
+// newHold returns the hold of lease (and, for a write, slots).
+func newHold(m *RWMutex, token dlock.Token, granted time.Time, lease *dlock.Lease, slots *dlock.LeaseSet) *Hold {
+	h := &Hold{m: m, write: slots != nil, token: token, granted: granted, lease: lease, slots: slots, done: lease.Done()}
+	if slots != nil {
+		done := make(chan struct{})
+		h.done = done
+		go func() { // owned by the hold: ends when one of its leases does
+			select {
+			case <-lease.Done():
+			case <-slots.Done():
+			}
+			close(done)
 		}()
-		return
 	}
-	go func() {
-		select {
-		case <-h.lease.Done():
-			h.end(h.lease.Err())
-		case <-h.slots.Done():
-			h.end(h.slots.Err())
-		}
-	}()
+	return h
 }
 
 // Release ends the hold. It returns an error matching dlock.ErrLeaseLost if
@@ -276,17 +261,16 @@ func (m *RWMutex) lock(ctx context.Context, wait bool) (*Hold, error) {
 		slots, err = dlock.TryAcquireAll(ctx, m.l, m.ReadKeys(), m.opts...)
 	}
 	if err != nil {
-		m.giveBack(ctx, w)
+		_ = w.Release(context.WithoutCancel(ctx))
 		return nil, err
 	}
-	h := &Hold{m: m, write: true, token: w.Token(), lease: w, slots: slots, done: make(chan struct{}), granted: w.Granted()}
+	granted := w.Granted()
 	for _, l := range slots.Leases() {
-		if l.Granted().After(h.granted) {
-			h.granted = l.Granted()
+		if l.Granted().After(granted) {
+			granted = l.Granted()
 		}
 	}
-	h.watch()
-	return h, nil
+	return newHold(m, w.Token(), granted, w, slots), nil
 }
 
 // RLock waits for a read hold or until ctx ends (the error then matches
@@ -328,15 +312,15 @@ func (m *RWMutex) rlock(ctx context.Context, wait bool) (*Hold, error) {
 		// The write lock ended before the slot was granted: a writer may
 		// already have found this slot free.
 		err = fmt.Errorf("%w: the write lock was lost while taking a read slot: %w", dlock.ErrNotAcquired, w.Err())
-		m.giveBack(ctx, p.Lease())
+		_ = p.Release(context.WithoutCancel(ctx))
 	}
-	m.giveBack(ctx, w)
+	// Passed through: give the write lock back, whatever ctx has become
+	// (Release bounds a ctx without deadline by the release timeout).
+	_ = w.Release(context.WithoutCancel(ctx))
 	if err != nil {
 		return nil, err
 	}
-	h := &Hold{m: m, token: w.Token(), lease: p.Lease(), done: make(chan struct{}), granted: p.Lease().Granted()}
-	h.watch()
-	return h, nil
+	return newHold(m, w.Token(), p.Lease().Granted(), p.Lease(), nil), nil
 }
 
 func (m *RWMutex) takeWrite(ctx context.Context, wait bool) (*dlock.Lease, error) {
@@ -344,13 +328,6 @@ func (m *RWMutex) takeWrite(ctx context.Context, wait bool) (*dlock.Lease, error
 		return m.l.Acquire(ctx, m.WriteKey(), m.opts...)
 	}
 	return m.l.TryAcquire(ctx, m.WriteKey(), m.opts...)
-}
-
-// giveBack releases a lease taken on the way, whatever ctx has become.
-func (m *RWMutex) giveBack(ctx context.Context, l *dlock.Lease) {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	_ = l.Release(rctx)
 }
 
 // Read runs fn under a read hold: it waits for one (as RLock), runs fn with
@@ -388,7 +365,7 @@ func (m *RWMutex) do(ctx context.Context, write bool, fn func(ctx context.Contex
 	}()
 	fnErr := fn(fctx, h)
 	cancel(nil)
-	relErr := h.Release(context.WithoutCancel(ctx))
+	relErr := h.Release(context.WithoutCancel(ctx)) // bounded by the release timeout
 	if errors.Is(relErr, dlock.ErrReleased) {
 		relErr = nil
 	}

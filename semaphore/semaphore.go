@@ -98,11 +98,11 @@ func WithPollInterval(d time.Duration) Option {
 // concurrent use; two Semaphore values of one name, in one process or in
 // many, share the permits.
 type Semaphore struct {
-	l     dlock.Locker
-	name  string
-	n     int
-	label string
-	cfg   config
+	l    dlock.Locker
+	name string
+	n    int
+	opts []dlock.Option // of a permit: the caller's, then its label and WithAnnounce
+	cfg  config
 }
 
 // New returns the semaphore name of n permits on l. It checks its arguments
@@ -125,7 +125,9 @@ func New(l dlock.Locker, name string, n int, opts ...Option) (*Semaphore, error)
 	if err := CheckName(name); err != nil {
 		return nil, err
 	}
-	return &Semaphore{l: l, name: name, n: n, cfg: cfg, label: "permits=" + strconv.Itoa(n) + " " + dlock.DefaultLabel}, nil
+	permit := append(cfg.lease[:len(cfg.lease):len(cfg.lease)],
+		dlock.WithLabel("permits="+strconv.Itoa(n)+" "+dlock.DefaultLabel), dlock.WithAnnounce())
+	return &Semaphore{l: l, name: name, n: n, cfg: cfg, opts: permit}, nil
 }
 
 // CheckName reports whether name can name a semaphore: the keys of its slots
@@ -160,12 +162,6 @@ func (s *Semaphore) SlotKey(i int) string { return SlotKey(s.name, i) }
 func SlotKey(name string, i int) string { return name + "/permits/" + strconv.Itoa(i) }
 
 func (s *Semaphore) queueKey() string { return s.name + "/permits/queue" }
-
-func (s *Semaphore) leaseOpts() []dlock.Option {
-	opts := make([]dlock.Option, 0, len(s.cfg.lease)+2)
-	opts = append(opts, s.cfg.lease...)
-	return append(opts, dlock.WithLabel(s.label), dlock.WithAnnounce())
-}
 
 // Permit is one permit of a semaphore: the lease on one of its slots. Its
 // methods are safe for concurrent use.
@@ -282,30 +278,10 @@ func (s *Semaphore) acquire(ctx context.Context, k int, wait bool) (ps []*Permit
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		_ = q.Release(rctx)
-		cancel()
-	}()
+	defer q.Release(context.WithoutCancel(ctx)) // bounded by the release timeout
 
-	wctx, stop := context.WithCancel(ctx)
+	changed, watched, stop := s.watch(ctx)
 	defer stop()
-	changed := make(chan int, maxWatched)
-	watched := s.n <= maxWatched
-	for i := range s.n {
-		if !watched {
-			break
-		}
-		err := dlock.Watch(wctx, s.l, s.SlotKey(i), func() {
-			select {
-			case changed <- i:
-			default:
-			}
-		})
-		if err != nil {
-			watched = false // MySQL, the table lock: wait on the slots in turn
-		}
-	}
 	tick := time.NewTicker(s.cfg.poll)
 	defer tick.Stop()
 	var first *int
@@ -335,12 +311,37 @@ func (s *Semaphore) acquire(ctx context.Context, k int, wait bool) (ps []*Permit
 	}
 }
 
+// watch watches every slot until stop is called, and sends a slot's index
+// on changed when it may have changed. watched is false where the backend
+// cannot watch (MySQL, the table lock) or the semaphore has more than
+// maxWatched slots: then nothing is sent.
+func (s *Semaphore) watch(ctx context.Context) (changed chan int, watched bool, stop func()) {
+	changed = make(chan int, maxWatched)
+	if s.n > maxWatched {
+		return changed, false, func() {}
+	}
+	wctx, stop := context.WithCancel(ctx)
+	for i := range s.n {
+		err := dlock.Watch(wctx, s.l, s.SlotKey(i), func() {
+			select {
+			case changed <- i:
+			default:
+			}
+		})
+		if err != nil {
+			stop() // end the watches already set up
+			return changed, false, stop
+		}
+	}
+	return changed, true, stop
+}
+
 // waitOn waits up to the poll interval for slot i, and adds it to held if
 // granted.
 func (s *Semaphore) waitOn(ctx context.Context, held map[int]*dlock.Lease, i int) error {
 	wctx, cancel := context.WithTimeout(ctx, s.cfg.poll)
 	defer cancel()
-	lease, err := s.l.Acquire(wctx, s.SlotKey(i), s.leaseOpts()...)
+	lease, err := s.l.Acquire(wctx, s.SlotKey(i), s.opts...)
 	switch {
 	case err == nil:
 		held[i] = lease
@@ -365,13 +366,12 @@ func (s *Semaphore) tryMore(ctx context.Context, held map[int]*dlock.Lease, k in
 	if first != nil {
 		start = *first
 	}
-	opts := s.leaseOpts()
 	for j := 0; j < s.n && len(held) < k; j++ {
 		i := (start + j) % s.n
 		if held[i] != nil {
 			continue
 		}
-		lease, err := s.l.TryAcquire(ctx, s.SlotKey(i), opts...)
+		lease, err := s.l.TryAcquire(ctx, s.SlotKey(i), s.opts...)
 		if err != nil {
 			if errors.Is(err, dlock.ErrNotAcquired) && ctx.Err() == nil {
 				continue
@@ -407,10 +407,8 @@ func (s *Semaphore) giveBack(ctx context.Context, held map[int]*dlock.Lease) {
 	if len(held) == 0 {
 		return
 	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
 	for i, lease := range held {
-		_ = lease.Release(rctx)
+		_ = lease.Release(context.WithoutCancel(ctx)) // bounded by the release timeout
 		delete(held, i)
 	}
 }
