@@ -65,23 +65,29 @@ const (
 )
 
 // primitiveFaults maps each fault that repeats a lock fault with another
-// role to that fault, the role, and why the lock fault's claim holds for it.
+// role to that fault and the role.
 var primitiveFaults = map[Fault]struct {
 	base Fault
 	role role
-	why  string
 }{
-	LeaderPartition:    {Partition, roleLeader, "the leader's term is the election lock's lease, and Run cancels its ctx when it ends"},
-	LeaderPause:        {PauseHolder, roleLeader, "the leader's term is the election lock's lease, and Run cancels its ctx when it ends"},
-	SemaphorePartition: {Partition, rolePermit, "a permit is the lease on its slot's lock, fenced by that lock's token"},
-	SemaphorePause:     {PauseHolder, rolePermit, "a permit is the lease on its slot's lock, fenced by that lock's token"},
-	WriterPartition:    {Partition, roleWriter, "a write hold is the write lock's lease (fenced by its token) and the read slots' leases"},
-	WriterPause:        {PauseHolder, roleWriter, "a write hold is the write lock's lease (fenced by its token) and the read slots' leases"},
+	LeaderPartition:    {Partition, roleLeader},
+	LeaderPause:        {PauseHolder, roleLeader},
+	SemaphorePartition: {Partition, rolePermit},
+	SemaphorePause:     {PauseHolder, rolePermit},
+	WriterPartition:    {Partition, roleWriter},
+	WriterPause:        {PauseHolder, roleWriter},
 }
 
-// withLeaderCells returns m with the primitive cells it lacks, each with the
-// claim of the lock fault it repeats.
-func withLeaderCells(m Matrix) Matrix {
+// roleWhy says why a lock fault's claim holds for a role.
+var roleWhy = map[role]string{
+	roleLeader: "the leader's term is the election lock's lease, and Run cancels its ctx when it ends",
+	rolePermit: "a permit is the lease on its slot's lock, fenced by that lock's token",
+	roleWriter: "a write hold is the write lock's lease (fenced by its token) and the read slots' leases",
+}
+
+// withPrimitiveCells returns m with the primitive cells it lacks, each with
+// the claim of the lock fault it repeats.
+func withPrimitiveCells(m Matrix) Matrix {
 	out := make(Matrix, len(m)+len(primitiveFaults))
 	for f, e := range m {
 		out[f] = e
@@ -90,7 +96,7 @@ func withLeaderCells(m Matrix) Matrix {
 		if e, ok := m[p.base]; ok {
 			if _, own := m[pf]; !own {
 				if e.Why != "" {
-					e.Why = "as " + string(p.base) + ", for " + p.why + ": " + e.Why
+					e.Why = "as " + string(p.base) + ", for " + roleWhy[p.role] + ": " + e.Why
 				}
 				out[pf] = e
 			}
@@ -197,7 +203,7 @@ func RunFaults(t *testing.T, h FaultHarness, m Matrix) {
 	if ft, ok := h.(FailoverTimer); ok {
 		fs.failover = ft.FailoverTime()
 	}
-	m = withLeaderCells(m)
+	m = withPrimitiveCells(m)
 	for _, f := range orderedFaults(m) {
 		exp := m[f]
 		t.Run(string(f), func(t *testing.T) { fs.runCell(t, f, exp) })
