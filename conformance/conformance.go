@@ -91,6 +91,7 @@ func Run(t *testing.T, h Harness) {
 		{"RWWriterNotStarved", s.testRWWriterNotStarved},
 		{"RWWriterFirst", s.testRWWriterFirst},
 		{"RWHolderVanishes", s.testRWHolderVanishes},
+		{"RWWriteLoss", s.testRWWriteLoss},
 		{"RWNested", s.testRWNested},
 		{"RWCancel", s.testRWCancel},
 	}

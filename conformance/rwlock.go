@@ -289,6 +289,42 @@ func (s *suite) testRWHolderVanishes(t *testing.T) {
 	}
 }
 
+// testRWWriteLoss: a write hold whose read slot the backend forgets (not
+// its write lock) is lost: Done closes, Err and Release report ErrLeaseLost,
+// and another writer then gets in.
+func (s *suite) testRWWriteLoss(t *testing.T) {
+	ctx := s.ctx(t)
+	name := key(t)
+	ttl, bound := s.ttl, 2*s.ttl
+	if s.caps.LossNotify {
+		ttl, bound = 60*time.Second, 5*time.Second // only a loss notification explains a prompt end
+	}
+	m := s.rwmutex(t, s.locker(t), name, dlock.WithTTL(ttl))
+	h, err := m.Lock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.h.Expire(t, m.ReadKeys()[5])
+	select {
+	case <-h.Done():
+	case <-time.After(bound):
+		t.Fatalf("the write hold did not end within %v of losing a read slot (loss-notify=%v)", bound, s.caps.LossNotify)
+	}
+	if !errors.Is(h.Err(), dlock.ErrLeaseLost) {
+		t.Errorf("Err() = %v, want ErrLeaseLost", h.Err())
+	}
+	if err := h.Release(ctx); !errors.Is(err, dlock.ErrLeaseLost) {
+		t.Errorf("Release of a lost write hold: %v, want ErrLeaseLost", err)
+	}
+	w, err := s.rwmutex(t, s.locker(t), name).Lock(ctx)
+	if err != nil {
+		t.Fatalf("the next writer: %v", err)
+	}
+	if err := w.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // testRWNested: under a hold's ctx, Lock and RLock of the same lock are
 // refused with ErrNested (an upgrade or downgrade would wait for itself);
 // readers share, and a writer is refused while one reads.
