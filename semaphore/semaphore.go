@@ -265,7 +265,9 @@ func (s *Semaphore) acquire(ctx context.Context, k int, wait bool) (ps []*Permit
 		}
 	}()
 	if err := s.tryMore(ctx, held, k, nil); err != nil || len(held) == k {
-		return s.complete(ctx, held, err)
+		if ps, err := s.complete(ctx, held, err); !wait || !errors.Is(err, errLostInCheck) {
+			return ps, err
+		}
 	}
 	if !wait {
 		return nil, nil
@@ -287,7 +289,11 @@ func (s *Semaphore) acquire(ctx context.Context, k int, wait bool) (ps []*Permit
 	var first *int
 	for next := rand.IntN(s.n); ; next = (next + 1) % s.n {
 		if err := s.tryMore(ctx, held, k, first); err != nil || len(held) == k {
-			return s.complete(ctx, held, err)
+			ps, err := s.complete(ctx, held, err)
+			if !errors.Is(err, errLostInCheck) {
+				return ps, err
+			}
+			s.giveBack(ctx, held) // and gather again
 		}
 		if !watched {
 			// Wait on one slot not held yet, in the backend's own way, for
@@ -386,8 +392,17 @@ func (s *Semaphore) tryMore(ctx context.Context, held map[int]*dlock.Lease, k in
 // complete makes the leases in held permits, once the size check passed
 // (the caller gives them back on an error).
 func (s *Semaphore) complete(ctx context.Context, held map[int]*dlock.Lease, err error) ([]*Permit, error) {
-	if err == nil {
-		err = s.checkSize(ctx)
+	if err != nil {
+		return nil, err
+	}
+	err = s.checkSize(ctx, held)
+	// The check may have outlasted a lease (a slow List, which then fails
+	// at the lease's deadline): never hand out a permit that is already
+	// lost.
+	for i, lease := range held {
+		if lerr := lease.Err(); lerr != nil {
+			return nil, fmt.Errorf("%w: permit %d was lost while the number of permits was checked: %w", errLostInCheck, i, lerr)
+		}
 	}
 	if err != nil {
 		return nil, err
@@ -413,13 +428,23 @@ func (s *Semaphore) giveBack(ctx context.Context, held map[int]*dlock.Lease) {
 	}
 }
 
+// errLostInCheck means a lease taken for a permit was lost before the grant
+// completed; the acquire gives back the rest and, if it waits, goes on.
+var errLostInCheck = fmt.Errorf("%w: lost before the grant completed", dlock.ErrNotAcquired)
+
 // checkSize reads the held slots and refuses the grant if a holder uses
-// another number of permits.
-func (s *Semaphore) checkSize(ctx context.Context) error {
+// another number of permits. It does not outlast the leases in held.
+func (s *Semaphore) checkSize(ctx context.Context, held map[int]*dlock.Lease) error {
 	if !s.cfg.sizeCheck {
 		return nil
 	}
-	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	var until time.Time
+	for _, lease := range held {
+		if d := lease.Deadline(); until.IsZero() || d.Before(until) {
+			until = d
+		}
+	}
+	lctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), until)
 	defer cancel()
 	infos, err := dlock.List(lctx, s.l, s.name+"/permits/")
 	if errors.Is(err, errors.ErrUnsupported) {

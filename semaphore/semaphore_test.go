@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -86,4 +87,43 @@ func TestSizeMismatchBeyondRange(t *testing.T) {
 		t.Fatalf("TryAcquire without the size check: %v", err)
 	}
 	_ = p.Release(ctx)
+}
+
+// slowList is a Locker whose List answers only when its ctx ends, as a
+// List that a partition holds up does.
+type slowList struct{ dlock.Locker }
+
+func (slowList) Inspect(ctx context.Context, key string) (dlock.LockInfo, error) {
+	return dlock.LockInfo{}, errors.ErrUnsupported
+}
+
+func (slowList) List(ctx context.Context, prefix string) ([]dlock.LockInfo, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// A size check that outlasts the permit's lease never hands out the lost
+// permit: a try is refused, and nothing is left held.
+func TestSizeCheckOutlastingTheLease(t *testing.T) {
+	ctx := context.Background()
+	l, err := dlock.Open(ctx, "mem://semaphore-slow-list")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	sem, _ := semaphore.New(slowList{l}, "s", 1,
+		semaphore.WithLeaseOptions(dlock.WithTTL(200*time.Millisecond), dlock.WithAutoRenew(false)))
+	p, err := sem.TryAcquire(ctx)
+	if err == nil {
+		t.Fatalf("TryAcquire returned a permit (lease Err %v) although its lease ended during the size check", p.Err())
+	}
+	if !errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, dlock.ErrLeaseLost) {
+		t.Fatalf("TryAcquire: %v, want ErrNotAcquired and ErrLeaseLost", err)
+	}
+	other, _ := semaphore.New(l, "s", 1)
+	q, err := other.TryAcquire(ctx)
+	if err != nil {
+		t.Fatalf("TryAcquire after the refused grant: %v", err)
+	}
+	_ = q.Release(ctx)
 }
