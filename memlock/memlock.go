@@ -101,7 +101,8 @@ func (s *Store) Waiters(key string) int {
 func (s *Store) Held(key string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.locks[key] != nil
+	_, ok := s.liveLocked(key)
+	return ok
 }
 
 // NewStore returns an empty, private store.
@@ -150,6 +151,19 @@ func (s *Store) grantLocked(key, owner, label string, ttl time.Duration) *backen
 		Validity: ttl,
 		Lost:     h.lost,
 	}
+}
+
+// liveLocked returns key's holder, forgetting first a holder whose expiry
+// has passed although its timer has not run yet (as a server forgets an
+// expired key when it is next touched), so no caller ever sees one.
+// s.mu must be held.
+func (s *Store) liveLocked(key string) (*holder, bool) {
+	h, ok := s.locks[key]
+	if ok && !time.Now().Before(h.expires) {
+		s.dropLocked(key, h, true) // may grant the lock to the next waiter
+		h, ok = s.locks[key]
+	}
+	return h, ok
 }
 
 func (s *Store) expireOwner(key, owner string) {
@@ -217,7 +231,7 @@ func (d *driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 	}
 	s := d.store
 	s.mu.Lock()
-	if _, taken := s.locks[req.Key]; !taken {
+	if _, taken := s.liveLocked(req.Key); !taken {
 		g := s.grantLocked(req.Key, req.Owner, req.Label, req.TTL)
 		s.mu.Unlock()
 		return g, nil
@@ -262,7 +276,7 @@ func (d *driver) Refresh(_ context.Context, g *backend.Grant, ttl time.Duration)
 	s := d.store
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	h, ok := s.locks[g.Key]
+	h, ok := s.liveLocked(g.Key)
 	if !ok || h.owner != g.Owner {
 		return 0, backend.ErrNotHeld
 	}
@@ -278,7 +292,7 @@ func (d *driver) Release(_ context.Context, g *backend.Grant) error {
 	s := d.store
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	h, ok := s.locks[g.Key]
+	h, ok := s.liveLocked(g.Key)
 	if !ok || h.owner != g.Owner {
 		return backend.ErrNotHeld
 	}
@@ -294,7 +308,7 @@ func (d *driver) Relabel(_ context.Context, g *backend.Grant, label string) erro
 	s := d.store
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	h, ok := s.locks[g.Key]
+	h, ok := s.liveLocked(g.Key)
 	if !ok || h.owner != g.Owner {
 		return backend.ErrNotHeld
 	}
@@ -361,7 +375,7 @@ func (d *driver) TryAcquireAll(_ context.Context, reqs []backend.AcquireRequest)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, r := range reqs {
-		if _, taken := s.locks[r.Key]; taken {
+		if _, taken := s.liveLocked(r.Key); taken {
 			return nil, fmt.Errorf("key %q: %w", r.Key, backend.ErrHeld)
 		}
 	}
@@ -375,7 +389,7 @@ func (d *driver) TryAcquireAll(_ context.Context, reqs []backend.AcquireRequest)
 // infoLocked reports key's lock; s.mu must be held.
 func (s *Store) infoLocked(key string) backend.LockInfo {
 	info := backend.LockInfo{Key: key, Waiters: len(s.queues[key])}
-	if h, ok := s.locks[key]; ok {
+	if h, ok := s.liveLocked(key); ok {
 		info.Held, info.Token, info.Owner, info.Label = true, h.token, h.owner, h.label
 		info.Granted, info.Expires = h.granted, h.expires
 	}
@@ -400,10 +414,16 @@ func (d *driver) List(_ context.Context, prefix string) ([]backend.LockInfo, err
 	s := d.store
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var infos []backend.LockInfo
+	var keys []string
 	for key := range s.locks {
 		if strings.HasPrefix(key, prefix) {
-			infos = append(infos, s.infoLocked(key))
+			keys = append(keys, key)
+		}
+	}
+	var infos []backend.LockInfo
+	for _, key := range keys {
+		if info := s.infoLocked(key); info.Held { // not one that expired just now
+			infos = append(infos, info)
 		}
 	}
 	slices.SortFunc(infos, func(a, b backend.LockInfo) int { return strings.Compare(a.Key, b.Key) })
@@ -420,7 +440,7 @@ func (d *driver) Break(_ context.Context, key string) (backend.LockInfo, error) 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	info := s.infoLocked(key)
-	h, ok := s.locks[key]
+	h, ok := s.liveLocked(key)
 	if !ok {
 		return info, fmt.Errorf("key %q: %w", key, backend.ErrNotHeld)
 	}
