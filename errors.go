@@ -44,6 +44,13 @@ var (
 	// backend.ErrNotHeld, which drivers wrap.
 	ErrNotHeld = backend.ErrNotHeld
 
+	// ErrUpgrade means an exclusive acquire of a key was asked for, with
+	// WithReentrant, under a ctx that carries a shared hold of that key
+	// (WithShared): it would wait for the shared hold, its own, for ever.
+	// Release the shared hold first; the opposite (a shared acquire under an
+	// exclusive hold) is a nested hold of the exclusive lease.
+	ErrUpgrade = errors.New("an exclusive acquire under a shared hold of the same key would wait for itself")
+
 	// ErrUnknownScheme means Open was given a DSN whose scheme no imported driver
 	// registered. The message lists the registered schemes.
 	ErrUnknownScheme = errors.New("unknown DSN scheme")

@@ -208,8 +208,14 @@ func (l *locker) acquire(ctx context.Context, op, key string, wait bool, opts []
 	if err := ctx.Err(); err != nil {
 		return nil, l.errorf(op, key, withKind(ErrNotAcquired, err))
 	}
+	if s.shared && !l.caps.Shared {
+		return nil, l.errorf(op, key, fmt.Errorf("the backend cannot hold a lock shared: %w", errors.ErrUnsupported))
+	}
 	if s.reentrant {
 		if outer := enclosing(ctx, l, key); outer != nil {
+			if outer.set.shared && !s.shared {
+				return nil, l.errorf(op, key, withKind(ErrNotAcquired, ErrUpgrade))
+			}
 			return outer.nest(op)
 		}
 	}
@@ -256,6 +262,7 @@ func (l *locker) grantLease(ctx context.Context, op, key string, wait bool, s se
 		Owner:    backend.NewOwnerID(),
 		TTL:      s.ttl,
 		Wait:     wait,
+		Shared:   s.shared,
 		Label:    s.label,
 		Announce: s.announce,
 		OnLost:   lost.fire,

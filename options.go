@@ -34,6 +34,7 @@ type settings struct {
 	autoRenew      bool
 	releaseTimeout time.Duration
 	reentrant      bool
+	shared         bool
 	announce       bool
 	label          string
 	labelSet       bool // label was given (WithLabel), "" included

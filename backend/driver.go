@@ -123,6 +123,16 @@ type AcquireRequest struct {
 	// is at most MaxLabelLen bytes of printable UTF-8; "" stores none.
 	Label string
 
+	// Shared asks for the lock in shared mode (dlock.WithShared): any number
+	// of shared holders at once, never alongside an exclusive holder. An
+	// exclusive request (Shared false) excludes every shared holder. dlock
+	// sets it only for a driver whose Capabilities().Shared is true. Such a
+	// driver grants a shared request neither while the lock is held
+	// exclusively nor while an exclusive request waits for it (a writer is not
+	// starved by a stream of readers), and gives every grant, shared or not, a
+	// token above every earlier grant's, as Capabilities().Fencing says.
+	Shared bool
+
 	// Announce asks the driver to announce this grant, the changes of its
 	// label and its release to Watch followers of Key where announcing costs
 	// the backend something per grant (PostgreSQL's NOTIFY). A driver that
@@ -259,6 +269,12 @@ type Capabilities struct {
 	// (AcquireRequest.OnLost or Grant.Lost), rather than only at the next
 	// refresh or at the deadline.
 	LossNotify bool
+
+	// Shared is true if the driver honours AcquireRequest.Shared, in the
+	// backend's own layout (PostgreSQL's pg_advisory_lock_shared, say), so that
+	// other clients of that layout interoperate. A Locker whose driver does not
+	// refuses dlock.WithShared with an error matching errors.ErrUnsupported.
+	Shared bool
 }
 
 // Named is an optional interface a Driver may implement to name itself in

@@ -15,6 +15,11 @@ type LockInfo struct {
 	// the holder and are zero when it is not held (Waiters excepted).
 	Held bool
 
+	// Shared is how many hold the lock shared (AcquireRequest.Shared); 0 when
+	// it is free or held exclusively. When it is above 0, Token, Owner, Label,
+	// Granted and Expires describe the shared holder granted last.
+	Shared int
+
 	// Token is the holder's fencing token, 0 if the backend cannot tell.
 	Token uint64
 
@@ -58,8 +63,8 @@ type Inspector interface {
 // Breaker is an optional interface a Driver implements to force-release a
 // lock held by someone else (dlock.Break, `dlock break`).
 //
-// Break removes the current holder of key and returns what it removed. It
-// must leave the key's token state alone, so that the next grant's token is
+// Break removes the current holder of key (every shared holder, if it is
+// held shared) and returns what it removed. It must leave the key's token state alone, so that the next grant's token is
 // higher than the broken holder's and a fencing guard rejects the broken
 // holder's writes once the next holder has written; and the broken holder
 // must learn of it no later than its next renewal. It returns an error
