@@ -18,7 +18,8 @@
 //
 // It claims every capability a driver can have except fault tolerance —
 // strict tokens, FIFO hand-off, push-based waiting, immediate loss
-// notification — so that the conformance suite, which proves every claim,
+// notification, shared locks (a waiting exclusive request ahead of later
+// shared ones) — so that the conformance suite, which proves every claim,
 // tests itself on it: it is the reference implementation of the contract.
 package memlock
 
@@ -67,13 +68,15 @@ func Shared(name string) *Store {
 // Store is one in-process lock space. Its methods are safe for concurrent use.
 type Store struct {
 	mu       sync.Mutex
-	locks    map[string]*holder
+	locks    map[string]*holder            // exclusive holders
+	shared   map[string]map[string]*holder // shared holders, by key and owner
 	queues   map[string][]*waiter
 	tokens   map[string]uint64
 	watchers map[string]map[chan struct{}]struct{} // Watch's, by key
 }
 
 type holder struct {
+	shared  bool
 	owner   string
 	label   string
 	token   uint64
@@ -84,10 +87,11 @@ type holder struct {
 }
 
 type waiter struct {
-	owner string
-	label string
-	ttl   time.Duration
-	grant chan *backend.Grant // buffered(1): the hand-off
+	shared bool
+	owner  string
+	label  string
+	ttl    time.Duration
+	grant  chan *backend.Grant // buffered(1): the hand-off
 }
 
 // Waiters returns how many Acquire calls wait for key.
@@ -101,14 +105,14 @@ func (s *Store) Waiters(key string) int {
 func (s *Store) Held(key string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	_, ok := s.liveLocked(key)
-	return ok
+	return s.heldLocked(key)
 }
 
 // NewStore returns an empty, private store.
 func NewStore() *Store {
 	return &Store{
 		locks:    map[string]*holder{},
+		shared:   map[string]map[string]*holder{},
 		queues:   map[string][]*waiter{},
 		tokens:   map[string]uint64{},
 		watchers: map[string]map[chan struct{}]struct{}{},
@@ -119,29 +123,49 @@ func NewStore() *Store {
 // each other as separate processes' clients of one server would.
 func (s *Store) NewDriver() backend.Driver { return &driver{store: s, quit: make(chan struct{})} }
 
-// Expire makes the store forget key's holder at once, as a server does when a
-// session expires: the holder's Grant.Lost is closed and the next waiter, if
-// any, is granted the lock. It reports whether the key was held.
+// Expire makes the store forget key's holder (every shared holder, if it is
+// held shared) at once, as a server does when a session expires: the
+// holder's Grant.Lost is closed and the next waiters, if any, are granted
+// the lock. It reports whether the key was held.
 func (s *Store) Expire(key string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	h, ok := s.locks[key]
-	if !ok {
-		return false
+	hs := s.holdersLocked(key)
+	for _, h := range hs {
+		s.dropLocked(key, h, true)
 	}
-	s.dropLocked(key, h, true)
-	return true
+	return len(hs) > 0
 }
 
-// grantLocked makes owner the holder of key. s.mu must be held.
-func (s *Store) grantLocked(key, owner, label string, ttl time.Duration) *backend.Grant {
+// holdersLocked returns key's holders as they are, expired or not: the
+// exclusive one, or the shared ones. s.mu must be held.
+func (s *Store) holdersLocked(key string) []*holder {
+	if h, ok := s.locks[key]; ok {
+		return []*holder{h}
+	}
+	hs := make([]*holder, 0, len(s.shared[key]))
+	for _, h := range s.shared[key] {
+		hs = append(hs, h)
+	}
+	return hs
+}
+
+// grantLocked makes owner a holder of key. s.mu must be held.
+func (s *Store) grantLocked(key, owner, label string, ttl time.Duration, shared bool) *backend.Grant {
 	s.tokens[key]++
 	// Start must not be later than the moment the expiry counts from, or the
 	// lease's deadline would fall after the store forgets the holder.
 	start := time.Now()
-	h := &holder{owner: owner, label: label, token: s.tokens[key], granted: start, lost: make(chan struct{}), expires: start.Add(ttl)}
-	h.timer = time.AfterFunc(ttl, func() { s.expireOwner(key, owner) })
-	s.locks[key] = h
+	h := &holder{shared: shared, owner: owner, label: label, token: s.tokens[key], granted: start, lost: make(chan struct{}), expires: start.Add(ttl)}
+	h.timer = time.AfterFunc(ttl, func() { s.expire(key) })
+	if shared {
+		if s.shared[key] == nil {
+			s.shared[key] = map[string]*holder{}
+		}
+		s.shared[key][owner] = h
+	} else {
+		s.locks[key] = h
+	}
 	s.changedLocked(key)
 	return &backend.Grant{
 		Key:      key,
@@ -153,47 +177,93 @@ func (s *Store) grantLocked(key, owner, label string, ttl time.Duration) *backen
 	}
 }
 
-// liveLocked returns key's holder, forgetting first a holder whose expiry
-// has passed although its timer has not run yet (as a server forgets an
-// expired key when it is next touched), so no caller ever sees one.
-// s.mu must be held.
-func (s *Store) liveLocked(key string) (*holder, bool) {
-	h, ok := s.locks[key]
-	if ok && !time.Now().Before(h.expires) {
-		s.dropLocked(key, h, true) // may grant the lock to the next waiter
-		h, ok = s.locks[key]
+// liveLocked returns key's live holders, forgetting first those whose
+// expiry has passed although their timer has not run yet (as a server
+// forgets an expired key when it is next touched), so no caller ever sees
+// one. s.mu must be held.
+func (s *Store) liveLocked(key string) []*holder {
+	now := time.Now()
+	for _, h := range s.holdersLocked(key) {
+		if !now.Before(h.expires) {
+			s.dropLocked(key, h, true) // may grant the lock to waiters
+		}
 	}
-	return h, ok
+	return s.holdersLocked(key)
 }
 
-func (s *Store) expireOwner(key, owner string) {
+// heldLocked reports whether anyone holds key. s.mu must be held.
+func (s *Store) heldLocked(key string) bool { return len(s.liveLocked(key)) > 0 }
+
+// ownedLocked returns owner's live hold of key, or nil. s.mu must be held.
+func (s *Store) ownedLocked(key, owner string) *holder {
+	for _, h := range s.liveLocked(key) {
+		if h.owner == owner {
+			return h
+		}
+	}
+	return nil
+}
+
+// freeLocked reports whether a request in the given mode can be granted at
+// once: an exclusive one when nobody holds key, a shared one when nobody
+// holds it exclusively and nobody waits for it (a waiting writer goes
+// first). s.mu must be held.
+func (s *Store) freeLocked(key string, shared bool) bool {
+	hs := s.liveLocked(key)
+	if !shared {
+		return len(hs) == 0
+	}
+	return (len(hs) == 0 || hs[0].shared) && len(s.queues[key]) == 0
+}
+
+// expire forgets key's holders whose expiry has passed (a timer's; a
+// refresh may have moved the expiry after the timer fired).
+func (s *Store) expire(key string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	// A refresh may have moved the expiry after the timer fired.
-	if h, ok := s.locks[key]; ok && h.owner == owner && !time.Now().Before(h.expires) {
-		s.dropLocked(key, h, true)
-	}
+	s.liveLocked(key)
 }
 
-// dropLocked removes key's holder and hands the lock to the first waiter.
+// dropLocked removes h, a holder of key, and hands the lock to the waiters
+// it can go to now.
 func (s *Store) dropLocked(key string, h *holder, lost bool) {
 	h.timer.Stop()
 	if lost {
 		close(h.lost)
 	}
-	delete(s.locks, key)
-	s.changedLocked(key)
-	q := s.queues[key]
-	if len(q) == 0 {
-		return
-	}
-	w := q[0]
-	if len(q) == 1 {
-		delete(s.queues, key)
+	if h.shared {
+		delete(s.shared[key], h.owner)
+		if len(s.shared[key]) == 0 {
+			delete(s.shared, key)
+		}
 	} else {
-		s.queues[key] = q[1:]
+		delete(s.locks, key)
 	}
-	w.grant <- s.grantLocked(key, w.owner, w.label, w.ttl)
+	s.changedLocked(key)
+	s.grantWaitersLocked(key)
+}
+
+// grantWaitersLocked grants key to the waiters at the head of its queue
+// that can have it now, in order: one exclusive waiter, or a run of shared
+// ones. s.mu must be held.
+func (s *Store) grantWaitersLocked(key string) {
+	for {
+		q := s.queues[key]
+		if len(q) == 0 {
+			return
+		}
+		w := q[0]
+		_, excl := s.locks[key]
+		if excl || (!w.shared && len(s.shared[key]) > 0) {
+			return
+		}
+		if len(q) == 1 {
+			delete(s.queues, key)
+		} else {
+			s.queues[key] = q[1:]
+		}
+		w.grant <- s.grantLocked(key, w.owner, w.label, w.ttl, w.shared)
+	}
 }
 
 // errClosed is returned by a driver used after Close.
@@ -231,8 +301,8 @@ func (d *driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 	}
 	s := d.store
 	s.mu.Lock()
-	if _, taken := s.liveLocked(req.Key); !taken {
-		g := s.grantLocked(req.Key, req.Owner, req.Label, req.TTL)
+	if s.freeLocked(req.Key, req.Shared) {
+		g := s.grantLocked(req.Key, req.Owner, req.Label, req.TTL, req.Shared)
 		s.mu.Unlock()
 		return g, nil
 	}
@@ -240,7 +310,7 @@ func (d *driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 		s.mu.Unlock()
 		return nil, backend.ErrHeld
 	}
-	w := &waiter{owner: req.Owner, label: req.Label, ttl: req.TTL, grant: make(chan *backend.Grant, 1)}
+	w := &waiter{shared: req.Shared, owner: req.Owner, label: req.Label, ttl: req.TTL, grant: make(chan *backend.Grant, 1)}
 	s.queues[req.Key] = append(s.queues[req.Key], w)
 	s.mu.Unlock()
 
@@ -259,11 +329,12 @@ func (d *driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 			if len(s.queues[req.Key]) == 0 {
 				delete(s.queues, req.Key)
 			}
+			s.grantWaitersLocked(req.Key) // those it stood in front of
 			return nil, ctx.Err()
 		}
 	}
 	g := <-w.grant
-	if h, ok := s.locks[req.Key]; ok && h.owner == g.Owner {
+	if h := s.ownedLocked(req.Key, g.Owner); h != nil {
 		s.dropLocked(req.Key, h, false)
 	}
 	return nil, ctx.Err()
@@ -276,8 +347,8 @@ func (d *driver) Refresh(_ context.Context, g *backend.Grant, ttl time.Duration)
 	s := d.store
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	h, ok := s.liveLocked(g.Key)
-	if !ok || h.owner != g.Owner {
+	h := s.ownedLocked(g.Key, g.Owner)
+	if h == nil {
 		return 0, backend.ErrNotHeld
 	}
 	h.expires = time.Now().Add(ttl)
@@ -292,8 +363,8 @@ func (d *driver) Release(_ context.Context, g *backend.Grant) error {
 	s := d.store
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	h, ok := s.liveLocked(g.Key)
-	if !ok || h.owner != g.Owner {
+	h := s.ownedLocked(g.Key, g.Owner)
+	if h == nil {
 		return backend.ErrNotHeld
 	}
 	s.dropLocked(g.Key, h, false)
@@ -308,8 +379,8 @@ func (d *driver) Relabel(_ context.Context, g *backend.Grant, label string) erro
 	s := d.store
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	h, ok := s.liveLocked(g.Key)
-	if !ok || h.owner != g.Owner {
+	h := s.ownedLocked(g.Key, g.Owner)
+	if h == nil {
 		return backend.ErrNotHeld
 	}
 	h.label = label
@@ -375,13 +446,13 @@ func (d *driver) TryAcquireAll(_ context.Context, reqs []backend.AcquireRequest)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, r := range reqs {
-		if _, taken := s.liveLocked(r.Key); taken {
+		if s.heldLocked(r.Key) {
 			return nil, fmt.Errorf("key %q: %w", r.Key, backend.ErrHeld)
 		}
 	}
 	gs := make([]*backend.Grant, len(reqs))
 	for i, r := range reqs {
-		gs[i] = s.grantLocked(r.Key, r.Owner, r.Label, r.TTL)
+		gs[i] = s.grantLocked(r.Key, r.Owner, r.Label, r.TTL, false)
 	}
 	return gs, nil
 }
@@ -389,9 +460,15 @@ func (d *driver) TryAcquireAll(_ context.Context, reqs []backend.AcquireRequest)
 // infoLocked reports key's lock; s.mu must be held.
 func (s *Store) infoLocked(key string) backend.LockInfo {
 	info := backend.LockInfo{Key: key, Waiters: len(s.queues[key])}
-	if h, ok := s.liveLocked(key); ok {
-		info.Held, info.Token, info.Owner, info.Label = true, h.token, h.owner, h.label
-		info.Granted, info.Expires = h.granted, h.expires
+	hs := s.liveLocked(key)
+	for _, h := range hs {
+		if h.token > info.Token { // the exclusive holder, or the latest shared one
+			info.Held, info.Token, info.Owner, info.Label = true, h.token, h.owner, h.label
+			info.Granted, info.Expires = h.granted, h.expires
+		}
+	}
+	if len(hs) > 0 && hs[0].shared {
+		info.Shared = len(hs)
 	}
 	return info
 }
@@ -420,6 +497,11 @@ func (d *driver) List(_ context.Context, prefix string) ([]backend.LockInfo, err
 			keys = append(keys, key)
 		}
 	}
+	for key := range s.shared {
+		if strings.HasPrefix(key, prefix) {
+			keys = append(keys, key)
+		}
+	}
 	var infos []backend.LockInfo
 	for _, key := range keys {
 		if info := s.infoLocked(key); info.Held { // not one that expired just now
@@ -440,11 +522,13 @@ func (d *driver) Break(_ context.Context, key string) (backend.LockInfo, error) 
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	info := s.infoLocked(key)
-	h, ok := s.liveLocked(key)
-	if !ok {
+	hs := s.liveLocked(key)
+	if len(hs) == 0 {
 		return info, fmt.Errorf("key %q: %w", key, backend.ErrNotHeld)
 	}
-	s.dropLocked(key, h, true)
+	for _, h := range hs {
+		s.dropLocked(key, h, true)
+	}
 	return info, nil
 }
 
@@ -456,6 +540,7 @@ func (d *driver) Capabilities() backend.Capabilities {
 		TimeAuthority: backend.TimeServer,
 		PushWait:      true,
 		LossNotify:    true,
+		Shared:        true,
 	}
 }
 
