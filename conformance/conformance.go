@@ -38,8 +38,8 @@ func Run(t *testing.T, h Harness) {
 	}
 	probe := s.locker(t)
 	s.caps = probe.Capabilities()
-	t.Logf("capabilities: fencing=%v fifo=%v fault-tolerant=%v time=%v push-wait=%v loss-notify=%v",
-		s.caps.Fencing, s.caps.FIFO, s.caps.FaultTolerant, s.caps.TimeAuthority, s.caps.PushWait, s.caps.LossNotify)
+	t.Logf("capabilities: fencing=%v fifo=%v fault-tolerant=%v time=%v push-wait=%v loss-notify=%v shared=%v",
+		s.caps.Fencing, s.caps.FIFO, s.caps.FaultTolerant, s.caps.TimeAuthority, s.caps.PushWait, s.caps.LossNotify, s.caps.Shared)
 
 	tests := []struct {
 		name string
@@ -94,6 +94,9 @@ func Run(t *testing.T, h Harness) {
 		{"RWWriteLoss", s.testRWWriteLoss},
 		{"RWNested", s.testRWNested},
 		{"RWCancel", s.testRWCancel},
+		{"Shared", s.testShared},
+		{"SharedHolderVanishes", s.testSharedHolderVanishes},
+		{"SharedCancel", s.testSharedCancel},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, tc.fn)

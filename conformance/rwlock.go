@@ -196,9 +196,13 @@ func (s *suite) testRWWriterFirst(t *testing.T) {
 		order <- "writer"
 		wrote <- h
 	}()
-	// The writer holds the write lock once it waits for the read slots.
+	// The writer holds the write lock once it waits for the read slots; on
+	// the backend's own shared lock, it waits in the backend's queue.
 	probe := s.locker(t)
-	for end := time.Now().Add(s.waitBound()); ; {
+	if wm.Shared() {
+		s.waitWaiting(t, wm.WriteKey(), 1)
+	}
+	for end := time.Now().Add(s.waitBound()); !wm.Shared(); {
 		in, err := dlock.Inspect(ctx, probe, wm.WriteKey())
 		if err != nil && !errors.Is(err, errors.ErrUnsupported) {
 			t.Fatal(err)
@@ -290,8 +294,9 @@ func (s *suite) testRWHolderVanishes(t *testing.T) {
 }
 
 // testRWWriteLoss: a write hold whose read slot the backend forgets (not
-// its write lock) is lost: Done closes, Err and Release report ErrLeaseLost,
-// and another writer then gets in.
+// its write lock; on the backend's own shared lock, the lock) is lost: Done
+// closes, Err and Release report ErrLeaseLost, and another writer then gets
+// in.
 func (s *suite) testRWWriteLoss(t *testing.T) {
 	ctx := s.ctx(t)
 	name := key(t)
@@ -304,7 +309,11 @@ func (s *suite) testRWWriteLoss(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.h.Expire(t, m.ReadKeys()[5])
+	if m.Shared() {
+		s.h.Expire(t, m.WriteKey())
+	} else {
+		s.h.Expire(t, m.ReadKeys()[5])
+	}
 	select {
 	case <-h.Done():
 	case <-time.After(bound):
