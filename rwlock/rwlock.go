@@ -2,9 +2,18 @@
 // one writer, each hold made of leases, so renewed, lost loudly, ended by the
 // server when its holder vanishes, and fenced.
 //
-// A lock NAME is two things on the Locker: the write lock NAME/write, and a
-// semaphore of Readers read slots, NAME/read/permits/0 to /15 (see package
-// semaphore).
+// Where the backend holds locks shared (dlock.Capabilities().Shared: mem://
+// today), the read/write lock NAME is the lock NAME itself, in the backend's
+// own layout: a writer holds it exclusively, a reader shared
+// (dlock.WithShared). Each hold is one lease, one request; any number of
+// readers hold it at once; the backend queues a waiting writer ahead of
+// later readers; a write's token is its lease's, and a read's is above every
+// earlier write's and below every later one's. Other clients of the
+// backend's layout exclude and are excluded.
+//
+// Elsewhere, a lock NAME is two things on the Locker: the write lock
+// NAME/write, and a semaphore of Readers read slots, NAME/read/permits/0 to
+// /15 (see package semaphore).
 //
 //   - A reader takes the write lock, then one read slot, then gives the write
 //     lock back at once. A reader's lease is its slot's.
@@ -34,7 +43,7 @@
 // lock (the ctx Read and Write pass to their function, or one from
 // Hold.Context) Lock and RLock refuse at once with ErrNested.
 //
-// The price of portability: a read costs three requests (take and give back
+// The price of portability, where the backend cannot hold a lock shared: a read costs three requests (take and give back
 // the write lock, take a slot) and a write 2×(Readers+1); at most Readers
 // readers hold the lock at once, and the others wait.
 package rwlock
@@ -44,6 +53,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"time"
 
 	"github.com/dlock-go/dlock"
@@ -70,7 +80,8 @@ type RWMutex struct {
 	l       dlock.Locker
 	name    string
 	opts    []dlock.Option
-	readers *semaphore.Semaphore
+	shared  []dlock.Option       // opts and WithShared, where the backend holds locks shared
+	readers *semaphore.Semaphore // nil where the backend holds locks shared
 }
 
 // New returns the read/write lock name on l; opts apply to every lease it
@@ -78,6 +89,13 @@ type RWMutex struct {
 // matching dlock.ErrInvalidKey for a name that cannot make its keys) and
 // makes no call to the backend.
 func New(l dlock.Locker, name string, opts ...dlock.Option) (*RWMutex, error) {
+	if l != nil && l.Capabilities().Shared {
+		// The same names as elsewhere, so that a name is valid on every backend.
+		if err := semaphore.CheckName(name + "/read"); err != nil {
+			return nil, fmt.Errorf("rwlock %q: %w", name, err)
+		}
+		return &RWMutex{l: l, name: name, opts: opts, shared: append(slices.Clip(opts), dlock.WithShared())}, nil
+	}
 	readers, err := semaphore.New(l, name+"/read", Readers, semaphore.WithLeaseOptions(opts...), semaphore.WithSizeCheck(false))
 	if err != nil {
 		return nil, fmt.Errorf("rwlock %q: %w", name, err)
@@ -88,11 +106,26 @@ func New(l dlock.Locker, name string, opts ...dlock.Option) (*RWMutex, error) {
 // Name returns the lock's name.
 func (m *RWMutex) Name() string { return m.name }
 
-// WriteKey returns the key of the write lock, NAME/write.
-func (m *RWMutex) WriteKey() string { return m.name + "/write" }
+// Shared reports whether the lock is the backend's own shared lock NAME
+// (its Locker's Capabilities().Shared), rather than a write lock and read
+// slots.
+func (m *RWMutex) Shared() bool { return m.readers == nil }
 
-// ReadKeys returns the keys of the read slots.
+// WriteKey returns the key writers hold: NAME/write, or NAME itself where
+// the lock is the backend's own (Shared).
+func (m *RWMutex) WriteKey() string {
+	if m.Shared() {
+		return m.name
+	}
+	return m.name + "/write"
+}
+
+// ReadKeys returns the keys of the read slots; none where the lock is the
+// backend's own (Shared): readers then hold WriteKey shared.
 func (m *RWMutex) ReadKeys() []string {
+	if m.Shared() {
+		return nil
+	}
 	keys := make([]string, Readers)
 	for i := range keys {
 		keys[i] = m.readers.SlotKey(i)
@@ -156,8 +189,8 @@ func (h *Hold) Err() error {
 }
 
 // newHold returns the hold of lease (and, for a write, slots).
-func newHold(m *RWMutex, token dlock.Token, granted time.Time, lease *dlock.Lease, slots *dlock.LeaseSet) *Hold {
-	h := &Hold{m: m, write: slots != nil, token: token, granted: granted, lease: lease, slots: slots, done: lease.Done()}
+func newHold(m *RWMutex, write bool, token dlock.Token, granted time.Time, lease *dlock.Lease, slots *dlock.LeaseSet) *Hold {
+	h := &Hold{m: m, write: write, token: token, granted: granted, lease: lease, slots: slots, done: lease.Done()}
 	if slots != nil {
 		done := make(chan struct{})
 		h.done = done
@@ -254,6 +287,9 @@ func (m *RWMutex) lock(ctx context.Context, wait bool) (*Hold, error) {
 	if err != nil {
 		return nil, err
 	}
+	if m.Shared() {
+		return newHold(m, true, w.Token(), w.Granted(), w, nil), nil
+	}
 	var slots *dlock.LeaseSet
 	if wait {
 		slots, err = dlock.AcquireAll(ctx, m.l, m.ReadKeys(), m.opts...)
@@ -270,7 +306,7 @@ func (m *RWMutex) lock(ctx context.Context, wait bool) (*Hold, error) {
 			granted = l.Granted()
 		}
 	}
-	return newHold(m, w.Token(), granted, w, slots), nil
+	return newHold(m, true, w.Token(), granted, w, slots), nil
 }
 
 // RLock waits for a read hold or until ctx ends (the error then matches
@@ -298,6 +334,17 @@ func (m *RWMutex) rlock(ctx context.Context, wait bool) (*Hold, error) {
 	if err := m.nested(ctx); err != nil {
 		return nil, err
 	}
+	if m.Shared() {
+		acquire := m.l.TryAcquire
+		if wait {
+			acquire = m.l.Acquire
+		}
+		r, err := acquire(ctx, m.name, m.shared...)
+		if err != nil {
+			return nil, err
+		}
+		return newHold(m, false, r.Token(), r.Granted(), r, nil), nil
+	}
 	w, err := m.takeWrite(ctx, wait)
 	if err != nil {
 		return nil, err
@@ -320,7 +367,7 @@ func (m *RWMutex) rlock(ctx context.Context, wait bool) (*Hold, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newHold(m, w.Token(), p.Lease().Granted(), p.Lease(), nil), nil
+	return newHold(m, false, w.Token(), p.Lease().Granted(), p.Lease(), nil), nil
 }
 
 func (m *RWMutex) takeWrite(ctx context.Context, wait bool) (*dlock.Lease, error) {

@@ -201,7 +201,11 @@ func printInfo(w io.Writer, info dlock.LockInfo) {
 	if !info.Held {
 		fmt.Fprintf(tw, "held:\tno\n")
 	} else {
-		fmt.Fprintf(tw, "held:\tyes\n")
+		if info.Shared > 0 {
+			fmt.Fprintf(tw, "held:\tshared by %d (below: the one granted last)\n", info.Shared)
+		} else {
+			fmt.Fprintf(tw, "held:\tyes\n")
+		}
 		fmt.Fprintf(tw, "token:\t%d\n", info.Token)
 		fmt.Fprintf(tw, "label:\t%s\n", orDash(info.Label))
 		fmt.Fprintf(tw, "owner:\t%s\n", orDash(info.Owner))

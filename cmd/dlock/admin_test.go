@@ -98,3 +98,17 @@ func TestAdminCommands(t *testing.T) {
 	}
 	runCLI(t, env, "break", "--yes", "jobs/nightly").expectCode(t, 1) // nobody holds it now
 }
+
+// inspect says how many hold a key shared.
+func TestPrintInfoShared(t *testing.T) {
+	var b bytes.Buffer
+	printInfo(&b, dlock.LockInfo{Key: "config", Held: true, Shared: 3, Token: 9, Waiters: 1})
+	if !strings.Contains(b.String(), "shared by 3") || !strings.Contains(b.String(), "9\n") {
+		t.Errorf("inspect of a key held shared by 3:\n%s", b.String())
+	}
+	b.Reset()
+	printInfo(&b, dlock.LockInfo{Key: "config", Held: true, Token: 9, Waiters: 1})
+	if strings.Contains(b.String(), "shared") {
+		t.Errorf("inspect of a key held exclusively:\n%s", b.String())
+	}
+}
