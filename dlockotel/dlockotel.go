@@ -93,6 +93,7 @@ const (
 type observer struct {
 	tracer trace.Tracer
 	keys   bool
+	client []trace.SpanStartOption // the span kind, boxed once
 
 	acquireDur metric.Float64Histogram
 	held       metric.Int64UpDownCounter
@@ -175,7 +176,8 @@ func New(opts ...Option) (dlock.Observer, error) {
 		c.tp = otel.GetTracerProvider()
 	}
 	m := c.mp.Meter(ScopeName)
-	o := &observer{tracer: c.tp.Tracer(ScopeName), keys: c.keys}
+	o := &observer{tracer: c.tp.Tracer(ScopeName), keys: c.keys,
+		client: []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}}
 	var err error
 	if o.acquireDur, err = m.Float64Histogram("dlock.acquire.duration", metric.WithUnit("s"),
 		metric.WithDescription("Time an Acquire or TryAcquire took, wait included.")); err != nil {
@@ -222,24 +224,24 @@ func (o *observer) StartAcquire(ctx context.Context, a dlock.AcquireInfo) (conte
 	if o.keys {
 		attrs = append(attrs, AttrKey.String(a.Key))
 	}
-	ctx, span := o.tracer.Start(ctx, "dlock.acquire", trace.WithAttributes(attrs...), trace.WithSpanKind(trace.SpanKindClient))
+	ctx, span := o.tracer.Start(ctx, "dlock.acquire", trace.WithAttributes(attrs...), o.client[0])
 	return ctx, func(out dlock.AcquireOutcome) dlock.LeaseObserver {
 		o.acquireDur.Record(ctx, out.Took.Seconds(), bo.acquire[m+"/"+string(out.Result)]...)
 		if span.IsRecording() {
-			span.SetAttributes(AttrOutcome.String(string(out.Result)))
+			if out.Result == dlock.ResultGranted {
+				span.SetAttributes(AttrOutcome.String(string(out.Result)), AttrToken.Int64(int64(out.Token)))
+			} else {
+				span.SetAttributes(AttrOutcome.String(string(out.Result)))
+			}
 			if out.Result == dlock.ResultError {
 				span.RecordError(out.Err)
 				span.SetStatus(codes.Error, "acquire failed")
 			}
 		}
+		span.End()
 		if out.Result != dlock.ResultGranted {
-			span.End()
 			return nil
 		}
-		if span.IsRecording() {
-			span.SetAttributes(AttrToken.Int64(int64(out.Token)))
-		}
-		span.End()
 		o.held.Add(ctx, 1, bo.held...)
 		// Renewals and a loss go into the acquire's trace, under its span.
 		l := &lease{o: o, bo: bo, key: a.Key, token: int64(out.Token),
@@ -268,7 +270,7 @@ func (l *lease) attrs() []attribute.KeyValue {
 
 func (l *lease) Renewed(took time.Duration, err error) {
 	end := time.Now()
-	_, span := l.o.tracer.Start(l.ctx, "dlock.renew", trace.WithTimestamp(end.Add(-took)), trace.WithSpanKind(trace.SpanKindClient))
+	_, span := l.o.tracer.Start(l.ctx, "dlock.renew", trace.WithTimestamp(end.Add(-took)), l.o.client[0])
 	if err != nil {
 		if span.IsRecording() {
 			span.SetAttributes(append(l.attrs(), AttrOutcome.String("error"))...)
@@ -287,7 +289,7 @@ func (l *lease) Renewed(took time.Duration, err error) {
 }
 
 func (l *lease) StartRelease(ctx context.Context) (context.Context, func(error)) {
-	ctx, span := l.o.tracer.Start(ctx, "dlock.release", trace.WithSpanKind(trace.SpanKindClient))
+	ctx, span := l.o.tracer.Start(ctx, "dlock.release", l.o.client...)
 	return ctx, func(err error) {
 		outcome := "ok"
 		if err != nil {
