@@ -106,6 +106,26 @@ func (p pgAdvisory) lock(ctx context.Context, key string, wait bool) (func() err
 	}, nil
 }
 
+// pgAdvisoryShared takes a raw pg_advisory_lock_shared on one connection.
+type pgAdvisoryShared struct{ c *pgx.Conn }
+
+func (p pgAdvisoryShared) lock(ctx context.Context, key string, _ bool) (func() error, error) {
+	k := pgKey(key)
+	if _, err := p.c.Exec(ctx, "SELECT pg_advisory_lock_shared($1)", k); err != nil {
+		return nil, err
+	}
+	return func() error {
+		var ok bool
+		if err := p.c.QueryRow(context.Background(), "SELECT pg_advisory_unlock_shared($1)", k).Scan(&ok); err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("pg_advisory_unlock_shared(%q): not held", key)
+		}
+		return nil
+	}, nil
+}
+
 // BenchmarkPostgres compares dlock's PostgreSQL driver, a raw pg_advisory_lock
 // with pgx and the floor (pg_try_advisory_lock) on one server; the scenarios
 // are BenchmarkRedis's.

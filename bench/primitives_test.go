@@ -116,7 +116,8 @@ func floorOf(tb testing.TB, impls []impl) impl {
 // BenchmarkPrimitives: uncontended cycles of a semaphore permit and of a
 // read and a write hold of a read/write lock, interleaved round by round
 // with a lock cycle and the backend's floor, on each backend; on etcd also
-// the recipes RWMutex (the only Go peer of either on these backends).
+// the recipes RWMutex (the only Go peer of either on these backends), on
+// PostgreSQL a raw pg_advisory_lock_shared (a read's floor).
 func BenchmarkPrimitives(b *testing.B) {
 	backends := []struct {
 		name string
@@ -138,7 +139,10 @@ func BenchmarkPrimitives(b *testing.B) {
 		}},
 		{"Postgres", func(tb testing.TB) []impl {
 			e := startPostgresEnv(tb)
-			return primitiveImpls(e.srv.URL(), floorOf(tb, e.impls))
+			url := e.srv.URL()
+			return append(primitiveImpls(url, floorOf(tb, e.impls)),
+				impl{name: "pg-advisory-shared", canWait: true, reqs: e.reqs, oneSessionPerWaiter: true,
+					newLocker: func(tb testing.TB) locker { return pgAdvisoryShared{newPgConn(tb, url)} }})
 		}},
 		{"MySQL", func(tb testing.TB) []impl {
 			e := startMySQLEnv(tb)

@@ -60,8 +60,9 @@ import (
 	"github.com/dlock-go/dlock/semaphore"
 )
 
-// Readers is the number of read slots: the most readers that hold one lock
-// at once. It is a constant, not an option: writers and readers must agree
+// Readers is the number of read slots of the portable layout: the most
+// readers that hold one lock at once where the backend cannot hold a lock
+// shared (on its own shared lock, any number do). It is a constant, not an option: writers and readers must agree
 // on it, and a writer takes every slot.
 const Readers = 16
 
@@ -320,8 +321,8 @@ func (m *RWMutex) RLock(ctx context.Context) (*Hold, error) {
 }
 
 // TryRLock makes one attempt at a read hold; if a writer holds the lock (or
-// waits holding the write lock), or Readers readers hold it, the error
-// matches dlock.ErrNotAcquired.
+// waits for it), or, in the portable layout, Readers readers hold it, the
+// error matches dlock.ErrNotAcquired.
 func (m *RWMutex) TryRLock(ctx context.Context) (*Hold, error) {
 	h, err := m.rlock(ctx, false)
 	if err != nil {
