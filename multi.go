@@ -34,8 +34,9 @@ type LeaseSet struct {
 // them all at once: in one atomic step where the backend can (etcd: one
 // transaction; see backend.MultiAcquirer), otherwise with one TryAcquire per
 // key, up to 16 in flight, giving back what it took if a key is held. If a key
-// is held, it then acquires the keys one at a time in sorted order, waiting
-// for each as Acquire does, so that two callers asking for overlapping sets
+// is held (or a try failed), it then acquires the keys one at a time in
+// sorted order, waiting for each as Acquire does (riding out what Acquire
+// rides out), so that two callers asking for overlapping sets
 // never deadlock (the one that holds the lowest common key goes first). If
 // any acquire fails — ctx ends, the Locker closes, the backend fails — the
 // leases already taken are released before it returns, and the error names
@@ -73,8 +74,10 @@ func acquireAll(ctx context.Context, l Locker, keys []string, wait bool, opts []
 		switch {
 		case err == nil:
 			return newLeaseSet(leases), nil
-		case wait && errors.Is(err, ErrNotAcquired) && ctx.Err() == nil:
-			// One key at a time, below.
+		case wait && ctx.Err() == nil:
+			// One key at a time, below: a key was held, or a try failed
+			// (a node slow to answer, a transient error) where a waiting
+			// Acquire rides it out.
 		default:
 			return nil, fmt.Errorf("all of %d keys: %w", len(sorted), err)
 		}

@@ -122,3 +122,36 @@ func TestLabelValidation(t *testing.T) {
 		t.Errorf("label from the DSN: %q, want from-dsn", info.Label)
 	}
 }
+
+// flakyTries is a Locker whose TryAcquire fails as a slow node does, while
+// its Acquire rides such failures out.
+type flakyTries struct{ dlock.Locker }
+
+var errSlowNode = errors.New("no reply within 100ms")
+
+func (flakyTries) TryAcquire(context.Context, string, ...dlock.Option) (*dlock.Lease, error) {
+	return nil, errSlowNode
+}
+
+// A waiting AcquireAll whose first, all-at-once try fails for another reason
+// than a held key goes on one key at a time, as a waiting Acquire would; a
+// TryAcquireAll reports the failure.
+func TestAcquireAllRidesOutAFailedTry(t *testing.T) {
+	ctx := context.Background()
+	l, err := dlock.Open(ctx, "mem://acquire-all-flaky")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	set, err := dlock.AcquireAll(ctx, flakyTries{l}, []string{"a", "b", "c"})
+	if err != nil {
+		t.Fatalf("AcquireAll after a failed try: %v", err)
+	}
+	if n := len(set.Leases()); n != 3 {
+		t.Errorf("%d leases, want 3", n)
+	}
+	_ = set.Release(ctx)
+	if _, err := dlock.TryAcquireAll(ctx, flakyTries{l}, []string{"a", "b"}); !errors.Is(err, errSlowNode) {
+		t.Errorf("TryAcquireAll with failing tries: %v, want the tries' error", err)
+	}
+}
