@@ -16,10 +16,13 @@ import (
 	"github.com/dlock-go/dlock/backend"
 )
 
-// Acquire takes the advisory lock of req.Key: in the shared session for
-// req.TTL if the lock is free, else (if req.Wait) waiting in the server on a
-// connection of its own, which the lease then keeps (see docs/postgres.md).
-// If ctx ends first, it cancels the wait and leaves nothing behind.
+// Acquire takes the advisory lock of req.Key, shared if req.Shared
+// (pg_advisory_lock_shared): in the shared session for req.TTL if the lock
+// is free, else (if req.Wait) waiting in the server on a connection of its
+// own, which the lease then keeps (see docs/postgres.md). A shared request
+// for a key the shared session holds shared is asked on a connection of its
+// own, waiting or not. If ctx ends first, it cancels the wait and leaves
+// nothing behind.
 func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*backend.Grant, error) {
 	if d.closed.Load() {
 		return nil, errClosed
@@ -33,6 +36,7 @@ func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 	// statement and no connection of its own. A waiting Acquire of a key
 	// found held a moment ago goes straight to waiting: the try would only
 	// cost a statement per hand-off.
+tries:
 	for attempt := 0; !req.Wait || !d.contended(key); attempt++ {
 		g, retry, err := d.acquireShared(ctx, req, key, ms, validity)
 		switch {
@@ -40,6 +44,8 @@ func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 			return g, nil
 		case retry && attempt < 2:
 			continue // the shared session had ended: open another
+		case errors.Is(err, errApart):
+			break tries // the server decides, on a connection of its own
 		case errors.Is(err, backend.ErrHeld):
 			d.markContended(key)
 		}
@@ -54,14 +60,17 @@ func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 	// until granted or ctx is done). A connection that died holds no lock.
 	wait := backend.Backoff{Min: 50 * time.Millisecond, Max: 500 * time.Millisecond}
 	for attempt := 0; ; attempt++ {
-		pc, err := d.pool.Acquire(ctx)
+		// A TryAcquire gets here only for a shared request the shared
+		// session cannot ask (errApart): it waits at most poolWait for a
+		// connection, as in the shared session.
+		pc, err := d.conn(ctx, req.Wait)
 		if err != nil {
 			if req.Wait && serverDown(err) && backend.Sleep(ctx, wait.Next()) == nil {
 				continue
 			}
-			return nil, fmt.Errorf("connect: %w", err)
+			return nil, err
 		}
-		p := newPin(d, pc, key)
+		p := newPin(d, pc, key, req.Shared)
 		d.track(p)
 		p.mu <- struct{}{} // not shared yet; held for the destroy calls below
 		g, retry, err := d.acquireOn(ctx, p, req, ms, validity)
@@ -111,9 +120,9 @@ func serverDown(err error) bool {
 const waitedAfter = 10 * time.Millisecond
 
 func (d *Driver) acquireOn(ctx context.Context, p *pin, req backend.AcquireRequest, ms int64, validity time.Duration) (g *backend.Grant, retry bool, err error) {
-	stmt := d.sql.tryLock
+	stmt := d.sql.mode(req.Shared).tryLock
 	if req.Wait {
-		stmt = d.sql.lock
+		stmt = d.sql.mode(req.Shared).lock
 	}
 	var r grantRow
 	start := time.Now()
@@ -257,7 +266,7 @@ func (d *Driver) runAcquire(ctx context.Context, pc *pgxpool.Conn, stmt string, 
 	return nil
 }
 
-// cleanup rolls back and releases p's lock, in case the acquire took it,
+// cleanup rolls back and releases p's lock (in p's mode), in case the acquire took it,
 // before the caller closes the connection: closing alone would free the lock
 // too, but only once the server has noticed, after Acquire has returned.
 func (d *Driver) cleanup(p *pin) {
@@ -265,7 +274,7 @@ func (d *Driver) cleanup(p *pin) {
 	defer cancel()
 	b := &pgx.Batch{}
 	b.Queue(d.sql.rollback)
-	b.Queue(d.sql.cleanup, p.key.args()...)
+	b.Queue(d.sql.mode(p.share).cleanup, p.key.args()...)
 	_ = p.pc.SendBatch(ctx, b).Close()
 }
 

@@ -23,8 +23,11 @@ var (
 // inspectSQL reads, for advisory locks of the current database given by
 // classid/objid/objsubid arrays, the holder's pid, application_name (the
 // label) and whether its session is idle (no statement or transaction of
-// its in flight: a grant it made has committed its token), and the number
-// of sessions waiting for each lock.
+// its in flight: a grant it made has committed its token), the number of
+// sessions waiting for each lock, and the number of sessions holding it
+// shared (ShareLock) and exclusively (ExclusiveLock). Of several shared
+// holders it reads the one whose session last changed state (PostgreSQL
+// records no grant order).
 const inspectSQL = `WITH k AS (
 	SELECT * FROM unnest($1::oid[], $2::oid[], $3::int2[]) AS k(classid, objid, objsubid)
 ), l AS (
@@ -36,22 +39,36 @@ const inspectSQL = `WITH k AS (
 		a.application_name, a.state = 'idle' AS idle
 	FROM l LEFT JOIN pg_stat_activity a ON a.pid = l.pid
 	WHERE l.granted
+	ORDER BY l.classid, l.objid, l.objsubid, l.mode = 'ExclusiveLock' DESC, a.state_change DESC NULLS LAST
 )
 SELECT k.classid, k.objid, k.objsubid, h.pid, h.application_name, coalesce(h.idle, false),
-	(SELECT count(*) FROM l WHERE (l.classid, l.objid, l.objsubid) = (k.classid, k.objid, k.objsubid) AND NOT l.granted)
+	(SELECT count(*) FROM l WHERE (l.classid, l.objid, l.objsubid) = (k.classid, k.objid, k.objsubid) AND NOT l.granted),
+	(SELECT count(*) FROM l WHERE (l.classid, l.objid, l.objsubid) = (k.classid, k.objid, k.objsubid) AND l.granted AND l.mode = 'ShareLock'),
+	(SELECT count(*) FROM l WHERE (l.classid, l.objid, l.objsubid) = (k.classid, k.objid, k.objsubid) AND l.granted AND l.mode = 'ExclusiveLock')
 FROM k LEFT JOIN h USING (classid, objid, objsubid)`
 
 // tokensSQL reads the fence table's counters of keys ($1), and then, after
 // the statement's snapshot was taken, the holder of each key's advisory lock
-// ($2, $3, $4: classid, objid, objsubid), so that a holder found by
-// inspectSQL before and here after held the lock across the read of its
-// token. %s is the fence table.
+// ($2, $3, $4: classid, objid, objsubid) in exclusive mode, so that a
+// holder found by inspectSQL before and here after held the lock across the
+// read of its token. %s is the fence table.
 const tokensSQL = `SELECT k.key, coalesce(f.token, 0),
 	coalesce((SELECT l.pid FROM pg_locks l
 	  WHERE l.locktype = 'advisory' AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
-	    AND (l.classid, l.objid, l.objsubid) = (k.classid, k.objid, k.objsubid) AND l.granted LIMIT 1), 0)
+	    AND (l.classid, l.objid, l.objsubid) = (k.classid, k.objid, k.objsubid) AND l.granted
+	    AND l.mode = 'ExclusiveLock' LIMIT 1), 0)
 FROM unnest($1::text[], $2::oid[], $3::oid[], $4::int2[]) AS k(key, classid, objid, objsubid)
 LEFT JOIN %s f ON f.key = k.key`
+
+// breakSharedSQL ends every session that holds an advisory lock ($1, $2,
+// $3: classid, objid, objsubid) of the current database shared, and counts
+// those it ended.
+const breakSharedSQL = `SELECT count(*) FILTER (WHERE pg_terminate_backend(h.pid)) FROM (
+	SELECT DISTINCT l.pid FROM pg_locks l
+	WHERE l.locktype = 'advisory' AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+	  AND l.classid = $1::int8::oid AND l.objid = $2::int8::oid AND l.objsubid = $3::int2
+	  AND l.granted AND l.mode = 'ShareLock' AND l.pid IS NOT NULL
+) h`
 
 // inspectTries is how many times inspectKeys reads a lock whose holder was
 // making a grant (or changed) while it looked before it reports token 0
@@ -69,7 +86,10 @@ type holder struct {
 // holder's session was idle when its lock was read (any grant it made had
 // committed) and held the lock still after its token was read; a key for
 // which that does not hold is read again, up to inspectTries times in all,
-// and then reported with token 0.
+// and then reported with token 0. A lock held shared is reported with token
+// 0: the counter is the token of the last shared grant, whose holder may
+// have left while others still hold the lock (PostgreSQL records no grant
+// order), so it names no holder for sure.
 func (d *Driver) inspectKeys(ctx context.Context, keys []string) ([]holder, error) {
 	out := make([]holder, len(keys))
 	for i, k := range keys {
@@ -99,8 +119,8 @@ func (d *Driver) inspectKeys(ctx context.Context, keys []string) ([]holder, erro
 			var pid *uint32
 			var app *string
 			var isIdle bool
-			var waiters int64
-			if err := rows.Scan(&c, &o, &sub, &pid, &app, &isIdle, &waiters); err != nil {
+			var waiters, shares, exclusive int64
+			if err := rows.Scan(&c, &o, &sub, &pid, &app, &isIdle, &waiters, &shares, &exclusive); err != nil {
 				rows.Close()
 				return nil, fmt.Errorf("read pg_locks: %w", err)
 			}
@@ -109,6 +129,9 @@ func (d *Driver) inspectKeys(ctx context.Context, keys []string) ([]holder, erro
 			if pid != nil {
 				out[i].pid = *pid
 				out[i].info.Held = true
+				if exclusive == 0 { // a session may hold both modes; then it holds it exclusively
+					out[i].info.Shared = int(shares)
+				}
 				if app != nil {
 					out[i].info.Label = *app
 				}
@@ -141,8 +164,8 @@ func (d *Driver) inspectKeys(ctx context.Context, keys []string) ([]holder, erro
 		var again []int
 		for _, t := range tokens {
 			i, ok := pos[t.Key]
-			if !ok || !out[i].info.Held {
-				continue
+			if !ok || !out[i].info.Held || out[i].info.Shared > 0 {
+				continue // not held, or held shared: token 0 (see above)
 			}
 			if idle[i] && t.Pid == out[i].pid {
 				out[i].info.Token = uint64(t.Token)
@@ -211,10 +234,11 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, e
 // the session holding them, so it ends that session
 // (pg_terminate_backend), which frees every lock the session holds: with
 // dlock's driver, every lease of the holder's Locker that shares the session
-// (the leases of one TTL and label that were granted without a wait). The
+// (the leases of one TTL and label that were granted without a wait). A lock
+// held shared is broken by ending every session that holds it shared. The
 // fence table is untouched, so the next grant's token is higher. The broken
-// holder learns it at once (its connection closes). It needs the right to
-// signal the holder's backend: the same role, or pg_signal_backend.
+// holders learn it at once (their connections close). It needs the right to
+// signal the holders' backends: the same role, or pg_signal_backend.
 func (d *Driver) Break(ctx context.Context, key string) (backend.LockInfo, error) {
 	hs, err := d.inspectKeys(ctx, []string{key})
 	if err != nil {
@@ -224,12 +248,23 @@ func (d *Driver) Break(ctx context.Context, key string) (backend.LockInfo, error
 	if !h.info.Held {
 		return h.info, fmt.Errorf("key %q: %w", key, backend.ErrNotHeld)
 	}
-	var ok bool
-	if err := d.pool.QueryRow(ctx, "SELECT pg_terminate_backend($1)", int32(h.pid)).Scan(&ok); err != nil {
-		return h.info, fmt.Errorf("end the holder's session (pid %d): %w", h.pid, err)
-	}
-	if !ok {
-		return h.info, fmt.Errorf("key %q: the holder's session (pid %d) ended before the break: %w", key, h.pid, backend.ErrNotHeld)
+	if h.info.Shared > 0 {
+		classid, objid, objsubid := d.opts.AdvisoryKey(key).PgLocks()
+		var ended int
+		if err := d.pool.QueryRow(ctx, breakSharedSQL, int64(classid), int64(objid), objsubid).Scan(&ended); err != nil {
+			return h.info, fmt.Errorf("end the shared holders' sessions: %w", err)
+		}
+		if ended == 0 {
+			return h.info, fmt.Errorf("key %q: the shared holders' sessions ended before the break: %w", key, backend.ErrNotHeld)
+		}
+	} else {
+		var ok bool
+		if err := d.pool.QueryRow(ctx, "SELECT pg_terminate_backend($1)", int32(h.pid)).Scan(&ok); err != nil {
+			return h.info, fmt.Errorf("end the holder's session (pid %d): %w", h.pid, err)
+		}
+		if !ok {
+			return h.info, fmt.Errorf("key %q: the holder's session (pid %d) ended before the break: %w", key, h.pid, backend.ErrNotHeld)
+		}
 	}
 	_, _ = d.pool.Exec(ctx, notifySQL, d.opts.AdvisoryKey(key).Payload()) // best effort: followers also poll
 	return h.info, nil

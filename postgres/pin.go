@@ -22,9 +22,10 @@ import (
 // refresh, release, the idle watcher — happens while holding mu, a one-slot
 // semaphore (so that waiting for it can respect a ctx).
 type pin struct {
-	d   *Driver
-	key AdvisoryKey
-	pid uint32 // pg_backend_pid() of the session that took the lock
+	d     *Driver
+	key   AdvisoryKey
+	share bool   // the lock is held shared (dlock.WithShared); set before the acquire
+	pid   uint32 // pg_backend_pid() of the session that took the lock
 
 	lost     chan struct{} // closed when the session is known gone or given up
 	lostOnce sync.Once
@@ -57,8 +58,8 @@ type pin struct {
 // session that ends in that time is noticed that much later.
 const watchDelay = 20 * time.Millisecond
 
-func newPin(d *Driver, pc *pgxpool.Conn, key AdvisoryKey) *pin {
-	return &pin{d: d, pc: pc, key: key, lost: make(chan struct{}), mu: make(chan struct{}, 1)}
+func newPin(d *Driver, pc *pgxpool.Conn, key AdvisoryKey, share bool) *pin {
+	return &pin{d: d, pc: pc, key: key, share: share, lost: make(chan struct{}), mu: make(chan struct{}, 1)}
 }
 
 // lock takes mu, or gives up when ctx ends.
@@ -210,7 +211,7 @@ func (p *pin) usable() error {
 
 // ping runs the keepalive statement: it resets the server's idle timer, sets
 // the session's idle timeout for ttl, and checks that this session still
-// holds the lock. On any failure the connection is given up, and the error
+// holds the lock, in the lease's mode. On any failure the connection is given up, and the error
 // wraps backend.ErrNotHeld. mu must be held and the watcher stopped.
 func (p *pin) ping(ctx context.Context, ttl time.Duration) (time.Duration, error) {
 	ms, validity, err := leaseTimeout(ttl)
@@ -220,8 +221,8 @@ func (p *pin) ping(ctx context.Context, ttl time.Duration) (time.Duration, error
 	classid, objid, objsubid := p.key.PgLocks()
 	var pid uint32
 	var held bool
-	err = p.pc.QueryRow(ctx, p.d.sql.ping, strconv.FormatInt(ms, 10), int64(classid), int64(objid), objsubid).
-		Scan(&pid, nil, &held)
+	err = p.pc.QueryRow(ctx, p.d.sql.ping, strconv.FormatInt(ms, 10), int64(classid), int64(objid), objsubid,
+		p.d.sql.mode(p.share).mode).Scan(&pid, nil, &held)
 	switch {
 	case err != nil:
 		p.destroy()
@@ -257,15 +258,16 @@ func (p *pin) refresh(ctx context.Context, ttl time.Duration) (time.Duration, er
 	return v, nil
 }
 
-// relabel is Driver.Relabel for this pin: it sets the session's
-// application_name, checking that the session still holds key's lock. A
+// relabelLocked sets the session's application_name, checking that the
+// session still holds key's lock in its mode (share: held shared). A
 // session that no longer does is given up. mu must be held and the watcher
 // stopped.
-func (p *pin) relabelLocked(ctx context.Context, key AdvisoryKey, label string) error {
+func (p *pin) relabelLocked(ctx context.Context, key AdvisoryKey, share bool, label string) error {
 	classid, objid, objsubid := key.PgLocks()
 	var pid uint32
 	var held bool
-	err := p.pc.QueryRow(ctx, p.d.sql.relabel, label, int64(classid), int64(objid), objsubid).Scan(&pid, nil, &held)
+	err := p.pc.QueryRow(ctx, p.d.sql.relabel, label, int64(classid), int64(objid), objsubid, p.d.sql.mode(share).mode).
+		Scan(&pid, nil, &held)
 	switch {
 	case err != nil:
 		p.destroy() // unknown whether it ran, and the session is in an unknown state
@@ -290,7 +292,7 @@ func (p *pin) relabel(ctx context.Context, label string) error {
 	if err := p.usable(); err != nil {
 		return err
 	}
-	if err := p.relabelLocked(ctx, p.key, label); err != nil {
+	if err := p.relabelLocked(ctx, p.key, p.share, label); err != nil {
 		return err
 	}
 	_ = notifyOn(ctx, p.pc.Conn(), p.key) // best effort: followers also poll
@@ -317,10 +319,11 @@ func (p *pin) release(ctx context.Context) error {
 	var pid uint32
 	var held bool
 	var err error
+	unlock := p.d.sql.mode(p.share).unlock
 	if p.d.sql.owned {
-		err = p.pc.QueryRow(ctx, p.d.sql.unlock, p.key.args()...).Scan(&pid, &held, nil, nil)
+		err = p.pc.QueryRow(ctx, unlock, p.key.args()...).Scan(&pid, &held, nil, nil)
 	} else {
-		b := p.d.sql.releaseBatch(p.key.args(), func(r pgx.Row) error { return r.Scan(&pid, &held) })
+		b := p.d.sql.releaseBatch(unlock, p.key.args(), func(r pgx.Row) error { return r.Scan(&pid, &held) })
 		err = p.pc.SendBatch(ctx, b).Close()
 	}
 	if err := p.unlocked(err, pid, held); err != nil {

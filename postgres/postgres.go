@@ -383,8 +383,9 @@ func (d *Driver) Table() string { return d.table }
 func (d *Driver) AdvisoryKey(key string) AdvisoryKey { return d.opts.AdvisoryKey(key) }
 
 // Capabilities reports strict fencing (a durable counter), FIFO waiting in the
-// server, server-side expiry (idle_session_timeout), push-based waiting and
-// immediate loss notification; not fault tolerant (one server).
+// server, server-side expiry (idle_session_timeout), push-based waiting,
+// immediate loss notification and shared locks (pg_advisory_lock_shared);
+// not fault tolerant (one server).
 func (d *Driver) Capabilities() backend.Capabilities {
 	return backend.Capabilities{
 		Fencing:       backend.FencingStrict,
@@ -393,6 +394,7 @@ func (d *Driver) Capabilities() backend.Capabilities {
 		TimeAuthority: backend.TimeServer,
 		PushWait:      true,
 		LossNotify:    true,
+		Shared:        true,
 	}
 }
 

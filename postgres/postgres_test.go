@@ -391,8 +391,8 @@ func TestWaitedGrantValidity(t *testing.T) {
 }
 
 // TestPoolHygiene: a connection goes back to a caller's pool only with its
-// lock released and its idle_session_timeout restored; TryAcquire on a held
-// key does not cost a connection.
+// lock released (shared or exclusive) and its idle_session_timeout
+// restored; TryAcquire on a held key does not cost a connection.
 func TestPoolHygiene(t *testing.T) {
 	srv := testenv.StartPostgres(t)
 	ctx := testCtx(t)
@@ -422,6 +422,24 @@ func TestPoolHygiene(t *testing.T) {
 		}
 		if err := lease.Release(ctx); err != nil {
 			t.Fatal(err)
+		}
+	}
+	// Two shared leases of one key: one in the shared session, one on a
+	// connection of its own; both unlocked in their mode on release.
+	var readers []*dlock.Lease
+	for range 2 {
+		r, err := l.TryAcquire(ctx, "hygiene/shared", dlock.WithShared(), dlock.WithTTL(3*time.Second))
+		if err != nil {
+			t.Fatalf("shared TryAcquire: %v", err)
+		}
+		if err := r.Refresh(ctx); err != nil {
+			t.Fatalf("Refresh of a shared lease: %v", err)
+		}
+		readers = append(readers, r)
+	}
+	for _, r := range readers {
+		if err := r.Release(ctx); err != nil {
+			t.Fatalf("Release of a shared lease: %v", err)
 		}
 	}
 	for range 2 {
@@ -603,6 +621,28 @@ func TestPgBouncer(t *testing.T) {
 		}
 		if err := next.Release(ctx); err != nil {
 			t.Fatal(err)
+		}
+
+		// Shared locks through the bouncer: two readers share, a writer is
+		// refused.
+		if !a.Capabilities().Shared {
+			t.Fatal("Capabilities().Shared is false through a session-pooling PgBouncer")
+		}
+		ra, err := a.TryAcquire(ctx, "bouncer/shared", dlock.WithShared())
+		if err != nil {
+			t.Fatal(err)
+		}
+		rb, err := b.TryAcquire(ctx, "bouncer/shared", dlock.WithShared())
+		if err != nil {
+			t.Fatalf("second shared TryAcquire through the bouncer: %v", err)
+		}
+		if _, err := a.TryAcquire(ctx, "bouncer/shared"); !errors.Is(err, dlock.ErrNotAcquired) {
+			t.Fatalf("exclusive TryAcquire of a key held shared: %v", err)
+		}
+		for _, r := range []*dlock.Lease{ra, rb} {
+			if err := r.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
 		}
 	})
 }

@@ -24,8 +24,13 @@ import (
 //
 // Advisory locks are re-entrant within a session, so the driver keeps its
 // own record of the keys a shared session holds and never asks it for one
-// of them twice: a second lease of the same key waits on a connection of its
-// own, behind the shared session, as a separate client would.
+// of them twice, in either mode: a second lease of the same key waits on a
+// connection of its own, behind the shared session, as a separate client
+// would. For a lock held shared this is what keeps a waiting writer from
+// being overtaken: PostgreSQL grants a session a lock mode it already holds
+// without looking at the queue, so a second shared lease asked of the same
+// session would get in ahead of an exclusive request waiting for the key;
+// asked on a connection of its own, it queues behind it.
 type shared struct {
 	d     *Driver
 	ms    int64  // its idle_session_timeout: the leases' TTL in milliseconds
@@ -45,6 +50,7 @@ type shared struct {
 type sharedLease struct {
 	s        *shared
 	key      AdvisoryKey
+	share    bool // held shared (dlock.WithShared)
 	onLost   func(error)
 	announce bool // acquired with dlock.WithAnnounce: its release is announced (watch.go)
 }
@@ -77,7 +83,7 @@ func (d *Driver) sharedFor(ctx context.Context, ms int64, label string, wait boo
 	}
 	s := &shared{d: d, ms: ms, label: label, leases: map[AdvisoryKey]*sharedLease{}}
 	s.pings = batch.New(pingGap, &d.closing, s.ping)
-	s.p = newPin(d, pc, AdvisoryKey{})
+	s.p = newPin(d, pc, AdvisoryKey{}, false) // p.key and p.share are unused
 	s.p.onLost = s.lost
 	d.track(s.p)
 	d.mu.Lock()
@@ -182,19 +188,32 @@ func (s *shared) retire() {
 	}
 }
 
+// errApart is acquireShared's answer to a shared request for a key the
+// shared session holds shared (or is taking): the server may grant it, but
+// only on another session, since the shared session never asks for a key
+// twice. The request is made on a connection of its own, even a
+// TryAcquire.
+var errApart = errors.New("the shared session holds the key: ask on a connection of its own")
+
 // acquireShared tries to take key in a shared session: ErrHeld if the lock
-// is held, by anyone, this driver's shared session included. retry reports
-// a shared session that ended under the acquire: another may be tried.
+// is held, by anyone, this driver's shared session included (errApart for
+// a shared request whose key the session holds shared). retry reports a
+// shared session that ended under the acquire: another may be tried.
 func (d *Driver) acquireShared(ctx context.Context, req backend.AcquireRequest, key AdvisoryKey, ms int64, validity time.Duration) (g *backend.Grant, retry bool, err error) {
 	s, err := d.sharedFor(ctx, ms, req.Label, req.Wait)
 	if err != nil {
 		return nil, false, err
 	}
 	d.mu.Lock()
-	switch _, taken := s.leases[key]; {
+	switch held, taken := s.leases[key]; {
 	case s.retired || s.relabeling:
 		d.mu.Unlock()
 		return nil, true, errSessionGone
+	case taken && req.Shared && (held == nil || held.share):
+		// Held shared, or being taken in a mode not known yet: the server
+		// decides, on another session (never this one: see shared).
+		d.mu.Unlock()
+		return nil, false, errApart
 	case taken:
 		d.mu.Unlock()
 		return nil, false, backend.ErrHeld
@@ -225,7 +244,7 @@ func (d *Driver) acquireShared(ctx context.Context, req backend.AcquireRequest, 
 	var r grantRow
 	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	start := time.Now()
-	err = d.runAcquire(qctx, p.pc, d.sql.tryLock, key, req.Key, req.Label, ms, &r)
+	err = d.runAcquire(qctx, p.pc, d.sql.mode(req.Shared).tryLock, key, req.Key, req.Label, ms, &r)
 	cancel()
 	token, pid, granted := r.token, r.pid, r.granted
 	switch {
@@ -258,7 +277,7 @@ func (d *Driver) acquireShared(ctx context.Context, req backend.AcquireRequest, 
 	}
 	p.pid = pid
 	if ctx.Err() != nil { // granted, but the caller has gone: give it back
-		err := s.unlock(key)
+		err := s.unlock(key, req.Shared)
 		p.startWatchLater()
 		<-p.mu
 		unreserve()
@@ -267,7 +286,7 @@ func (d *Driver) acquireShared(ctx context.Context, req backend.AcquireRequest, 
 		}
 		return nil, false, ctx.Err()
 	}
-	l := &sharedLease{s: s, key: key, onLost: req.OnLost, announce: req.Announce}
+	l := &sharedLease{s: s, key: key, share: req.Shared, onLost: req.OnLost, announce: req.Announce}
 	d.mu.Lock()
 	if s.leases != nil {
 		s.leases[key] = l
@@ -288,15 +307,16 @@ func (d *Driver) acquireShared(ctx context.Context, req backend.AcquireRequest, 
 	}, false, nil
 }
 
-// unlock releases key in s's session; p.mu must be held and the watcher
-// stopped. On an error the session is given up (its leases end).
-func (s *shared) unlock(key AdvisoryKey) error {
+// unlock releases key, held shared if share, in s's session; p.mu must be
+// held and the watcher stopped. On an error the session is given up (its
+// leases end).
+func (s *shared) unlock(key AdvisoryKey, share bool) error {
 	p := s.p
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
 	var pid uint32
 	var held bool
-	err := p.pc.QueryRow(ctx, s.d.sql.sharedUnlock, key.args()...).Scan(&pid, &held)
+	err := p.pc.QueryRow(ctx, s.d.sql.mode(share).sharedUnlock, key.args()...).Scan(&pid, &held)
 	return p.unlocked(err, pid, held) // a lock not held is no reason to end the others
 }
 
@@ -336,7 +356,7 @@ func (l *sharedLease) releaseLocked() error {
 	if err := p.usable(); err != nil {
 		return err
 	}
-	err := s.unlock(l.key)
+	err := s.unlock(l.key, l.share)
 	if err == nil && l.announce && p.pc != nil && notifyOn(context.Background(), p.pc.Conn(), l.key) != nil {
 		p.destroy() // its other leases end: the session is in an unknown state
 	}
@@ -385,7 +405,7 @@ func (l *sharedLease) relabel(ctx context.Context, label string) error {
 	if err := p.usable(); err != nil {
 		return err
 	}
-	if err := p.relabelLocked(ctx, l.key, label); err != nil {
+	if err := p.relabelLocked(ctx, l.key, l.share, label); err != nil {
 		return err
 	}
 	_ = notifyOn(ctx, p.pc.Conn(), l.key) // best effort: followers also poll

@@ -143,6 +143,36 @@ func TestTryAcquireReportsPoolExhausted(t *testing.T) {
 	}
 }
 
+// A second shared TryAcquire of a key the shared session holds shared needs
+// a connection of its own: with the pool's only connection taken by the
+// shared session, it reports ErrPoolExhausted within poolWait too.
+func TestSharedTryAcquireReportsPoolExhausted(t *testing.T) {
+	srv := testenv.StartPostgres(t)
+	ctx := context.Background()
+	d, _ := poolDriver(t, srv, "&pool_max_conns=1")
+	req := backend.AcquireRequest{Key: "read", Owner: backend.NewOwnerID(), TTL: 10 * time.Second, Shared: true}
+	first, err := d.Acquire(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	req.Owner = backend.NewOwnerID()
+	_, err = d.Acquire(tctx, req)
+	took := time.Since(start)
+	t.Logf("after %v: %v", took, err)
+	if !errors.Is(err, ErrPoolExhausted) || errors.Is(err, backend.ErrHeld) {
+		t.Fatalf("second shared TryAcquire with the pool exhausted: %v, want ErrPoolExhausted", err)
+	}
+	if took > poolWait+time.Second {
+		t.Errorf("second shared TryAcquire with the pool exhausted took %v; poolWait is %v", took, poolWait)
+	}
+	if err := d.Release(ctx, first); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // poolDriver opens a driver on a pool of its own (the server's URL plus
 // params), both closed with the test.
 func poolDriver(t *testing.T, srv *testenv.Postgres, params string) (*Driver, *pgxpool.Pool) {

@@ -28,45 +28,81 @@ type statements struct {
 	// inside the transaction equal to the TTL (argument: milliseconds, text).
 	begin, setup, commit string
 
+	// exclusive and share are the statements that name the lock's mode:
+	// pg_advisory_lock and its relatives for an exclusive lock,
+	// pg_advisory_lock_shared and its relatives for a shared one
+	// (dlock.WithShared). See mode.
+	exclusive, share lockStatements
+
+	// ping resets the session's idle timer (and sets its timeout for the
+	// TTL), and reports the backend pid and whether the session holds the
+	// lock in the lease's mode. Arguments: the TTL in milliseconds as text,
+	// classid, objid, objsubid, the pg_locks mode (lockStatements.mode).
+	ping string
+
+	// relabel sets the session's application_name (the holders' label), and
+	// reports the backend pid and whether the session holds the lock in the
+	// lease's mode. Arguments: the label, classid, objid, objsubid, the
+	// pg_locks mode.
+	relabel string
+
+	// reset restores, on a caller's pool, what a lease changed in its own
+	// session (RESET), after lockStatements.unlock.
+	reset string
+
+	// sharedPing resets a shared session's idle timer (argument: the TTL in
+	// milliseconds, as text) and returns its pid. sharedReset restores a
+	// shared session's idle timeout before it goes back to the pool.
+	sharedPing, sharedReset string
+
+	// rollback ends a cancelled acquire, before lockStatements.cleanup.
+	rollback string
+	// newEpoch is sequence mode's token statement for a server that lost its
+	// marker (see sequenceTokens); empty in counter mode.
+	newEpoch string
+}
+
+// lockStatements are the statements of one lock mode. Both modes lock the
+// same advisory key, so that they exclude each other as PostgreSQL's own
+// functions do: pg_advisory_lock(k) and pg_advisory_lock_shared(k).
+type lockStatements struct {
 	// tryLock and lock take the lock and, only if it was granted, increment
 	// the key's counter and set the session's idle_session_timeout (which
 	// frees the lock of a silent client) to the TTL and its application_name
 	// to the holder's label (what Inspect reports), in one statement; they
 	// return the token and the session's backend pid, or no row if the lock
 	// was not granted (the session is then as it was). Arguments: the lock
-	// arguments, the key, the TTL in milliseconds as text, the label.
+	// arguments, the key, the TTL in milliseconds as text, the label. A
+	// shared grant takes its token from the same counter as an exclusive
+	// one, with the same statement.
 	tryLock, lock string
 
-	// ping resets the session's idle timer (and sets its timeout for the
-	// TTL), and reports the backend pid and whether the session holds the
-	// lock. Arguments: the TTL in milliseconds as text, classid, objid,
-	// objsubid.
-	ping string
-
-	// relabel sets the session's application_name (the holders' label), and
-	// reports the backend pid and whether the session holds the lock.
-	// Arguments: the label, classid, objid, objsubid.
-	relabel string
-
-	// unlock releases the lock, returning the backend pid and whether the
-	// lock was held; on an owned pool it also restores the session's idle
-	// timeout (0), on a caller's pool reset does (RESET).
-	unlock, reset string
+	// unlock releases the lock of a lease with a session of its own,
+	// returning the backend pid and whether the lock was held; on an owned
+	// pool it also restores the session's idle timeout (0), on a caller's
+	// pool statements.reset does (RESET).
+	unlock string
 
 	// sharedUnlock releases a lock of a shared session, whose idle timeout
 	// stays (other leases depend on it), returning the backend pid and
-	// whether the lock was held. sharedPing resets a shared session's idle
-	// timer (argument: the TTL in milliseconds, as text) and returns its
-	// pid. sharedReset restores a shared session's idle timeout before it
-	// goes back to the pool.
-	sharedUnlock, sharedPing, sharedReset string
+	// whether the lock was held.
+	sharedUnlock string
 
-	// rollback and cleanup end a cancelled acquire: cleanup releases the lock
-	// in case the grant raced the cancellation.
-	rollback, cleanup string
-	// newEpoch is sequence mode's token statement for a server that lost its
-	// marker (see sequenceTokens); empty in counter mode.
-	newEpoch string
+	// cleanup releases the lock after a cancelled or failed acquire, in case
+	// it was granted.
+	cleanup string
+
+	// mode is the lock's mode in pg_locks: "ExclusiveLock" or "ShareLock".
+	mode string
+}
+
+// mode returns the statements of a lock held shared (share) or
+// exclusively.
+func (s *statements) mode(share bool) *lockStatements {
+	if share {
+		return &s.share
+	}
+	return &s.exclusive
 }
 
 // sessionDefaults is what AfterConnect runs on every connection of a pool the
@@ -99,27 +135,39 @@ RETURNING f.token, pg_backend_pid(), set_config('idle_session_timeout', %s::text
 	set_config('lock_timeout', '0', true),
 	set_config('statement_timeout', '0', true),
 	CASE WHEN current_setting('synchronous_commit') = 'off' THEN set_config('synchronous_commit', 'local', true) END`,
-		tryLock: fence("pg_try_advisory_lock("+lockArgs+")", " WHERE l.ok"),
-		// pg_advisory_lock returns void; the CTE runs it once, before the insert.
-		lock: fence("pg_advisory_lock("+lockArgs+")", ""),
 		ping: `SELECT pg_backend_pid(), set_config('idle_session_timeout', $1::text, false),
 	EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()
-		AND classid = $2::int8::oid AND objid = $3::int8::oid AND objsubid = $4::int2 AND granted)`,
+		AND classid = $2::int8::oid AND objid = $3::int8::oid AND objsubid = $4::int2 AND mode = $5::text AND granted)`,
 		relabel: `SELECT pg_backend_pid(), set_config('application_name', $1::text, false),
 	EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()
-		AND classid = $2::int8::oid AND objid = $3::int8::oid AND objsubid = $4::int2 AND granted)`,
-		unlock:   "SELECT pg_backend_pid(), pg_advisory_unlock(" + lockArgs + ")",
+		AND classid = $2::int8::oid AND objid = $3::int8::oid AND objsubid = $4::int2 AND mode = $5::text AND granted)`,
 		reset:    "SELECT set_config('idle_session_timeout', reset_val, false), set_config('application_name', (SELECT reset_val FROM pg_settings WHERE name = 'application_name'), false) FROM pg_settings WHERE name = 'idle_session_timeout'",
 		rollback: "ROLLBACK",
-		cleanup:  "SELECT pg_advisory_unlock(" + lockArgs + ")",
 
-		sharedUnlock: "SELECT pg_backend_pid(), pg_advisory_unlock(" + lockArgs + ")",
-		sharedPing:   "SELECT pg_backend_pid(), set_config('idle_session_timeout', $1::text, false)",
-		sharedReset:  "SELECT set_config('idle_session_timeout', reset_val, false), set_config('application_name', (SELECT reset_val FROM pg_settings WHERE name = 'application_name'), false) FROM pg_settings WHERE name = 'idle_session_timeout'",
+		sharedPing:  "SELECT pg_backend_pid(), set_config('idle_session_timeout', $1::text, false)",
+		sharedReset: "SELECT set_config('idle_session_timeout', reset_val, false), set_config('application_name', (SELECT reset_val FROM pg_settings WHERE name = 'application_name'), false) FROM pg_settings WHERE name = 'idle_session_timeout'",
+	}
+	const appName = "set_config('application_name', (SELECT reset_val FROM pg_settings WHERE name = 'application_name'), false)"
+	for _, m := range []struct {
+		ls     *lockStatements
+		suffix string // of the function names: "" or "_shared"
+		mode   string
+	}{{&s.exclusive, "", "ExclusiveLock"}, {&s.share, "_shared", "ShareLock"}} {
+		unlock := "pg_advisory_unlock" + m.suffix + "(" + lockArgs + ")"
+		*m.ls = lockStatements{
+			tryLock: fence("pg_try_advisory_lock"+m.suffix+"("+lockArgs+")", " WHERE l.ok"),
+			// pg_advisory_lock returns void; the CTE runs it once, before the insert.
+			lock:         fence("pg_advisory_lock"+m.suffix+"("+lockArgs+")", ""),
+			unlock:       "SELECT pg_backend_pid(), " + unlock,
+			sharedUnlock: "SELECT pg_backend_pid(), " + unlock,
+			cleanup:      "SELECT " + unlock,
+			mode:         m.mode,
+		}
+		if owned {
+			m.ls.unlock = "SELECT pg_backend_pid(), " + unlock + ", set_config('idle_session_timeout', '0', false), " + appName
+		}
 	}
 	if owned {
-		const appName = "set_config('application_name', (SELECT reset_val FROM pg_settings WHERE name = 'application_name'), false)"
-		s.unlock = "SELECT pg_backend_pid(), pg_advisory_unlock(" + lockArgs + "), set_config('idle_session_timeout', '0', false), " + appName
 		s.sharedReset = "SELECT set_config('idle_session_timeout', '0', false), " + appName
 	}
 	return s
@@ -136,11 +184,11 @@ func (s *statements) acquireBatch(stmt string, args []any, ms string, onRow func
 	return b
 }
 
-// releaseBatch queues the release on a caller's pool; onRow scans the
-// unlock's row.
-func (s *statements) releaseBatch(args []any, onRow func(pgx.Row) error) *pgx.Batch {
+// releaseBatch queues the release on a caller's pool: unlock (a
+// lockStatements.unlock) with args, whose row onRow scans, then reset.
+func (s *statements) releaseBatch(unlock string, args []any, onRow func(pgx.Row) error) *pgx.Batch {
 	b := &pgx.Batch{}
-	b.Queue(s.unlock, args...).QueryRow(onRow)
+	b.Queue(unlock, args...).QueryRow(onRow)
 	b.Queue(s.reset)
 	return b
 }
@@ -176,8 +224,10 @@ SELECT (SELECT epoch FROM %s WHERE id = 1) * %d + nextval('%s'),
 FROM l WHERE %s %s::text IS NOT NULL`,
 			lockCall, live, epochUnit, seq, msArg, labelArg, cond, keyArg)
 	}
-	s.tryLock = stmt("pg_try_advisory_lock("+lockArgs+")", "l.ok AND")
-	s.lock = stmt("pg_advisory_lock("+lockArgs+")", "")
+	s.exclusive.tryLock = stmt("pg_try_advisory_lock("+lockArgs+")", "l.ok AND")
+	s.exclusive.lock = stmt("pg_advisory_lock("+lockArgs+")", "")
+	s.share.tryLock = stmt("pg_try_advisory_lock_shared("+lockArgs+")", "l.ok AND")
+	s.share.lock = stmt("pg_advisory_lock_shared("+lockArgs+")", "")
 	s.newEpoch = fmt.Sprintf(`WITH cur AS (SELECT epoch FROM %s WHERE id = 1),
 bump AS (INSERT INTO %s AS e (id, epoch) SELECT 1, 1 WHERE NOT EXISTS (SELECT 1 FROM cur)
 	ON CONFLICT (id) DO UPDATE SET epoch = e.epoch + 1 RETURNING e.epoch),
