@@ -17,7 +17,9 @@ type LockInfo struct {
 
 	// Shared is how many hold the lock shared (AcquireRequest.Shared); 0 when
 	// it is free or held exclusively. When it is above 0, Token, Owner, Label,
-	// Granted and Expires describe the shared holder granted last.
+	// Granted and Expires describe one of them — the one granted last where
+	// the backend can tell (mem://), with Token 0 where it cannot
+	// (PostgreSQL).
 	Shared int
 
 	// Token is the holder's fencing token, 0 if the backend cannot tell.

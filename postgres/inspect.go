@@ -61,9 +61,9 @@ FROM unnest($1::text[], $2::oid[], $3::oid[], $4::int2[]) AS k(key, classid, obj
 LEFT JOIN %s f ON f.key = k.key`
 
 // breakSharedSQL ends every session that holds an advisory lock ($1, $2,
-// $3: classid, objid, objsubid) of the current database shared, and counts
-// those it ended.
-const breakSharedSQL = `SELECT count(*) FILTER (WHERE pg_terminate_backend(h.pid)) FROM (
+// $3: classid, objid, objsubid) of the current database shared, waiting up
+// to $4 milliseconds for each to be gone, and counts those that ended.
+const breakSharedSQL = `SELECT count(*) FILTER (WHERE pg_terminate_backend(h.pid, $4)) FROM (
 	SELECT DISTINCT l.pid FROM pg_locks l
 	WHERE l.locktype = 'advisory' AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
 	  AND l.classid = $1::int8::oid AND l.objid = $2::int8::oid AND l.objsubid = $3::int2
@@ -230,6 +230,10 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, e
 	return infos, nil
 }
 
+// breakWait bounds how long Break waits for a holder's session to end
+// once told to.
+const breakWait = 5 * time.Second
+
 // Break implements backend.Breaker: advisory locks can be released only by
 // the session holding them, so it ends that session
 // (pg_terminate_backend), which frees every lock the session holds: with
@@ -238,7 +242,9 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, e
 // held shared is broken by ending every session that holds it shared. The
 // fence table is untouched, so the next grant's token is higher. The broken
 // holders learn it at once (their connections close). It needs the right to
-// signal the holders' backends: the same role, or pg_signal_backend.
+// signal the holders' backends: the same role, or pg_signal_backend. It
+// returns once the sessions have ended (at most breakWait), so the key is
+// free when it does.
 func (d *Driver) Break(ctx context.Context, key string) (backend.LockInfo, error) {
 	hs, err := d.inspectKeys(ctx, []string{key})
 	if err != nil {
@@ -251,18 +257,24 @@ func (d *Driver) Break(ctx context.Context, key string) (backend.LockInfo, error
 	if h.info.Shared > 0 {
 		classid, objid, objsubid := d.opts.AdvisoryKey(key).PgLocks()
 		var ended int
-		if err := d.pool.QueryRow(ctx, breakSharedSQL, int64(classid), int64(objid), objsubid).Scan(&ended); err != nil {
+		if err := d.pool.QueryRow(ctx, breakSharedSQL, int64(classid), int64(objid), objsubid, breakWait.Milliseconds()).Scan(&ended); err != nil {
 			return h.info, fmt.Errorf("end the shared holders' sessions: %w", err)
 		}
 		if ended == 0 {
 			return h.info, fmt.Errorf("key %q: the shared holders' sessions ended before the break: %w", key, backend.ErrNotHeld)
 		}
 	} else {
-		var ok bool
-		if err := d.pool.QueryRow(ctx, "SELECT pg_terminate_backend($1)", int32(h.pid)).Scan(&ok); err != nil {
+		// With a timeout, pg_terminate_backend returns once the session
+		// is gone, its locks with it: a TryAcquire right after Break finds
+		// the key free.
+		var ok, alive bool
+		if err := d.pool.QueryRow(ctx, "SELECT pg_terminate_backend($1, $2)", int32(h.pid), breakWait.Milliseconds()).Scan(&ok); err != nil {
 			return h.info, fmt.Errorf("end the holder's session (pid %d): %w", h.pid, err)
 		}
 		if !ok {
+			if err := d.pool.QueryRow(ctx, "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)", int32(h.pid)).Scan(&alive); err == nil && alive {
+				return h.info, fmt.Errorf("key %q: the holder's session (pid %d) was told to end but had not after %v", key, h.pid, breakWait)
+			}
 			return h.info, fmt.Errorf("key %q: the holder's session (pid %d) ended before the break: %w", key, h.pid, backend.ErrNotHeld)
 		}
 	}

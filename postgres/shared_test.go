@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -296,5 +297,33 @@ func TestSharedBreakAndAnnounce(t *testing.T) {
 	}
 	if err := w.Release(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// Break returns once the broken holders' sessions have ended: the key is
+// free at once, exclusive or shared (pg_terminate_backend alone returns
+// when the signal is sent, before the session lets go of its locks).
+func TestBreakFreesTheKeyAtOnce(t *testing.T) {
+	srv := testenv.StartPostgres(t)
+	ctx := testCtx(t)
+	viewer, next := openLocker(t, srv.URL()), openLocker(t, srv.URL())
+	for i := range 20 {
+		holder := openLocker(t, srv.URL())
+		key := fmt.Sprintf("break/at-once/%d", i)
+		var opts []dlock.Option
+		if i%2 == 1 {
+			opts = append(opts, dlock.WithShared())
+		}
+		if _, err := holder.Acquire(ctx, key, opts...); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := dlock.Break(ctx, viewer, key); err != nil {
+			t.Fatalf("Break #%d: %v", i, err)
+		}
+		lease, err := next.TryAcquire(ctx, key)
+		if err != nil {
+			t.Fatalf("TryAcquire right after Break #%d (shared %v): %v", i, i%2 == 1, err)
+		}
+		_ = lease.Release(ctx)
 	}
 }

@@ -2,8 +2,8 @@
 // one writer, each hold made of leases, so renewed, lost loudly, ended by the
 // server when its holder vanishes, and fenced.
 //
-// Where the backend holds locks shared (dlock.Capabilities().Shared: mem://
-// today), the read/write lock NAME is the lock NAME itself, in the backend's
+// Where the backend holds locks shared (dlock.Capabilities().Shared:
+// PostgreSQL's pg_advisory_lock_shared, and mem://), the read/write lock NAME is the lock NAME itself, in the backend's
 // own layout: a writer holds it exclusively, a reader shared
 // (dlock.WithShared). Each hold is one lease, one request; any number of
 // readers hold it at once; the backend queues a waiting writer ahead of

@@ -202,7 +202,7 @@ func printInfo(w io.Writer, info dlock.LockInfo) {
 		fmt.Fprintf(tw, "held:\tno\n")
 	} else {
 		if info.Shared > 0 {
-			fmt.Fprintf(tw, "held:\tshared by %d (below: the one granted last)\n", info.Shared)
+			fmt.Fprintf(tw, "held:\tshared by %d (below: one of them)\n", info.Shared)
 		} else {
 			fmt.Fprintf(tw, "held:\tyes\n")
 		}
