@@ -78,11 +78,8 @@ func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 	if err != nil {
 		return nil, err
 	}
-	// The lock's value names the holder: its owner ID, and its label after a
-	// space (see Inspect). Every script compares the whole value.
-	req.Owner = rediscore.HolderValue(req.Owner, req.Label)
 	k := rediscore.KeysFor(d.prefix, req.Key)
-	a := d.attempt(ctx, req, k, ms, validity, nodeTimeout)
+	a := d.attempt(ctx, req, 0, k, ms, validity, nodeTimeout)
 	if a.grant != nil || a.kind == attemptCancelled || !req.Wait {
 		return a.grant, a.err
 	}
@@ -97,7 +94,7 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *redisc
 	defer timer.Stop()
 	backoff := backend.Backoff{Min: d.retryDelay, Max: d.poll}
 	splits := 0 // split votes in a row
-	for {
+	for n := 1; ; n++ {
 		var wake <-chan struct{}
 		var delay time.Duration
 		switch {
@@ -155,7 +152,7 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *redisc
 				return nil, errClosed
 			}
 		}
-		a = d.attempt(ctx, req, k, ms, validity, nodeTimeout)
+		a = d.attempt(ctx, req, n, k, ms, validity, nodeTimeout)
 		if a.grant != nil {
 			won = true
 			return a.grant, nil
@@ -166,15 +163,27 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *redisc
 	}
 }
 
-// attempt runs one round of the algorithm: the acquire script on every node
-// in parallel; a grant if a quorum granted the lock with validity left;
-// otherwise a release on every node that may hold it for this owner. It
-// leaves nothing behind when it fails or when ctx ends while the grant is in
-// flight.
-func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, k *rediscore.Keys, ms int64, validity, nodeTimeout time.Duration) attemptResult {
+// attempt runs round number round (0, 1, …) of the algorithm: the acquire script on
+// every node in parallel; a grant if a quorum granted the lock with
+// validity left; otherwise a release on every node that may hold it for
+// this round's owner. It leaves nothing behind when it fails or when ctx
+// ends while the grant is in flight.
+//
+// Each round takes the lock under an owner of its own (req.Owner, then
+// req.Owner.1, .2, …): a failed round's release that a slow node runs after
+// the client stopped waiting for it (a command already sent is still
+// executed) must not delete the lock a later round of the same Acquire won
+// there.
+func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, round int, k *rediscore.Keys, ms int64, validity, nodeTimeout time.Duration) attemptResult {
 	if err := ctx.Err(); err != nil {
 		return attemptResult{err: err, kind: attemptCancelled}
 	}
+	// The lock's value names the holder: its owner ID, and its label after a
+	// space (see Inspect). Every script compares the whole value.
+	if round > 0 {
+		req.Owner += "." + strconv.Itoa(round)
+	}
+	req.Owner = rediscore.HolderValue(req.Owner, req.Label)
 	if done, ok := d.releasing.Load(k.Lock); ok {
 		// This driver's release of the key has not reached every node yet:
 		// let it, or it could refuse this grant there. A slow node gets

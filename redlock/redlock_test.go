@@ -573,3 +573,47 @@ func TestReleaseWaitsForSlowNodes(t *testing.T) {
 		t.Fatalf("after Release, %d nodes still hold %q", n, k)
 	}
 }
+
+// TestRoundsOwnTheirLocks: a waiting Acquire that wins in a later round
+// holds the lock under that round's own owner (the Acquire's owner ID with
+// ".N"), so a release of an earlier round that a slow node runs late (its
+// command was sent before the client gave up on it) cannot delete it.
+func TestRoundsOwnTheirLocks(t *testing.T) {
+	c := startCluster(t, 3)
+	holder, waiter := c.open(t, ""), c.open(t, "")
+	ctx := testCtx(t)
+	const key = "rounds"
+	h, err := holder.Acquire(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := c.holders(t, key)[0]
+	got := make(chan error, 1)
+	var w *dlock.Lease
+	go func() {
+		var err error
+		w, err = waiter.Acquire(ctx, key)
+		got <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // no signal that the waiter has made its first round
+	release(t, h)
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	defer release(t, w)
+	won := 0
+	for i, v := range c.holders(t, key) {
+		if v == "" || v == first {
+			continue // the holder's release may not have reached this node yet
+		}
+		owner, _, _ := strings.Cut(v, " ")
+		base, round, ok := strings.Cut(owner, ".")
+		if n, err := strconv.Atoi(round); !ok || err != nil || n < 1 || len(base) != len(strings.Fields(first)[0]) {
+			t.Errorf("node %d: the lock won after a refused round is owned by %q, want the owner ID with .N, N ≥ 1", i, v)
+		}
+		won++
+	}
+	if won < 2 {
+		t.Errorf("the waiter holds the lock on %d of 3 nodes, want a quorum", won)
+	}
+}
