@@ -36,7 +36,8 @@ func TestCheckRedis(t *testing.T) {
 		`^fencing +strict +tokens strictly increase`,
 		`^Shortest TTL the suite uses: 1s; keys under the prefix "dlock:check-[0-9a-f]{8}:"$`,
 		`^Cleanup: deleted \d+ keys`,
-		`^PASS: \d+ passed, 2 skipped, 0 failed in `,
+		`^shared +no +no shared locks`,
+		`^PASS: \d+ passed, 5 skipped, 0 failed in `,
 	} {
 		if !regexp.MustCompile(`(?m)` + want).MatchString(r.stdout) {
 			t.Errorf("output does not match %s:\n%s", want, r.stdout)
@@ -51,6 +52,11 @@ func TestCheckRedis(t *testing.T) {
 	}
 	if rows["FIFO"] != [2]string{"SKIP", "backend does not claim FIFO waiting"} {
 		t.Errorf("FIFO: %q, want a skip with its reason", rows["FIFO"])
+	}
+	for _, name := range []string{"Shared", "SharedHolderVanishes", "SharedCancel"} {
+		if rows[name] != [2]string{"SKIP", "the backend does not claim shared locks; WithShared is refused with ErrUnsupported"} {
+			t.Errorf("%s: %q, want a skip with its reason", name, rows[name])
+		}
 	}
 	if rows["ErrorsHideSecrets"] != [2]string{"SKIP", "would log in to a live deployment with a wrong password"} {
 		t.Errorf("ErrorsHideSecrets: %q, want a skip with its reason", rows["ErrorsHideSecrets"])
