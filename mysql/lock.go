@@ -150,10 +150,11 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, name s
 		case cancelled:
 			// Whatever GET_LOCK answered, the session ends with the
 			// connection, and with it a grant that raced the cancel.
-			d.discard(conn)
 			if d.closed.Load() {
+				d.discard(conn)
 				return nil, errClosed
 			}
+			d.discardHolding(conn, cs, name)
 			return nil, ctx.Err()
 		case err != nil:
 			d.discard(conn)
@@ -182,7 +183,7 @@ func (d *Driver) grant(ctx context.Context, req backend.AcquireRequest, conn *sq
 	}
 	if err != nil || token <= 0 || ctx.Err() != nil {
 		// Closing the session frees the lock: nobody was told it was held.
-		d.discard(conn)
+		d.discardHolding(conn, cs, name)
 		if err == nil && token <= 0 {
 			err = fmt.Errorf("the counter of %s gave token %d", name, token)
 		}
@@ -324,6 +325,30 @@ func (d *Driver) discard(conn *sql.Conn) {
 	d.mu.Lock()
 	delete(d.conns, key)
 	d.mu.Unlock()
+}
+
+// discardHolding discards conn, whose session may hold the lock name, and
+// returns once the server no longer shows that session holding it (at most
+// cleanupTimeout): the server frees a closed session's locks only when it
+// notices the close, and an Acquire that failed must leave nothing held
+// when it returns. It polls, from another connection: the server sends no
+// signal.
+func (d *Driver) discardHolding(conn *sql.Conn, cs *connState, name string) {
+	d.discard(conn)
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	defer cancel()
+	for {
+		var holder sql.NullInt64
+		err := d.db.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", name).Scan(&holder)
+		if err != nil || !holder.Valid || holder.Int64 != cs.id {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
 }
 
 // release gives conn back to the pool after a refused GET_LOCK, or discards
