@@ -142,7 +142,15 @@ func (d *Driver) inspectKeys(ctx context.Context, keys []string) ([]holder, erro
 			return nil, fmt.Errorf("read pg_locks: %w", err)
 		}
 		if d.opts.Tokens == TokensSequence {
-			return out, nil // no token is stored per key (Token 0: cannot tell)
+			// No token is stored per key (Token 0: cannot tell), but the
+			// label must still be the holder's: read again a key whose
+			// holder was mid-statement (taking or giving back the lock,
+			// its label set in the same statement) or no longer holds it.
+			todo, err = d.unsettled(ctx, out, todo, idle, cls, objs, subs, try)
+			if err != nil {
+				return nil, err
+			}
+			continue
 		}
 		rows, err = d.pool.Query(ctx, fmt.Sprintf(tokensSQL, d.table), names, cls, objs, subs)
 		if err != nil {
@@ -181,6 +189,49 @@ func (d *Driver) inspectKeys(ctx context.Context, keys []string) ([]holder, erro
 		}
 	}
 	return out, nil
+}
+
+// stillHeldSQL reports, for advisory locks ($1, $2, $3: classid, objid,
+// objsubid) and the sessions found holding them ($4: pid), whether each
+// session holds its lock still.
+const stillHeldSQL = `SELECT EXISTS (SELECT 1 FROM pg_locks l
+	WHERE l.locktype = 'advisory' AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+	  AND (l.classid, l.objid, l.objsubid) = (k.classid, k.objid, k.objsubid) AND l.pid = k.pid AND l.granted)
+FROM unnest($1::oid[], $2::oid[], $3::int2[], $4::int4[]) WITH ORDINALITY AS k(classid, objid, objsubid, pid, n)
+ORDER BY k.n`
+
+// unsettled returns the keys of todo (read in this try, of inspectTries)
+// to read again: held by a session that was running a statement when it
+// was read, or that no longer holds the lock now that its label was read.
+// After the last try it returns none, and the keys are reported as read.
+func (d *Driver) unsettled(ctx context.Context, out []holder, todo []int, idle map[int]bool, cls, objs []uint32, subs []int16, try int) ([]int, error) {
+	if try >= inspectTries {
+		return nil, nil
+	}
+	pids := make([]int32, len(todo))
+	for j, i := range todo {
+		pids[j] = int32(out[i].pid)
+	}
+	rows, err := d.pool.Query(ctx, stillHeldSQL, cls, objs, subs, pids)
+	if err != nil {
+		return nil, fmt.Errorf("read pg_locks: %w", err)
+	}
+	held, err := pgx.CollectRows(rows, pgx.RowTo[bool])
+	if err != nil {
+		return nil, fmt.Errorf("read pg_locks: %w", err)
+	}
+	var again []int
+	for j, i := range todo {
+		if out[i].info.Held && (!idle[i] || j >= len(held) || !held[j]) {
+			again = append(again, i)
+		}
+	}
+	if len(again) > 0 {
+		if err := backend.Sleep(ctx, time.Millisecond); err != nil {
+			return nil, err
+		}
+	}
+	return again, nil
 }
 
 // Inspect implements backend.Inspector: the session holding the key's
