@@ -44,9 +44,13 @@ func goListAll(t *testing.T, format string) []string {
 		cmd := exec.Command("go", "list", "-f", format, "./...")
 		cmd.Dir = dir
 		cmd.Env = append(os.Environ(), "GOWORK=off")
-		out, err := cmd.CombinedOutput()
+		// stdout only: on a fresh machine stderr carries "go: downloading"
+		// lines, which are not packages.
+		var stderr strings.Builder
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
 		if err != nil {
-			t.Fatalf("go list in %s: %v\n%s", dir, err, out)
+			t.Fatalf("go list in %s: %v\n%s", dir, err, stderr.String())
 		}
 		lines = append(lines, strings.Split(strings.TrimSpace(string(out)), "\n")...)
 	}

@@ -177,31 +177,37 @@ func (s *Store) grantLocked(key, owner, label string, ttl time.Duration, shared 
 	}
 }
 
-// liveLocked returns key's live holders, forgetting first those whose
-// expiry has passed although their timer has not run yet (as a server
-// forgets an expired key when it is next touched), so no caller ever sees
-// one. s.mu must be held.
-func (s *Store) liveLocked(key string) []*holder {
+// liveLocked forgets key's holders whose expiry has passed although their
+// timer has not run yet (as a server forgets an expired key when it is next
+// touched), so that no caller ever sees one, and returns key's live
+// exclusive holder (nil if none). s.mu must be held.
+func (s *Store) liveLocked(key string) *holder {
 	now := time.Now()
-	for _, h := range s.holdersLocked(key) {
+	if h := s.locks[key]; h != nil && !now.Before(h.expires) {
+		s.dropLocked(key, h, true) // may grant the lock to waiters
+	}
+	for _, h := range s.shared[key] {
 		if !now.Before(h.expires) {
-			s.dropLocked(key, h, true) // may grant the lock to waiters
+			s.dropLocked(key, h, true)
 		}
 	}
-	return s.holdersLocked(key)
+	return s.locks[key]
 }
 
 // heldLocked reports whether anyone holds key. s.mu must be held.
-func (s *Store) heldLocked(key string) bool { return len(s.liveLocked(key)) > 0 }
+func (s *Store) heldLocked(key string) bool {
+	return s.liveLocked(key) != nil || len(s.shared[key]) > 0
+}
 
 // ownedLocked returns owner's live hold of key, or nil. s.mu must be held.
 func (s *Store) ownedLocked(key, owner string) *holder {
-	for _, h := range s.liveLocked(key) {
+	if h := s.liveLocked(key); h != nil {
 		if h.owner == owner {
 			return h
 		}
+		return nil
 	}
-	return nil
+	return s.shared[key][owner]
 }
 
 // freeLocked reports whether a request in the given mode can be granted at
@@ -209,11 +215,13 @@ func (s *Store) ownedLocked(key, owner string) *holder {
 // holds it exclusively and nobody waits for it (a waiting writer goes
 // first). s.mu must be held.
 func (s *Store) freeLocked(key string, shared bool) bool {
-	hs := s.liveLocked(key)
-	if !shared {
-		return len(hs) == 0
+	if s.liveLocked(key) != nil {
+		return false
 	}
-	return (len(hs) == 0 || hs[0].shared) && len(s.queues[key]) == 0
+	if shared {
+		return len(s.queues[key]) == 0
+	}
+	return len(s.shared[key]) == 0
 }
 
 // expire forgets key's holders whose expiry has passed (a timer's; a
@@ -460,7 +468,8 @@ func (d *driver) TryAcquireAll(_ context.Context, reqs []backend.AcquireRequest)
 // infoLocked reports key's lock; s.mu must be held.
 func (s *Store) infoLocked(key string) backend.LockInfo {
 	info := backend.LockInfo{Key: key, Waiters: len(s.queues[key])}
-	hs := s.liveLocked(key)
+	s.liveLocked(key)
+	hs := s.holdersLocked(key)
 	for _, h := range hs {
 		if h.token > info.Token { // the exclusive holder, or the latest shared one
 			info.Held, info.Token, info.Owner, info.Label = true, h.token, h.owner, h.label
@@ -521,8 +530,8 @@ func (d *driver) Break(_ context.Context, key string) (backend.LockInfo, error) 
 	s := d.store
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	info := s.infoLocked(key)
-	hs := s.liveLocked(key)
+	info := s.infoLocked(key) // forgets expired holders first
+	hs := s.holdersLocked(key)
 	if len(hs) == 0 {
 		return info, fmt.Errorf("key %q: %w", key, backend.ErrNotHeld)
 	}

@@ -588,18 +588,18 @@ func TestRoundsOwnTheirLocks(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := c.holders(t, key)[0]
-	got := make(chan error, 1)
-	var w *dlock.Lease
-	go func() {
-		var err error
-		w, err = waiter.Acquire(ctx, key)
-		got <- err
-	}()
-	time.Sleep(200 * time.Millisecond) // no signal that the waiter has made its first round
-	release(t, h)
-	if err := <-got; err != nil {
-		t.Fatal(err)
+	got := waitingAcquire(ctx, waiter, key)
+	// The waiter subscribes after its first round was refused.
+	channel := redlock.ReleaseChannel(redlock.DefaultPrefix, key)
+	for numSub(t, c, 0, channel) == 0 {
+		time.Sleep(5 * time.Millisecond) // polling the server: it sends no signal
 	}
+	release(t, h)
+	r := <-got
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	w := r.lease
 	defer release(t, w)
 	won := 0
 	for i, v := range c.holders(t, key) {

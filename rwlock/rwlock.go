@@ -3,8 +3,9 @@
 // server when its holder vanishes, and fenced.
 //
 // Where the backend holds locks shared (dlock.Capabilities().Shared:
-// PostgreSQL's pg_advisory_lock_shared, and mem://), the read/write lock NAME is the lock NAME itself, in the backend's
-// own layout: a writer holds it exclusively, a reader shared
+// PostgreSQL's pg_advisory_lock_shared, and mem://), the read/write lock
+// NAME is the lock NAME itself, in the backend's own layout: a writer holds
+// it exclusively, a reader shared
 // (dlock.WithShared). Each hold is one lease, one request; any number of
 // readers hold it at once; the backend queues a waiting writer ahead of
 // later readers; a write's token is its lease's, and a read's is above every
@@ -43,9 +44,10 @@
 // lock (the ctx Read and Write pass to their function, or one from
 // Hold.Context) Lock and RLock refuse at once with ErrNested.
 //
-// The price of portability, where the backend cannot hold a lock shared: a read costs three requests (take and give back
-// the write lock, take a slot) and a write 2×(Readers+1); at most Readers
-// readers hold the lock at once, and the others wait.
+// The price of portability, where the backend cannot hold a lock shared: a
+// read costs three requests (take and give back the write lock, take a
+// slot) and a write 2×(Readers+1); at most Readers readers hold the lock at
+// once, and the others wait.
 package rwlock
 
 import (
@@ -62,8 +64,9 @@ import (
 
 // Readers is the number of read slots of the portable layout: the most
 // readers that hold one lock at once where the backend cannot hold a lock
-// shared (on its own shared lock, any number do). It is a constant, not an option: writers and readers must agree
-// on it, and a writer takes every slot.
+// shared (on its own shared lock, any number do). It is a constant, not an
+// option: writers and readers must agree on it, and a writer takes every
+// slot.
 const Readers = 16
 
 // ErrNested means Lock or RLock was called under a ctx that already carries
@@ -284,7 +287,7 @@ func (m *RWMutex) lock(ctx context.Context, wait bool) (*Hold, error) {
 	if err := m.nested(ctx); err != nil {
 		return nil, err
 	}
-	w, err := m.takeWrite(ctx, wait)
+	w, err := m.take(ctx, wait, m.opts)
 	if err != nil {
 		return nil, err
 	}
@@ -336,17 +339,13 @@ func (m *RWMutex) rlock(ctx context.Context, wait bool) (*Hold, error) {
 		return nil, err
 	}
 	if m.Shared() {
-		acquire := m.l.TryAcquire
-		if wait {
-			acquire = m.l.Acquire
-		}
-		r, err := acquire(ctx, m.name, m.shared...)
+		r, err := m.take(ctx, wait, m.shared)
 		if err != nil {
 			return nil, err
 		}
 		return newHold(m, false, r.Token(), r.Granted(), r, nil), nil
 	}
-	w, err := m.takeWrite(ctx, wait)
+	w, err := m.take(ctx, wait, m.opts)
 	if err != nil {
 		return nil, err
 	}
@@ -371,11 +370,13 @@ func (m *RWMutex) rlock(ctx context.Context, wait bool) (*Hold, error) {
 	return newHold(m, false, w.Token(), p.Lease().Granted(), p.Lease(), nil), nil
 }
 
-func (m *RWMutex) takeWrite(ctx context.Context, wait bool) (*dlock.Lease, error) {
+// take acquires WriteKey with opts (m.opts: exclusively; m.shared:
+// shared), waiting or not.
+func (m *RWMutex) take(ctx context.Context, wait bool, opts []dlock.Option) (*dlock.Lease, error) {
 	if wait {
-		return m.l.Acquire(ctx, m.WriteKey(), m.opts...)
+		return m.l.Acquire(ctx, m.WriteKey(), opts...)
 	}
-	return m.l.TryAcquire(ctx, m.WriteKey(), m.opts...)
+	return m.l.TryAcquire(ctx, m.WriteKey(), opts...)
 }
 
 // Read runs fn under a read hold: it waits for one (as RLock), runs fn with
