@@ -254,24 +254,39 @@ func (l *locker) grantLease(ctx context.Context, op, key string, wait bool, s se
 		defer stop()
 	}
 
-	called := time.Now()
-	onClock := clock.Offset(l.clk) // Grant.Start is a time.Time; the lease counts on clk
-	lost := new(lossLatch)
-	g, err := l.drv.Acquire(actx, backend.AcquireRequest{
-		Key:      key,
-		Owner:    backend.NewOwnerID(),
-		TTL:      s.ttl,
-		Wait:     wait,
-		Shared:   s.shared,
-		Label:    s.label,
-		Announce: s.announce,
-		OnLost:   lost.fire,
-	})
-	if err != nil {
-		return nil, l.errorf(op, key, l.acquireErr(ctx, err))
+	var bo backend.Backoff
+	for {
+		called := time.Now()
+		onClock := clock.Offset(l.clk) // Grant.Start is a time.Time; the lease counts on clk
+		lost := new(lossLatch)
+		g, err := l.drv.Acquire(actx, backend.AcquireRequest{
+			Key:      key,
+			Owner:    backend.NewOwnerID(),
+			TTL:      s.ttl,
+			Wait:     wait,
+			Shared:   s.shared,
+			Label:    s.label,
+			Announce: s.announce,
+			OnLost:   lost.fire,
+		})
+		if err != nil {
+			return nil, l.errorf(op, key, l.acquireErr(ctx, err))
+		}
+		lease, err := l.hold(op, g, s, lost, called, onClock, observe)
+		if !errors.Is(err, errGrantedLate) || !wait {
+			return lease, err
+		}
+		// The grant reached us after its deadline (a slow reply, a loaded
+		// host): it was given back; a waiting Acquire asks again.
+		if err := backend.Sleep(actx, bo.Next()); err != nil {
+			return nil, l.errorf(op, key, l.acquireErr(ctx, err))
+		}
 	}
-	return l.hold(op, g, s, lost, called, onClock, observe)
 }
+
+// errGrantedLate means the driver's grant reached the Locker after its
+// deadline: nobody could vouch for it any more, so it was given back.
+var errGrantedLate = errors.New("the grant arrived after its deadline")
 
 // acquireErr maps a driver's acquire error onto the contract: ErrClosed once
 // Close has begun, ErrNotAcquired with ctx's error when ctx ended, and
@@ -309,7 +324,17 @@ func (l *locker) hold(op string, g *backend.Grant, s settings, lost *lossLatch, 
 	if g.Start.IsZero() {
 		g.Start = called
 	}
-	lease := newLease(l, g, s, onClock(g.Start))
+	start := onClock(g.Start)
+	if late := l.clk.Now() - (start + g.Validity); late >= 0 {
+		// The validity ran out on the way here (a slow node's reply, a
+		// paused or loaded host): a lease handed out now would be one its
+		// holder cannot count on for a moment, and another may already hold
+		// the lock.
+		l.releaseDetached(g, s.releaseTimeout)
+		return nil, l.errorf(op, g.Key, fmt.Errorf("%w (validity %v, %v before it reached the caller); released it",
+			errGrantedLate, g.Validity, late.Round(time.Millisecond)))
+	}
+	lease := newLease(l, g, s, start)
 
 	l.mu.Lock()
 	if l.closed {

@@ -26,8 +26,10 @@ type scripted struct {
 	refreshErr   error
 	refreshBlock chan struct{} // if non-nil, Refresh waits for it or ctx
 	refreshes    int
-	noLost       bool          // strip Grant.Lost, as a TTL backend would
-	answerDelay  time.Duration // time between Start and the answer
+	noLost       bool            // strip Grant.Lost, as a TTL backend would
+	answerDelay  time.Duration   // time between Start and the answer
+	lateAnswers  []time.Duration // delays of the next answers, before answerDelay applies
+	acquires     int
 	releases     int
 	releaseLeft  time.Duration // time left before the last Release ctx's deadline (-1: none)
 }
@@ -42,7 +44,14 @@ func (d *scripted) Acquire(ctx context.Context, req backend.AcquireRequest) (*ba
 	if d.noLost {
 		g.Lost = nil
 	}
-	time.Sleep(d.answerDelay)
+	d.mu.Lock()
+	d.acquires++
+	delay := d.answerDelay
+	if len(d.lateAnswers) > 0 {
+		delay, d.lateAnswers = d.lateAnswers[0], d.lateAnswers[1:]
+	}
+	d.mu.Unlock()
+	time.Sleep(delay) // a slow reply: the grant's Start stays when it was asked
 	return g, nil
 }
 
@@ -152,6 +161,55 @@ func TestDeadlineCountsFromStart(t *testing.T) {
 		t.Fatalf("Deadline %v after request time + TTL: it counted from the answer", got.Sub(before.Add(ttl)))
 	}
 	lease.Release(context.Background())
+}
+
+// A grant that reaches the Locker after its deadline (its reply was slower
+// than its validity) is given back: a TryAcquire fails, a waiting Acquire
+// asks again, and no lease is handed out already expired.
+func TestGrantPastItsDeadlineIsGivenBack(t *testing.T) {
+	ctx := context.Background()
+	ttl := 200 * time.Millisecond
+	d := newScripted()
+	d.lateAnswers = []time.Duration{2 * ttl}
+	l := newLocker(t, d)
+	lease, err := l.TryAcquire(ctx, "k", dlock.WithTTL(ttl))
+	if err == nil {
+		lease.Release(ctx)
+		t.Fatalf("TryAcquire handed out a lease whose grant came %v after it was asked, TTL %v (Deadline %v ago)", 2*ttl, ttl, time.Since(lease.Deadline()))
+	}
+	if errors.Is(err, dlock.ErrNotAcquired) || !strings.Contains(err.Error(), "after its deadline") || !strings.Contains(err.Error(), `"k"`) {
+		t.Errorf("TryAcquire of a late grant: %v; want an error saying the grant came after its deadline, naming the key, not ErrNotAcquired", err)
+	}
+	d.mu.Lock()
+	released := d.releases
+	d.mu.Unlock()
+	if released != 1 {
+		t.Errorf("the late grant was released %d times, want 1", released)
+	}
+	// Given back: the key is free at once, not after the TTL.
+	lease, err = l.TryAcquire(ctx, "k", dlock.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatalf("TryAcquire after the late grant was given back: %v", err)
+	}
+	lease.Release(ctx)
+
+	d.mu.Lock()
+	d.lateAnswers, d.acquires = []time.Duration{2 * ttl}, 0
+	d.mu.Unlock()
+	lease, err = l.Acquire(ctx, "k", dlock.WithTTL(ttl))
+	if err != nil {
+		t.Fatalf("waiting Acquire whose first grant came late: %v", err)
+	}
+	defer lease.Release(ctx)
+	if left := time.Until(lease.Deadline()); left <= 0 {
+		t.Errorf("waiting Acquire handed out a lease %v past its deadline", -left)
+	}
+	d.mu.Lock()
+	asked := d.acquires
+	d.mu.Unlock()
+	if asked != 2 {
+		t.Errorf("waiting Acquire asked the driver %d times, want 2 (the late grant, then one in time)", asked)
+	}
 }
 
 func TestAutoRenewOffEndsAtDeadline(t *testing.T) {

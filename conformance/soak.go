@@ -167,19 +167,22 @@ func childOf(label string) int {
 }
 
 // startAfter returns when b's tenure counts as begun, for the overlap check
-// against a, an earlier lease of the same key. After a lease that was lost,
-// it is when b's winning request was sent (Lease.Granted): a's Deadline
-// claims the server could not grant the lock before it, and a deadline
-// overstated by less than b's round trip must still be caught — unless a
-// fault was in effect at some time between the request's sending and b's
-// Acquire returning, which may have held it up (a stalled server, a paused
-// child) until long after it was sent: a request sent just before a server
-// stall is answered only after it. After a
-// lease its holder released, it is when b's Acquire returned: the release is
-// what let b in, and b's request may have been on its way (a retry) while a
-// was being released.
+// against a, an earlier lease of the same key. After a lease that was lost
+// and counted as its holder's until its Deadline (its Done closed later, a
+// paused holder), it is when b's winning request was sent (Lease.Granted):
+// a's Deadline claims the server could not grant the lock before it, and a
+// deadline overstated by less than b's round trip must still be caught —
+// unless a fault was in effect at some time between the request's sending
+// and b's Acquire returning, which may have held it up (a stalled server, a
+// paused child) until long after it was sent: a request sent just before a
+// server stall is answered only after it. After a lease its holder released,
+// or that was lost with its Done closing before its Deadline, it is when b's
+// Acquire returned: the release, or the loss the holder saw (a driver gives
+// back what is left of a lost lock, Redlock's keys on the nodes that still
+// had them), is what let b in, and b's request may have been on its way (a
+// retry) meanwhile.
 func (b *soakLease) startAfter(a *soakLease, faults []soakFault) int64 {
-	if !a.lost || b.sent == 0 {
+	if _, how := a.until(); !a.lost || how != "Deadline" || b.sent == 0 {
 		return b.grant
 	}
 	for _, f := range faults {

@@ -74,6 +74,15 @@ func TestFindOverlaps(t *testing.T) {
 	// stall, the waiter's attempt sent 3ms before it). None.
 	add(soakLease{label: "p1.g7#1", key: "s", grant: 4000, deadline: 4044, done: 4200, released: 4043, lost: true})
 	add(soakLease{label: "p0.g7#1", key: "s", grant: 4205, sent: 4005, deadline: 4300, done: 4251, released: 4250})
+	// A lease lost with its Done before its Deadline (a renewal failed, and
+	// the driver gave back the lock): b's tenure counts from its Acquire's
+	// return, which came after that Done, though its request was sent before
+	// (a Redlock soak in CI, on a loaded machine). None. One whose Acquire
+	// returned before the Done: one.
+	add(soakLease{label: "p2.g8#1", key: "t", grant: 5000, deadline: 5100, done: 5040, released: 5041, lost: true})
+	add(soakLease{label: "p2.g8#2", key: "t", grant: 5060, sent: 5030, deadline: 5200, done: 5071, released: 5070})
+	add(soakLease{label: "p2.g9#1", key: "u", grant: 6000, deadline: 6100, done: 6040, released: 6041, lost: true})
+	add(soakLease{label: "p1.g9#1", key: "u", grant: 6030, sent: 6020, deadline: 6200, done: 6071, released: 6070})
 	faults := []soakFault{
 		{f: RestartEmpty, child: 0, start: 22, healed: 24},
 		{f: PauseHolder, child: 1, start: 500, healed: 590},
@@ -101,6 +110,7 @@ func TestFindOverlaps(t *testing.T) {
 		{"p0.g3#1", "p1.g3#1", ClockJump, true},
 		{"p0.g4#1", "p1.g4#1", "", false}, // the jump hit key n, not o
 		{"p0.g6#1", "p1.g6#1", "", false}, // sent 2 before the lost lease's Deadline
+		{"p2.g9#1", "p1.g9#1", "", false}, // returned before the lost lease's Done
 	}
 	if len(got) != len(want) {
 		t.Fatalf("findOverlaps found %d overlaps, want %d: %v", len(got), len(want), got)
