@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
@@ -79,5 +80,82 @@ func TestLayoutFollowsTheLocker(t *testing.T) {
 			t.Errorf("write token %v not above the read's %v", w.Token(), r2.Token())
 		}
 		_ = w.Release(ctx)
+	}
+}
+
+// breaker is a driver that reports and breaks its locks.
+type breaker interface {
+	backend.Inspector
+	backend.Breaker
+}
+
+// breakable is exclusiveOnly that reports and breaks its locks.
+type breakable struct {
+	exclusiveOnly
+	breaker
+}
+
+// A writer of the portable layout whose write lock is lost while it waits for
+// the readers' slots does not come back with a hold that is already lost: it
+// takes the write lock again.
+func TestWriteLockLostWhileSlotsAreTaken(t *testing.T) {
+	ctx := context.Background()
+	drv := memlock.NewStore().NewDriver()
+	l, err := dlock.New(breakable{exclusiveOnly{drv}, drv.(breaker)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	m, err := rwlock.New(l, "cfg")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Shared() {
+		t.Fatal("the Locker claims shared locks: the test needs the portable layout")
+	}
+	r, err := m.TryRLock(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		h   *rwlock.Hold
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		h, err := m.Lock(ctx)
+		got <- result{h, err}
+	}()
+	// The writer holds the write lock and waits for the reader's slot.
+	var broken dlock.LockInfo
+	for {
+		info, err := dlock.Inspect(ctx, l, m.WriteKey())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Held { // the reader let go of it when TryRLock returned: the writer holds it
+			broken = info
+			break
+		}
+		time.Sleep(time.Millisecond) // polling the backend: a waiter sends no signal
+	}
+	if _, err := dlock.Break(ctx, l, m.WriteKey()); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res := <-got
+	if res.err != nil {
+		t.Fatalf("Lock after its write lock was broken while it waited: %v", res.err)
+	}
+	defer res.h.Release(ctx)
+	select {
+	case <-res.h.Done():
+		t.Fatalf("Lock returned a hold that had already ended: %v", res.h.Err())
+	default:
+	}
+	if res.h.Token() <= dlock.Token(broken.Token) {
+		t.Errorf("hold's token %v, want one above the broken write lock's %v (taken again)", res.h.Token(), broken.Token)
 	}
 }

@@ -287,30 +287,42 @@ func (m *RWMutex) lock(ctx context.Context, wait bool) (*Hold, error) {
 	if err := m.nested(ctx); err != nil {
 		return nil, err
 	}
-	w, err := m.take(ctx, wait, m.opts)
-	if err != nil {
-		return nil, err
-	}
-	if m.Shared() {
-		return newHold(m, true, w.Token(), w.Granted(), w, nil), nil
-	}
-	var slots *dlock.LeaseSet
-	if wait {
-		slots, err = dlock.AcquireAll(ctx, m.l, m.ReadKeys(), m.opts...)
-	} else {
-		slots, err = dlock.TryAcquireAll(ctx, m.l, m.ReadKeys(), m.opts...)
-	}
-	if err != nil {
-		_ = w.Release(context.WithoutCancel(ctx))
-		return nil, err
-	}
-	granted := w.Granted()
-	for _, l := range slots.Leases() {
-		if l.Granted().After(granted) {
-			granted = l.Granted()
+	for {
+		w, err := m.take(ctx, wait, m.opts)
+		if err != nil {
+			return nil, err
 		}
+		if m.Shared() {
+			return newHold(m, true, w.Token(), w.Granted(), w, nil), nil
+		}
+		var slots *dlock.LeaseSet
+		if wait {
+			slots, err = dlock.AcquireAll(ctx, m.l, m.ReadKeys(), m.opts...)
+		} else {
+			slots, err = dlock.TryAcquireAll(ctx, m.l, m.ReadKeys(), m.opts...)
+		}
+		if err != nil {
+			_ = w.Release(context.WithoutCancel(ctx))
+			return nil, err
+		}
+		// Waiting for the readers' slots may have outlasted the write
+		// lock's lease (a renewal that failed meanwhile, a slow backend):
+		// never hand out a hold that is already lost.
+		if lerr := w.Err(); lerr != nil {
+			_ = slots.Release(context.WithoutCancel(ctx))
+			if !wait {
+				return nil, fmt.Errorf("%w: the write lock %q was lost while the read slots were taken: %w", dlock.ErrNotAcquired, m.WriteKey(), lerr)
+			}
+			continue // take it again
+		}
+		granted := w.Granted()
+		for _, l := range slots.Leases() {
+			if l.Granted().After(granted) {
+				granted = l.Granted()
+			}
+		}
+		return newHold(m, true, w.Token(), granted, w, slots), nil
 	}
-	return newHold(m, true, w.Token(), granted, w, slots), nil
 }
 
 // RLock waits for a read hold or until ctx ends (the error then matches
