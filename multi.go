@@ -82,21 +82,34 @@ func acquireAll(ctx context.Context, l Locker, keys []string, wait bool, opts []
 			return nil, fmt.Errorf("all of %d keys: %w", len(sorted), err)
 		}
 	}
-	leases := make([]*Lease, 0, len(sorted))
-	for _, k := range sorted {
-		var lease *Lease
-		if wait {
-			lease, err = l.Acquire(ctx, k, opts...)
-		} else {
-			lease, err = l.TryAcquire(ctx, k, opts...)
+	for {
+		leases := make([]*Lease, 0, len(sorted))
+		for _, k := range sorted {
+			var lease *Lease
+			if wait {
+				lease, err = l.Acquire(ctx, k, opts...)
+			} else {
+				lease, err = l.TryAcquire(ctx, k, opts...)
+			}
+			if err != nil {
+				releaseAll(leases)
+				return nil, fmt.Errorf("all of %d keys: %w", len(sorted), err)
+			}
+			leases = append(leases, lease)
 		}
-		if err != nil {
-			releaseAll(leases)
-			return nil, fmt.Errorf("all of %d keys: %w", len(sorted), err)
+		// Waiting for a later key may have outlasted an earlier key's lease
+		// (a renewal that failed meanwhile, a lock broken): never hand out a
+		// set that is already lost.
+		lost := slices.IndexFunc(leases, func(lease *Lease) bool { return lease.Err() != nil })
+		if lost < 0 {
+			return newLeaseSet(leases), nil
 		}
-		leases = append(leases, lease)
+		lerr := leases[lost].Err()
+		releaseAll(leases)
+		if !wait {
+			return nil, fmt.Errorf("all of %d keys: %w: %q was lost before the others were taken: %w", len(sorted), ErrNotAcquired, leases[lost].Key(), lerr)
+		}
 	}
-	return newLeaseSet(leases), nil
 }
 
 func newLeaseSet(leases []*Lease) *LeaseSet {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/dlock-go/dlock"
 )
@@ -153,5 +154,60 @@ func TestAcquireAllRidesOutAFailedTry(t *testing.T) {
 	_ = set.Release(ctx)
 	if _, err := dlock.TryAcquireAll(ctx, flakyTries{l}, []string{"a", "b"}); !errors.Is(err, errSlowNode) {
 		t.Errorf("TryAcquireAll with failing tries: %v, want the tries' error", err)
+	}
+}
+
+// A waiting AcquireAll whose lease of an earlier key is lost while it waits
+// for a later one does not return a set that is already lost: it takes the
+// keys again.
+func TestAcquireAllLostWhileWaiting(t *testing.T) {
+	ctx := context.Background()
+	l, err := dlock.Open(ctx, "mem://acquire-all-lost")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	b, err := l.TryAcquire(ctx, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		set *dlock.LeaseSet
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		set, err := dlock.AcquireAll(ctx, l, []string{"a", "b"})
+		got <- result{set, err}
+	}()
+	// It holds "a" and waits for "b".
+	var broken dlock.LockInfo
+	for {
+		info, err := dlock.Inspect(ctx, l, "a")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Held {
+			broken = info
+			break
+		}
+		time.Sleep(time.Millisecond) // polling the backend: a waiter sends no signal
+	}
+	if _, err := dlock.Break(ctx, l, "a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	res := <-got
+	if res.err != nil {
+		t.Fatalf("AcquireAll after its first key was broken while it waited: %v", res.err)
+	}
+	defer res.set.Release(ctx)
+	if err := res.set.Err(); err != nil {
+		t.Fatalf("AcquireAll returned a set that had already ended: %v", err)
+	}
+	if a := res.set.Leases()[0]; a.Key() != "a" || uint64(a.Token()) <= broken.Token {
+		t.Errorf("lease of %q with token %v, want \"a\" with a token above the broken one's %v (taken again)", a.Key(), a.Token(), broken.Token)
 	}
 }
