@@ -31,6 +31,9 @@ func waitQueue(t *testing.T, h *harness, key string, n int) []string {
 			if ok, _, ch, err = h.admin.ExistsW(path); err == nil && ok {
 				continue // created since: list it
 			}
+			if err == nil && n == 0 {
+				return nil
+			}
 		}
 		if err != nil {
 			t.Fatalf("watch %s: %v", path, err)
@@ -249,6 +252,34 @@ func TestSharedInterop(t *testing.T) {
 			t.Errorf("late reader's token %v is not above the writer's %v", r.Token(), w.Token())
 		}
 		mustRelease(t, r)
+	})
+
+	t.Run("OneLocker", func(t *testing.T) {
+		a := h.NewLocker(t)
+		k := testKey(t)
+		r1 := mustAcquire(t, a, k, shared)
+		r2, err := a.TryAcquire(testCtx(t), k, shared)
+		if err != nil {
+			t.Fatalf("a second shared lease of the key from the same Locker: %v", err)
+		}
+		if q := waitQueue(t, h, k, 2); !readerNode.MatchString(q[0]) || !readerNode.MatchString(q[1]) {
+			t.Errorf("two shared leases of one Locker: nodes %q, want two reader nodes", q)
+		}
+		// Exclusive under its own shared holds: it would wait for itself.
+		mustTryFail(t, a, k, "an exclusive TryAcquire of a key the Locker holds shared")
+		ctx, cancel := context.WithTimeout(testCtx(t), 200*time.Millisecond)
+		_, err = a.Acquire(ctx, k)
+		cancel()
+		if !errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("an exclusive Acquire of a key the Locker holds shared: %v, want ErrNotAcquired and DeadlineExceeded", err)
+		}
+		rctx := dlock.ContextWithLease(testCtx(t), r1)
+		if _, err := a.Acquire(rctx, k, dlock.WithReentrant()); !errors.Is(err, dlock.ErrUpgrade) {
+			t.Errorf("a re-entrant exclusive Acquire under a shared hold: %v, want ErrUpgrade", err)
+		}
+		mustRelease(t, r2)
+		mustRelease(t, r1)
+		waitQueue(t, h, k, 0)
 	})
 
 	t.Run("BreakEndsEveryReader", func(t *testing.T) {
