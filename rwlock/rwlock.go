@@ -3,7 +3,8 @@
 // server when its holder vanishes, and fenced.
 //
 // Where the backend holds locks shared (dlock.Capabilities().Shared:
-// PostgreSQL's pg_advisory_lock_shared, and mem://), the read/write lock
+// PostgreSQL's pg_advisory_lock_shared, ZooKeeper's reader nodes, and
+// mem://), the read/write lock
 // NAME is the lock NAME itself, in the backend's own layout: a writer holds
 // it exclusively, a reader shared
 // (dlock.WithShared). Each hold is one lease, one request; any number of

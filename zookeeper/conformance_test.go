@@ -176,10 +176,12 @@ func TestConformanceEnsemble(t *testing.T) {
 	conformance.Run(t, newHarness(t, e.Addrs(), shortSession))
 }
 
-// Waiters counts the lock nodes queued behind key's holder.
+// Waiters counts the lock nodes queued behind key's holder (or holders, when
+// it is held shared).
 func (h *harness) Waiters(t testing.TB, key string) int {
 	t.Helper()
-	return max(len(h.nodes(t, key))-1, 0)
+	nodes := h.nodes(t, key)
+	return len(nodes) - zookeeper.Holders(nodes)
 }
 
 // Residue lists the lock nodes left under key's lock path.

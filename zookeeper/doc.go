@@ -13,7 +13,12 @@
 // (ephemeral sequential nodes in protected mode), so Curator and
 // go-zookeeper's zk.Lock exclude dlock and dlock excludes them. The token is
 // the czxid of the holder's node ([backend.FencingStrict]); waiters queue in
-// arrival order and each watches only its predecessor. A lock lives as long
+// arrival order and each watches only its predecessor. dlock.WithShared (and
+// package rwlock's readers) queues a reader node "_c_<uuid>-read-lock-<seq>"
+// in the same queue: readers ahead of every exclusive node hold the lock
+// together, a reader behind a waiting writer waits for it, and Curator's
+// InterProcessMutex and zk.Lock take a reader for one more exclusive holder
+// (Curator's InterProcessReadWriteLock cannot share the path). A lock lives as long
 // as the driver's session: a lease is lost the moment the session expires, or
 // when the connection has been down so long that the leader may have expired
 // it, counted only from requests the leader answered. docs/zookeeper.md in

@@ -57,6 +57,11 @@ func DropArmed(d *Driver) bool {
 // SortedLocks returns the lock nodes among children in queue order.
 var SortedLocks = sortedLocks
 
+// Holders counts the lock nodes (in queue order) that hold the lock: the
+// first if it is exclusive, else the shared nodes before the first exclusive
+// one.
+var Holders = holders
+
 // Opcodes of the requests RecordOps sees.
 const (
 	OpExists       = 3

@@ -23,7 +23,10 @@ var (
 // Inspect implements backend.Inspector: the holder is the oldest lock node
 // under the key's node (as the queue orders them), its token the node's
 // czxid, its label the node's data, its owner ID the UUID of its protected
-// name; the other lock nodes are the waiters. It reads after a sync, so it
+// name; the other lock nodes are the waiters. If the oldest node is a shared
+// one, every shared node before the first exclusive one holds the lock:
+// LockInfo.Shared counts them and the rest describes the one granted last
+// (the youngest of them). It reads after a sync, so it
 // sees every grant and release the ensemble committed before it was
 // called. A lock lasts as long as its holder's session, so Expires is zero;
 // ZooKeeper records no grant time.
@@ -35,52 +38,62 @@ func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, err
 	return info, err
 }
 
-// inspect reads key's lock and returns it with the holder's node path.
-func (d *Driver) inspect(ctx context.Context, key string) (backend.LockInfo, string, error) {
+// inspect reads key's lock and returns it with the holders' node paths (in
+// queue order; the one LockInfo describes last).
+func (d *Driver) inspect(ctx context.Context, key string) (backend.LockInfo, []string, error) {
 	// A server reads from its own copy, which may lag the leader: a lock
 	// granted a moment ago through another server would read as free. The
 	// sync brings this client's server up to the leader first.
 	if _, err := d.sharedSync(ctx); err != nil {
-		return backend.LockInfo{Key: key}, "", fmt.Errorf("sync: %w", err)
+		return backend.LockInfo{Key: key}, nil, fmt.Errorf("sync: %w", err)
 	}
 	return d.readHolder(ctx, key)
 }
 
 // readHolder is inspect without the sync.
-func (d *Driver) readHolder(ctx context.Context, key string) (backend.LockInfo, string, error) {
+func (d *Driver) readHolder(ctx context.Context, key string) (backend.LockInfo, []string, error) {
 	info := backend.LockInfo{Key: key}
 	parent := LockPath(d.root, key)
 	for range 3 { // the holder may go between the listing and the read
 		if err := ctx.Err(); err != nil {
-			return info, "", err
+			return info, nil, err
 		}
 		children, st, err := d.conn.Children(parent)
 		if errors.Is(err, zk.ErrNoNode) {
-			return info, "", nil
+			return info, nil, nil
 		}
 		if err != nil {
-			return info, "", fmt.Errorf("list %s: %w", parent, err)
+			return info, nil, fmt.Errorf("list %s: %w", parent, err)
 		}
 		locks := sortedLocks(children, st.Cversion)
-		if len(locks) == 0 {
-			return info, "", nil
+		h := holders(locks)
+		if h == 0 {
+			return info, nil, nil
 		}
-		path := parent + "/" + locks[0]
+		last := locks[h-1] // the holder granted last
+		path := parent + "/" + last
 		data, nst, err := d.conn.Get(path)
 		if errors.Is(err, zk.ErrNoNode) {
 			continue
 		}
 		if err != nil {
-			return info, "", fmt.Errorf("read %s: %w", path, err)
+			return info, nil, fmt.Errorf("read %s: %w", path, err)
 		}
 		info.Held = true
+		if isShared(last) {
+			info.Shared = h
+		}
 		info.Token = uint64(nst.Czxid)
 		info.Label = string(data)
-		info.Owner = ownerOf(locks[0])
-		info.Waiters = len(locks) - 1
-		return info, path, nil
+		info.Owner = ownerOf(last)
+		info.Waiters = len(locks) - h
+		paths := make([]string, h)
+		for i, c := range locks[:h] {
+			paths[i] = parent + "/" + c
+		}
+		return info, paths, nil
 	}
-	return info, "", fmt.Errorf("read the holder of %s: it changed three times in a row", parent)
+	return info, nil, fmt.Errorf("read the holder of %s: it changed three times in a row", parent)
 }
 
 // ownerOf returns the owner ID (32 hex digits) in a protected lock node's
@@ -143,26 +156,35 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, e
 func unescapeKey(name string) (string, error) { return url.PathUnescape(name) }
 
 // Break implements backend.Breaker: it deletes the holder's lock node, the
-// one it read (a node's sequential name is never used again).
+// one it read (a node's sequential name is never used again), or, if the
+// lock is held shared, every shared holder's node it read.
 // The key's node, whose mzxid the tokens come from, stays: the next grant's
-// token is higher. The broken holder learns it at its next renewal, from its
+// token is higher. A broken holder learns it at its next renewal, from its
 // node's watch; the first waiter is woken by its own watch of that node.
 func (d *Driver) Break(ctx context.Context, key string) (backend.LockInfo, error) {
 	if d.closed.Load() {
 		return backend.LockInfo{}, errClosed
 	}
-	info, path, err := d.inspect(ctx, key)
+	info, paths, err := d.inspect(ctx, key)
 	if err != nil {
 		return info, err
 	}
 	if !info.Held {
 		return info, fmt.Errorf("key %q: %w", key, backend.ErrNotHeld)
 	}
-	if err := d.conn.Delete(path, -1); err != nil {
-		if errors.Is(err, zk.ErrNoNode) {
-			return info, fmt.Errorf("key %q: its holder went before the break: %w", key, backend.ErrNotHeld)
+	deleted := 0
+	for _, path := range paths {
+		err := d.conn.Delete(path, -1)
+		switch {
+		case err == nil:
+			deleted++
+		case errors.Is(err, zk.ErrNoNode): // went on its own meanwhile
+		default:
+			return info, fmt.Errorf("delete %s: %w", path, err)
 		}
-		return info, fmt.Errorf("delete %s: %w", path, err)
+	}
+	if deleted == 0 {
+		return info, fmt.Errorf("key %q: its holder went before the break: %w", key, backend.ErrNotHeld)
 	}
 	return info, nil
 }

@@ -16,10 +16,16 @@ import (
 // Node names, in the layout of Apache Curator's InterProcessMutex with
 // protection (CreateBuilder.withProtection): a lock is an ephemeral sequential
 // child "_c_<uuid>-lock-<sequence>" of the key's node, so Curator clients and
-// dlock exclude each other when they use the same path.
+// dlock exclude each other when they use the same path. A shared hold
+// (dlock.WithShared) is a child "_c_<uuid>-read-lock-<sequence>": its name
+// still ends in "lock-<sequence>", so Curator's InterProcessMutex and
+// go-zookeeper's zk.Lock, which order children by what follows the last
+// "lock-", queue it as one more exclusive holder or waiter.
 const (
 	protectedPrefix = "_c_"
 	lockName        = "lock-"
+	readTag         = "read-" // before lockName in a shared node's name
+	uuidLen         = 36      // 8-4-4-4-12
 )
 
 // EscapeKey returns the single ZooKeeper node name that stands for a dlock
@@ -131,10 +137,57 @@ func isHex(s string) bool {
 	return true
 }
 
-// nodePrefix is the name a lock node is created with; the server appends a
-// 10-digit sequence number.
-func nodePrefix(uuid string) string {
+// nodePrefix is the name a lock node is created with, shared or not; the
+// server appends a 10-digit sequence number.
+func nodePrefix(uuid string, shared bool) string {
+	if shared {
+		return protectedPrefix + uuid + "-" + readTag + lockName
+	}
 	return protectedPrefix + uuid + "-" + lockName
+}
+
+// isShared reports whether child is a shared lock node of dlock's:
+// "_c_<uuid>-read-lock-<sequence>". Every other lock node, dlock's exclusive
+// ones and every foreign one (Curator's, zk.Lock's), excludes all others.
+func isShared(child string) bool {
+	rest, ok := strings.CutPrefix(child, protectedPrefix)
+	if !ok || len(rest) < uuidLen {
+		return false
+	}
+	return strings.HasPrefix(rest[uuidLen:], "-"+readTag+lockName)
+}
+
+// holders returns how many of locks, in queue order, hold the lock: the
+// first alone if it is exclusive, else every shared node before the first
+// exclusive one. It is 0 only when locks is empty.
+func holders(locks []string) int {
+	if len(locks) == 0 {
+		return 0
+	}
+	if !isShared(locks[0]) {
+		return 1
+	}
+	n := 1
+	for n < len(locks) && isShared(locks[n]) {
+		n++
+	}
+	return n
+}
+
+// blocker returns the index in locks (queue order) of the node that a
+// request at index i waits for, or -1 if it holds the lock: for an exclusive
+// request the node just before it, for a shared one the nearest exclusive
+// node before it.
+func blocker(locks []string, i int, shared bool) int {
+	if !shared {
+		return i - 1
+	}
+	for j := i - 1; j >= 0; j-- {
+		if !isShared(locks[j]) {
+			return j
+		}
+	}
+	return -1
 }
 
 // sequence returns the part of a child's name that orders it in the queue:

@@ -80,6 +80,39 @@ func TestSortedLocks(t *testing.T) {
 	}
 }
 
+// Shared nodes sort among the others by their sequence, and only dlock's own
+// reader nodes count as shared: every foreign node excludes them.
+func TestHolders(t *testing.T) {
+	const (
+		r1 = "_c_8f1e0c7a-0000-4000-8000-000000000001-read-lock-0000000001"
+		r2 = "_c_8f1e0c7a-0000-4000-8000-000000000002-read-lock-0000000002"
+		x3 = "_c_8f1e0c7a-0000-4000-8000-000000000003-lock-0000000003"
+		r4 = "_c_8f1e0c7a-0000-4000-8000-000000000004-read-lock-0000000004"
+		zl = "_c_0123456789abcdef0123456789abcdef-lock-0000000005" // go-zookeeper's zk.Lock
+		cu = "read-lock-0000000006"                                // not protected: not dlock's
+	)
+	if got := zookeeper.SortedLocks([]string{r4, x3, r2, r1}, 10); !slices.Equal(got, []string{r1, r2, x3, r4}) {
+		t.Errorf("SortedLocks with reader nodes = %q", got)
+	}
+	for _, tc := range []struct {
+		locks []string
+		want  int
+	}{
+		{nil, 0},
+		{[]string{r1}, 1},
+		{[]string{r1, r2, x3, r4}, 2},
+		{[]string{x3, r4}, 1},
+		{[]string{zl, r4}, 1},
+		{[]string{cu, r4}, 1},
+		{[]string{r1, zl, r4}, 1},
+		{[]string{r1, cu}, 1},
+	} {
+		if got := zookeeper.Holders(tc.locks); got != tc.want {
+			t.Errorf("Holders(%q) = %d, want %d", tc.locks, got, tc.want)
+		}
+	}
+}
+
 // After 2^31 creates and deletes under a key node that never empties, the
 // parent's cversion (the sequence source) wraps to -2147483648. Nodes made on
 // both sides of the wrap must still be ordered by arrival: text order puts

@@ -19,7 +19,7 @@ import (
 // lockNode is a lock node the driver created: Grant.Data of its grants.
 type lockNode struct {
 	parent string // the key's node
-	name   string // the node's own name, "_c_<uuid>-lock-<seq>"
+	name   string // the node's own name, "_c_<uuid>-lock-<seq>" ("_c_<uuid>-read-lock-<seq>" if shared)
 	path   string // parent + "/" + name
 	czxid  int64
 	ses    *session  // the session the node lives in
@@ -113,10 +113,14 @@ func retryBackoff() backend.Backoff {
 }
 
 // Acquire implements backend.Driver. It creates the lease's lock node (see the
-// package doc) and, unless the node is the key's only one, lists the key's
-// nodes: the lowest holds the lock. If another node is lower and req.Wait is
+// package doc), a shared one if req.Shared, and, unless the node is the key's
+// only one, lists the key's nodes in queue order. An exclusive node holds the
+// lock when it is first; a shared node when no exclusive node (dlock's or a
+// foreign one) is ahead of it. If it does not hold the lock and req.Wait is
 // false, it deletes its node and returns ErrHeld; otherwise it watches the
-// node just before its own and looks again when that one goes.
+// node it waits for (an exclusive request the node just before its own, a
+// shared one the nearest exclusive node ahead) and looks again when that one
+// goes.
 //
 // Connection failures do not fail it while the session may be alive: it
 // retries once reconnected. It fails when the session is lost. When ctx ends,
@@ -135,7 +139,7 @@ func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 		return nil, err
 	}
 	parent := LockPath(d.root, req.Key)
-	n, err := d.create(ctx, s, req.Wait, parent, nodePrefix(protectedID(req.Owner)), []byte(req.Label))
+	n, err := d.create(ctx, s, req.Wait, parent, nodePrefix(protectedID(req.Owner), req.Shared), []byte(req.Label))
 	if err != nil {
 		return nil, err
 	}
@@ -357,8 +361,9 @@ func callExists(ctx context.Context, d *Driver, path string) (bool, *zk.Stat, er
 	return r.ok, r.st, err
 }
 
-// wait returns the grant once n is the lowest lock node of its key. With
-// req.Wait false it returns ErrHeld if it is not.
+// wait returns the grant once n holds the lock: once it is the first lock
+// node of its key, or, for a shared request, once no exclusive node is ahead
+// of it. With req.Wait false it returns ErrHeld if it does not hold it.
 func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, n *lockNode) (*backend.Grant, error) {
 	if n.first {
 		return d.grant(req, n, n.start)
@@ -403,16 +408,18 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, n *lockNo
 		}
 		locks := sortedLocks(ls.children, ls.cversion)
 		i := slices.Index(locks, n.name)
-		switch {
-		case i < 0:
+		if i < 0 {
 			return nil, fmt.Errorf("%w: %s vanished (the session ended?)", errNoLockNode, n.path)
-		case i == 0:
+		}
+		j := blocker(locks, i, req.Shared)
+		switch {
+		case j < 0:
 			d.sess.ack(n.ses.id, start)
 			return d.grant(req, n, start)
 		case !req.Wait:
 			return nil, fmt.Errorf("%w (%d ahead in the queue)", backend.ErrHeld, i)
 		}
-		pred := n.parent + "/" + locks[i-1]
+		pred := n.parent + "/" + locks[j]
 		type exw struct {
 			ok bool
 			ch <-chan zk.Event

@@ -16,7 +16,9 @@ var _ backend.Watcher = (*Driver)(nil)
 // Watch implements backend.Watcher: a children watch on key's node (an
 // exists watch while it has none), set again each time it fires, as
 // Curator's LeaderLatch follows its participants; and a data watch on the
-// holder's node, which hears a new label (Relabel; election's Proclaim).
+// holder's node (of a lock held shared, the one Inspect describes: the
+// holder granted last), which hears a new label (Relabel; election's
+// Proclaim).
 func (d *Driver) Watch(ctx context.Context, key string, changed func()) error {
 	if d.closed.Load() {
 		return errClosed
@@ -37,7 +39,7 @@ func (d *Driver) Watch(ctx context.Context, key string, changed func()) error {
 			return ev, nil, err
 		}
 		if locks := sortedLocks(names, st.Cversion); len(locks) > 0 {
-			_, _, data, err = d.conn.GetW(parent + "/" + locks[0])
+			_, _, data, err = d.conn.GetW(parent + "/" + locks[holders(locks)-1])
 			if errors.Is(err, zk.ErrNoNode) {
 				// Gone since the listing: the children watch fires.
 				return ev, nil, nil

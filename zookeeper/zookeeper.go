@@ -364,8 +364,9 @@ func (d *Driver) SessionTimeout() time.Duration {
 // Capabilities reports strict fencing (czxid tokens), FIFO waiting with a
 // watch on the predecessor, fault tolerance (when ZooKeeper runs as an
 // ensemble: a lock survives the loss of a minority of servers), server-side
-// expiry (the session timeout, on the servers' clocks), and immediate loss
-// notification when the session ends.
+// expiry (the session timeout, on the servers' clocks), immediate loss
+// notification when the session ends, and shared locks (reader nodes in the
+// same queue, "_c_<uuid>-read-lock-<seq>").
 func (d *Driver) Capabilities() backend.Capabilities {
 	return backend.Capabilities{
 		Fencing:       backend.FencingStrict,
@@ -374,6 +375,7 @@ func (d *Driver) Capabilities() backend.Capabilities {
 		TimeAuthority: backend.TimeServer,
 		PushWait:      true,
 		LossNotify:    true,
+		Shared:        true,
 	}
 }
 

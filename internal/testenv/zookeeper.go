@@ -340,6 +340,14 @@ func (z *ZooKeeper) Mode() (string, error) {
 	return zooKeeperMode(context.Background(), z.Addr())
 }
 
+// WatchedPaths asks the server "wchp" and returns its answer: every path
+// some session has a watch on, each followed by the watching sessions' ids
+// on lines of their own. A test reads it to know that a client waiting for a
+// node has set its watch.
+func (z *ZooKeeper) WatchedPaths() (string, error) {
+	return fourLetterWord(context.Background(), z.Addr(), "wchp")
+}
+
 // Addrs returns the members' client addresses.
 func (e *ZooKeeperEnsemble) Addrs() []string {
 	addrs := make([]string, len(e.Members))
