@@ -8,23 +8,91 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 	recipe "go.etcd.io/etcd/client/v3/experimental/recipes"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/etcd"
 	"github.com/dlock-go/dlock/internal/testenv"
 )
 
+// spyClient returns a client that reports on watched the key of every watch
+// it asks the server to create: a waiter (dlock's, a recipe's,
+// concurrency.Mutex's) creates a watch once it has read the keys ahead of it
+// and decided to wait, so the report tells a test that the waiter is past
+// the point where a wrong implementation would have taken the lock.
+func spyClient(t *testing.T, endpoint string) (cli *clientv3.Client, watched <-chan string) {
+	t.Helper()
+	ch := make(chan string, 1000)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: []string{endpoint}, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		DialOptions: []grpc.DialOption{
+			grpc.WithStreamInterceptor(func(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+				cs, err := streamer(ctx, desc, cc, method, opts...)
+				if err != nil {
+					return nil, err
+				}
+				return watchSpy{cs, ch}, nil
+			}),
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cli.Close() })
+	return cli, ch
+}
+
+// watchSpy reports the key of each watch creation request sent on its stream.
+type watchSpy struct {
+	grpc.ClientStream
+	watched chan<- string
+}
+
+func (s watchSpy) SendMsg(m any) error {
+	if req, ok := m.(*etcdserverpb.WatchRequest); ok {
+		if cr := req.GetCreateRequest(); cr != nil {
+			select {
+			case s.watched <- string(cr.Key):
+			default:
+			}
+		}
+	}
+	return s.ClientStream.SendMsg(m)
+}
+
+// awaitWatch waits until watched reports a watch of a key under key's lock
+// name, or got delivers (the waiter returned: it did not wait).
+func awaitWatch(t *testing.T, watched <-chan string, key string, got <-chan func()) {
+	t.Helper()
+	name := etcd.LockName(testPrefix, key) + "/"
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case k := <-watched:
+			if strings.HasPrefix(k, name) {
+				return
+			}
+		case rel := <-got:
+			rel()
+			t.Fatal("the waiter got the lock while the holder held it")
+		case <-timeout:
+			t.Fatalf("the waiter did not start waiting on %s within 10s", name)
+		}
+	}
+}
+
 // waitsFor checks that wait does not get key's lock while hold's hold is
-// kept, and gets it once hold's hold is released. keys is the number of
-// keys under the lock's name once the waiter has queued: the test waits for
-// the server to show them (the waiter's progress), checks the waiter has not
-// returned, releases the holder, and waits for the waiter. A waiter that
+// kept, and gets it once hold's hold is released. The waiter's client
+// reports on watched the watches it creates: once it watches a key under
+// the lock's name it has decided to wait, and the test checks it has not
+// returned, releases the holder and waits for the waiter. A waiter that
 // returns before the holder's release began fails the test whenever it
-// returns, so no sleep is needed to catch it.
-func waitsFor(t *testing.T, raw *clientv3.Client, key string, keys int64, hold func() (release func()), wait func() (release func())) {
+// returns. keys is the number of keys under the lock's name with the waiter
+// queued, checked on the server too.
+func waitsFor(t *testing.T, raw *clientv3.Client, key string, keys int64, watched <-chan string, hold func() (release func()), wait func() (release func())) {
 	t.Helper()
 	release := hold()
 	var releasing atomic.Bool
@@ -36,6 +104,7 @@ func waitsFor(t *testing.T, raw *clientv3.Client, key string, keys int64, hold f
 		}
 		got <- rel
 	}()
+	awaitWatch(t, watched, key, got)
 	waitQueued(t, raw, key, keys)
 	select {
 	case rel := <-got:
@@ -72,10 +141,19 @@ func countKeys(t *testing.T, raw *clientv3.Client, key string) int64 {
 // `etcdctl lock` wait for a dlock reader (and a dlock reader for them).
 func TestSharedInterop(t *testing.T) {
 	srv := testenv.StartEtcd(t)
-	l := openLocker(t, srv.URL()+testPrefix)
+	l := openLocker(t, srv.URL()+testPrefix) // holds
 	ctx := testCtx(t)
 	raw := rawClient(t, []string{srv.Endpoint()})
-	s, err := concurrency.NewSession(raw, concurrency.WithTTL(10))
+	// Waiters: a dlock Locker and a recipes/Mutex session on clients that
+	// report the watches they create.
+	wcli, dlockWatched := spyClient(t, srv.Endpoint())
+	wl, err := etcd.New(wcli, &etcd.Options{Prefix: testPrefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = wl.Close() })
+	scli, sessionWatched := spyClient(t, srv.Endpoint())
+	s, err := concurrency.NewSession(scli, concurrency.WithTTL(10))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +174,7 @@ func TestSharedInterop(t *testing.T) {
 	}
 	dlockWait := func(key string, opts ...dlock.Option) func() func() {
 		return func() func() {
-			lease, err := l.Acquire(ctx, key, opts...)
+			lease, err := wl.Acquire(ctx, key, opts...)
 			if err != nil {
 				t.Error(err)
 				return func() {}
@@ -129,19 +207,19 @@ func TestSharedInterop(t *testing.T) {
 
 	t.Run("recipe reader waits for dlock writer", func(t *testing.T) {
 		k := "rw/1"
-		waitsFor(t, raw, k, 2, dlockHold(k), recipeLock(k, true))
+		waitsFor(t, raw, k, 2, sessionWatched, dlockHold(k), recipeLock(k, true))
 	})
 	t.Run("recipe writer waits for dlock reader", func(t *testing.T) {
 		k := "rw/2"
-		waitsFor(t, raw, k, 2, dlockHold(k, dlock.WithShared()), recipeLock(k, false))
+		waitsFor(t, raw, k, 2, sessionWatched, dlockHold(k, dlock.WithShared()), recipeLock(k, false))
 	})
 	t.Run("dlock reader waits for recipe writer", func(t *testing.T) {
 		k := "rw/3"
-		waitsFor(t, raw, k, 2, recipeLock(k, false), dlockWait(k, dlock.WithShared()))
+		waitsFor(t, raw, k, 2, dlockWatched, recipeLock(k, false), dlockWait(k, dlock.WithShared()))
 	})
 	t.Run("dlock writer waits for recipe reader", func(t *testing.T) {
 		k := "rw/4"
-		waitsFor(t, raw, k, 2, recipeLock(k, true), dlockWait(k))
+		waitsFor(t, raw, k, 2, dlockWatched, recipeLock(k, true), dlockWait(k))
 	})
 	t.Run("dlock reader waits behind recipe writer waiting for dlock reader", func(t *testing.T) {
 		// Writers are not starved across clients: a recipe writer queued
@@ -151,7 +229,7 @@ func TestSharedInterop(t *testing.T) {
 		release := dlockHold(k, dlock.WithShared())()
 		wrote := make(chan func(), 1)
 		go func() { wrote <- recipeLock(k, false)() }()
-		waitQueued(t, raw, k, 2)
+		awaitWatch(t, sessionWatched, k, wrote)
 		var written atomic.Bool
 		got := make(chan func(), 1)
 		go func() {
@@ -161,6 +239,7 @@ func TestSharedInterop(t *testing.T) {
 			}
 			got <- rel
 		}()
+		awaitWatch(t, dlockWatched, k, got)
 		waitQueued(t, raw, k, 3)
 		release()
 		var unlock func()
@@ -218,7 +297,7 @@ func TestSharedInterop(t *testing.T) {
 	t.Run("Mutex waits for dlock reader", func(t *testing.T) {
 		k := "rw/mutex"
 		m := concurrency.NewMutex(s, etcd.LockName(testPrefix, k))
-		waitsFor(t, raw, k, 2, func() func() {
+		waitsFor(t, raw, k, 2, sessionWatched, func() func() {
 			release := dlockHold(k, dlock.WithShared())()
 			if err := m.TryLock(ctx); !errors.Is(err, concurrency.ErrLocked) {
 				t.Fatalf("Mutex.TryLock while a dlock reader holds: %v, want ErrLocked", err)
@@ -240,7 +319,7 @@ func TestSharedInterop(t *testing.T) {
 		// concurrency.Mutex's keys (NAME/<lease hex>) are exclusive holders.
 		k := "rw/mutex2"
 		m := concurrency.NewMutex(s, etcd.LockName(testPrefix, k))
-		waitsFor(t, raw, k, 2, func() func() {
+		waitsFor(t, raw, k, 2, dlockWatched, func() func() {
 			if err := m.Lock(ctx); err != nil {
 				t.Fatal(err)
 			}
