@@ -66,9 +66,9 @@ func (d *Driver) reqCtx(ctx context.Context) (context.Context, context.CancelFun
 // unconditionally (joining the queue) and, if an older key exists that it
 // must wait for (a shared request: an older key not under read/), watches
 // the newest of them until it is deleted, renewing the key's lease
-// meanwhile. If ctx ends, or anything fails after the
-// key may have been created, the key is deleted (a lease of the grant's own
-// is revoked, which deletes it).
+// meanwhile. If ctx ends, or anything fails after the key may have been
+// created, the key is deleted (a lease of the grant's own is revoked, which
+// deletes it).
 //
 // The key is attached to the driver's shared lease for the TTL (see
 // takeLease), so one acquire is one request, as with concurrency.Mutex on an
@@ -210,25 +210,21 @@ func (d *Driver) enqueue(ctx context.Context, req backend.AcquireRequest, name s
 		return nil, fmt.Errorf("acquire %s: key %s already exists", name, key)
 	}
 	g := &grant{key: key, name: name, rev: resp.Header.Revision, ls: ls, shared: req.Shared}
-	switch {
-	case req.Wait && req.Shared:
-		if pred := newest(resp.Responses[1:]); pred != nil {
-			if err := d.waitTurn(ctx, g, string(pred.Key), pred.CreateRevision, resp.Header.Revision); err != nil {
+	if req.Wait {
+		var pred *mvccpb.KeyValue // the newest key g waits for
+		if req.Shared {
+			pred = newest(resp.Responses[1:])
+		} else {
+			kvs := resp.Responses[1].GetResponseRange().Kvs
+			if len(kvs) == 0 || kvs[0].CreateRevision != g.rev {
 				d.unkey(ls, name, key, g.rev)
-				if ctx.Err() != nil {
-					return nil, ctx.Err()
-				}
-				return nil, fmt.Errorf("acquire %s: %w", name, err)
+				return nil, fmt.Errorf("acquire %s: our key is not the newest in the queue", name)
+			}
+			if len(kvs) == 2 {
+				pred = kvs[1]
 			}
 		}
-	case req.Wait:
-		kvs := resp.Responses[1].GetResponseRange().Kvs
-		if len(kvs) == 0 || kvs[0].CreateRevision != g.rev {
-			d.unkey(ls, name, key, g.rev)
-			return nil, fmt.Errorf("acquire %s: our key is not the newest in the queue", name)
-		}
-		if len(kvs) == 2 {
-			pred := kvs[1]
+		if pred != nil {
 			if err := d.waitTurn(ctx, g, string(pred.Key), pred.CreateRevision, resp.Header.Revision); err != nil {
 				// Leave no key behind, whether queued or granted meanwhile.
 				d.unkey(ls, name, key, g.rev)
