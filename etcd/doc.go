@@ -8,20 +8,26 @@
 //
 // To use a *clientv3.Client built in code, call [New] or [NewDriver].
 //
-// A lock is a key attached to an etcd lease, in the layout of etcd's own
-// concurrency.Mutex and `etcdctl lock` ([LockName]), so they exclude each
-// other and queue together. The fencing token is the key's create revision:
-// strictly increasing per key whatever the timing ([backend.FencingStrict]).
-// Waiters queue FIFO and each watches only its predecessor; a held key is
-// watched too, so its loss ends the lease at once. The locks a Locker holds
-// with one TTL are keys of one shared etcd lease, as a concurrency.Session's
-// Mutexes are: an acquire is one request, and their renewals share one
-// keep-alive; they end together if that lease is lost. The lock survives the loss
-// of a minority of members; keep the TTL at 5s or more (default 15s) so that a
-// lease survives a leader election.
+// A lock is a key attached to an etcd lease under the lock's name
+// ([LockName]), in the layout of etcd's recipes RWMutex: NAME/write/<lease>
+// for an exclusive hold, NAME/read/<lease> for a shared one
+// (dlock.WithShared; package rwlock uses it). recipes readers and writers,
+// concurrency.Mutex, `etcdctl lock` and concurrency.Election therefore
+// exclude dlock's holders and queue with them; every key not under read/ is
+// exclusive. The fencing token is the key's create revision: strictly
+// increasing per key whatever the timing ([backend.FencingStrict]). Waiters
+// queue FIFO and each watches only the newest key it waits for; a held key
+// is watched too, so its loss ends the lease at once. The locks a Locker
+// holds with one TTL are keys of one shared etcd lease, as a
+// concurrency.Session's Mutexes are: an acquire is one request, and their
+// renewals share one keep-alive; they end together if that lease is lost.
+// The lock survives the loss of a minority of members; keep the TTL at 5s
+// or more (default 15s) so that a lease survives a leader election.
 //
 // DSN: etcd://[user:password@]host[:port][,host[:port]...][/prefix], with the
 // parameters dial-timeout and request-timeout (5s each), and ca, cert and key
 // (PEM files) for etcds. docs/etcd.md in the repository has the whole
-// write-up: guarantees, TTLs, key layout, and the DSN in detail.
+// write-up: guarantees, TTLs, key layout and interoperability (recipes order
+// keys by mod revision: a relabelled hold hides from recipes waiters), and
+// the DSN in detail.
 package etcd

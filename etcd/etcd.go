@@ -165,8 +165,11 @@ func (d *Driver) LockName(key string) string { return LockName(d.prefix, key) }
 
 // LockName returns the name of the lock for a dlock key under prefix: prefix,
 // '/', and the key with '%', '/', 0x00–0x1F and 0x7F escaped as "%XX". Holders
-// and waiters are the keys LockName(prefix, key) + "/" + lease ID in hex, as
-// concurrency.Mutex lays them out. LockName("/dlock", "jobs/nightly") is
+// and waiters are the keys under LockName(prefix, key) + "/": dlock's are
+// "write/" + lease ID in hex (exclusive) and "read/" + lease ID in hex
+// (shared), as etcd's recipes RWMutex lays out writers and readers; every
+// key not under "read/" (concurrency.Mutex's lease ID in hex, say) is an
+// exclusive holder or waiter. LockName("/dlock", "jobs/nightly") is
 // "/dlock/jobs%2Fnightly". The mapping is injective: two different keys never
 // share a name.
 func LockName(prefix, key string) string {
@@ -189,7 +192,8 @@ func LockName(prefix, key string) string {
 }
 
 // Capabilities reports strict fencing (create revisions), FIFO push-based
-// waiting, fault tolerance, server-side expiry and immediate loss notification.
+// waiting, fault tolerance, server-side expiry, immediate loss notification
+// and shared locks (in the layout of etcd's recipes RWMutex).
 func (d *Driver) Capabilities() backend.Capabilities {
 	return backend.Capabilities{
 		Fencing:       backend.FencingStrict,
@@ -198,6 +202,7 @@ func (d *Driver) Capabilities() backend.Capabilities {
 		TimeAuthority: backend.TimeServer,
 		PushWait:      true,
 		LossNotify:    true,
+		Shared:        true,
 	}
 }
 

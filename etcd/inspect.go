@@ -3,6 +3,7 @@
 package etcd
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/url"
@@ -29,39 +30,62 @@ var (
 // the key's name (its lease) identifies the holder.
 func holderValue(_, label string) string { return label }
 
-// Inspect implements backend.Inspector: the holder is the key under the
-// lock's name with the lowest create revision (its token), its label its
-// value (no owner ID is stored), its expiry its lease's time to live (whole seconds); the
-// other keys are the waiters. etcd records no grant time.
+// Inspect implements backend.Inspector: one read of the keys under the
+// lock's name. The holder is the key with the lowest create revision (its
+// token) unless it is a read key: then every read key older than the oldest
+// other key holds the lock shared (LockInfo.Shared counts them), and the one
+// described is the newest of them, the one granted last. Its label is its
+// value (no owner ID is stored), its expiry its lease's time to live (whole
+// seconds); the other keys are the waiters. etcd records no grant time.
 func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, error) {
 	info, _, err := d.inspect(ctx, key)
 	return info, err
 }
 
-func (d *Driver) inspect(ctx context.Context, key string) (backend.LockInfo, *mvccpb.KeyValue, error) {
+func (d *Driver) inspect(ctx context.Context, key string) (backend.LockInfo, []*mvccpb.KeyValue, error) {
 	name := LockName(d.prefix, key) + "/"
 	rctx, cancel := d.reqCtx(ctx)
 	defer cancel()
-	resp, err := d.cli.Txn(rctx).Then(
-		clientv3.OpGet(name, clientv3.WithFirstCreate()...),
-		clientv3.OpGet(name, clientv3.WithPrefix(), clientv3.WithCountOnly()),
-	).Commit()
+	resp, err := d.cli.Get(rctx, name, clientv3.WithPrefix())
 	if err != nil {
 		return backend.LockInfo{Key: key}, nil, fmt.Errorf("read %s: %w", name, err)
 	}
-	kvs := resp.Responses[0].GetResponseRange().Kvs
-	if len(kvs) == 0 {
-		return backend.LockInfo{Key: key}, nil, nil
+	info, holders := describe(key, name, resp.Kvs)
+	if len(holders) > 0 {
+		d.expiry(rctx, &info, holders[len(holders)-1].Lease)
 	}
-	info := d.infoOf(key, kvs[0])
-	info.Waiters = int(resp.Responses[1].GetResponseRange().Count) - 1
-	d.expiry(rctx, &info, kvs[0].Lease)
-	return info, kvs[0], nil
+	return info, holders, nil
 }
 
-// infoOf describes the holder whose key is kv.
-func (d *Driver) infoOf(key string, kv *mvccpb.KeyValue) backend.LockInfo {
-	return backend.LockInfo{Key: key, Held: true, Token: uint64(kv.CreateRevision), Label: string(kv.Value)}
+// describe tells who holds lock name (of dlock key) from the keys under it,
+// kvs: the oldest key, if it is not a read key; otherwise every read key
+// older than the oldest other key, in create order. info describes the last
+// holder (the one granted last) and counts the other keys as waiters.
+func describe(key, name string, kvs []*mvccpb.KeyValue) (backend.LockInfo, []*mvccpb.KeyValue) {
+	var first *mvccpb.KeyValue // the oldest key not under read/
+	for _, kv := range kvs {
+		if !isRead(name, string(kv.Key)) && (first == nil || kv.CreateRevision < first.CreateRevision) {
+			first = kv
+		}
+	}
+	var holders []*mvccpb.KeyValue
+	for _, kv := range kvs {
+		if isRead(name, string(kv.Key)) && (first == nil || kv.CreateRevision < first.CreateRevision) {
+			holders = append(holders, kv)
+		}
+	}
+	shared := len(holders)
+	switch {
+	case shared == 0 && first == nil:
+		return backend.LockInfo{Key: key}, nil
+	case shared == 0:
+		holders = append(holders, first)
+	}
+	slices.SortFunc(holders, func(a, b *mvccpb.KeyValue) int { return cmp.Compare(a.CreateRevision, b.CreateRevision) })
+	last := holders[len(holders)-1]
+	info := backend.LockInfo{Key: key, Held: true, Shared: shared, Token: uint64(last.CreateRevision), Label: string(last.Value)}
+	info.Waiters = len(kvs) - len(holders)
+	return info, holders
 }
 
 // expiry sets info.Expires from the time to live of lease id, if the server
@@ -88,37 +112,30 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, e
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", from, err)
 	}
-	type lock struct {
-		holder *mvccpb.KeyValue
-		n      int
-	}
-	locks := map[string]*lock{}
+	locks := map[string][]*mvccpb.KeyValue{}
 	for _, kv := range resp.Kvs {
 		k := string(kv.Key)
-		i := strings.LastIndexByte(k, '/')
-		if i <= len(d.prefix) {
+		if len(k) <= len(d.prefix)+1 {
 			continue
 		}
-		name := k[len(d.prefix)+1 : i]
-		l := locks[name]
-		if l == nil {
-			l = &lock{}
-			locks[name] = l
+		rest := k[len(d.prefix)+1:]
+		i := strings.IndexByte(rest, '/')
+		if i <= 0 {
+			continue // not a key under a lock name
 		}
-		l.n++
-		if l.holder == nil || kv.CreateRevision < l.holder.CreateRevision {
-			l.holder = kv
-		}
+		locks[rest[:i]] = append(locks[rest[:i]], kv)
 	}
 	infos := make([]backend.LockInfo, 0, len(locks))
-	for name, l := range locks {
+	for name, kvs := range locks {
 		key, err := unescapeName(name)
 		if err != nil {
 			continue // not a lock of dlock's layout
 		}
-		info := d.infoOf(key, l.holder)
-		info.Waiters = l.n - 1
-		d.expiry(rctx, &info, l.holder.Lease)
+		info, holders := describe(key, d.prefix+"/"+name+"/", kvs)
+		if len(holders) == 0 {
+			continue
+		}
+		d.expiry(rctx, &info, holders[len(holders)-1].Lease)
 		infos = append(infos, info)
 	}
 	slices.SortFunc(infos, func(a, b backend.LockInfo) int { return strings.Compare(a.Key, b.Key) })
@@ -133,32 +150,48 @@ func unescapeName(name string) (string, error) {
 	return url.PathUnescape(name)
 }
 
-// Break implements backend.Breaker: it deletes the holder's key, in a
-// transaction conditional on the create revision it read, so a holder that
-// changed meanwhile is not touched. Its lease is not revoked (it may carry
-// its client's other locks). The revision only grows, so the next grant's
-// token is higher; the broken holder's loss watch (a dlock holder) sees the
-// deletion at once, and the first waiter's watch of its predecessor wakes
-// it.
+// maxBreakKeys is the most holders' keys Break deletes in one transaction
+// (etcd refuses transactions of more than --max-txn-ops operations, 128 by
+// default).
+const maxBreakKeys = 64
+
+// Break implements backend.Breaker: it deletes the holder's key (every shared
+// holder's, if read keys hold the lock), each conditional on the create
+// revision it read, so a holder that changed meanwhile is not touched. Their
+// leases are not revoked (a lease may carry its client's other locks). The
+// revision only grows, so the next grant's token is higher; a broken dlock
+// holder's loss watch sees the deletion at once, and the waiters' watches of
+// their predecessors wake them.
 func (d *Driver) Break(ctx context.Context, key string) (backend.LockInfo, error) {
-	info, kv, err := d.inspect(ctx, key)
+	info, holders, err := d.inspect(ctx, key)
 	if err != nil {
 		return info, err
 	}
-	if kv == nil {
+	if len(holders) == 0 {
 		return info, fmt.Errorf("key %q: %w", key, backend.ErrNotHeld)
 	}
-	rctx, cancel := d.reqCtx(ctx)
-	defer cancel()
-	k := string(kv.Key)
-	resp, err := d.cli.Txn(rctx).
-		If(clientv3.Compare(clientv3.CreateRevision(k), "=", kv.CreateRevision)).
-		Then(clientv3.OpDelete(k)).
-		Commit()
-	if err != nil {
-		return info, fmt.Errorf("delete %s: %w", k, err)
+	deleted := 0
+	for chunk := range slices.Chunk(holders, maxBreakKeys) {
+		ops := make([]clientv3.Op, len(chunk))
+		for i, kv := range chunk {
+			k := string(kv.Key)
+			ops[i] = clientv3.OpTxn(
+				[]clientv3.Cmp{clientv3.Compare(clientv3.CreateRevision(k), "=", kv.CreateRevision)},
+				[]clientv3.Op{clientv3.OpDelete(k)}, nil)
+		}
+		rctx, cancel := d.reqCtx(ctx)
+		resp, err := d.cli.Txn(rctx).Then(ops...).Commit()
+		cancel()
+		if err != nil {
+			return info, fmt.Errorf("delete the holders of %q: %w", key, err)
+		}
+		for _, r := range resp.Responses {
+			if r.GetResponseTxn().GetSucceeded() {
+				deleted++
+			}
+		}
 	}
-	if !resp.Succeeded {
+	if deleted == 0 {
 		return info, fmt.Errorf("key %q: its holder went before the break: %w", key, backend.ErrNotHeld)
 	}
 	return info, nil

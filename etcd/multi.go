@@ -5,7 +5,6 @@ package etcd
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -56,7 +55,7 @@ func (d *Driver) TryAcquireAll(ctx context.Context, reqs []backend.AcquireReques
 			return nil, err
 		}
 		lss[i] = ls
-		keys[i] = names[i] + strconv.FormatInt(int64(ls.id), 16)
+		keys[i] = holdKey(names[i], false, ls.id)
 		cmps[i] = clientv3.Compare(clientv3.CreateRevision(names[i]), "=", 0).WithPrefix()
 		puts[i] = clientv3.OpPut(keys[i], holderValue(r.Owner, r.Label), clientv3.WithLease(ls.id))
 	}

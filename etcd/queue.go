@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,10 +27,11 @@ var errWaiterGone = errors.New("the waiting request's key is gone (its lease exp
 
 // grant is the driver-private state of a backend.Grant (its Data).
 type grant struct {
-	key  string // the holder's etcd key: LockName + "/" + lease ID in hex
-	name string // LockName + "/": the queue's prefix
-	rev  int64  // the key's create revision: the token
-	ls   *lease
+	key    string // the holder's etcd key: LockName + "/write/" or "/read/" + lease ID in hex
+	name   string // LockName + "/": the queue's prefix
+	rev    int64  // the key's create revision: the token
+	ls     *lease
+	shared bool // a shared hold: its key is under name + "read/"
 
 	lost   atomic.Bool       // the grant is known lost
 	onLost func(cause error) // dlock's AcquireRequest.OnLost
@@ -61,12 +61,14 @@ func (d *Driver) reqCtx(ctx context.Context) (context.Context, context.CancelFun
 // Acquire implements backend.Driver.
 //
 // TryAcquire (req.Wait false) is one transaction that creates the holder's
-// key only if no key exists under the lock's name: a held lock leaves nothing
-// behind. Acquire creates the key unconditionally (joining the queue) and, if
-// an older key exists, watches the next older one until it is deleted,
-// renewing the key's lease meanwhile. If ctx ends, or anything fails after the
-// key may have been created, the key is deleted (a lease of the grant's own
-// is revoked, which deletes it).
+// key only if no key exists under the lock's name (a shared request: no key
+// but read keys): a held lock leaves nothing behind. Acquire creates the key
+// unconditionally (joining the queue) and, if an older key exists that it
+// must wait for (a shared request: an older key not under read/), watches
+// the newest of them until it is deleted, renewing the key's lease
+// meanwhile. If ctx ends, or anything fails after the key may have been
+// created, the key is deleted (a lease of the grant's own is revoked, which
+// deletes it).
 //
 // The key is attached to the driver's shared lease for the TTL (see
 // takeLease), so one acquire is one request, as with concurrency.Mutex on an
@@ -125,7 +127,7 @@ func (d *Driver) acquireOnce(ctx context.Context, req backend.AcquireRequest) (*
 // returns other than a grant, it leaves no key behind and ls carries no key
 // of name.
 func (d *Driver) enqueue(ctx context.Context, req backend.AcquireRequest, name string, ls *lease) (*backend.Grant, error) {
-	key := name + strconv.FormatInt(int64(ls.id), 16)
+	key := holdKey(name, req.Shared, ls.id)
 	put := clientv3.OpPut(key, holderValue(req.Owner, req.Label), clientv3.WithLease(ls.id))
 	// The request that may create the key is not cancelled the moment ctx
 	// ends: its answer tells whether there is a key to delete (a put
@@ -136,12 +138,18 @@ func (d *Driver) enqueue(ctx context.Context, req backend.AcquireRequest, name s
 	stop := context.AfterFunc(ctx, func() { time.AfterFunc(cancelGrace, cancel) })
 	var resp *clientv3.TxnResponse
 	var err error
-	if !req.Wait {
+	switch {
+	case !req.Wait:
+		resp, err = d.cli.Txn(rctx).If(freeFor(name, req.Shared)...).Then(put).Commit()
+	case req.Shared:
+		// The put runs first, so the newest key of each range that a shared
+		// request waits for is older than ours.
+		ops := append([]clientv3.Op{put}, blockers(name, req.Shared, 0)...)
 		resp, err = d.cli.Txn(rctx).
-			If(clientv3.Compare(clientv3.CreateRevision(name), "=", 0).WithPrefix()).
-			Then(put).
+			If(clientv3.Compare(clientv3.CreateRevision(key), "=", 0)).
+			Then(ops...).
 			Commit()
-	} else {
+	default:
 		// The put runs first, so the newest two keys are ours and our
 		// predecessor's (if any).
 		resp, err = d.cli.Txn(rctx).
@@ -201,15 +209,22 @@ func (d *Driver) enqueue(ctx context.Context, req backend.AcquireRequest, name s
 		d.detach(ls, name)
 		return nil, fmt.Errorf("acquire %s: key %s already exists", name, key)
 	}
-	g := &grant{key: key, name: name, rev: resp.Header.Revision, ls: ls}
+	g := &grant{key: key, name: name, rev: resp.Header.Revision, ls: ls, shared: req.Shared}
 	if req.Wait {
-		kvs := resp.Responses[1].GetResponseRange().Kvs
-		if len(kvs) == 0 || kvs[0].CreateRevision != g.rev {
-			d.unkey(ls, name, key, g.rev)
-			return nil, fmt.Errorf("acquire %s: our key is not the newest in the queue", name)
+		var pred *mvccpb.KeyValue // the newest key g waits for
+		if req.Shared {
+			pred = newest(resp.Responses[1:])
+		} else {
+			kvs := resp.Responses[1].GetResponseRange().Kvs
+			if len(kvs) == 0 || kvs[0].CreateRevision != g.rev {
+				d.unkey(ls, name, key, g.rev)
+				return nil, fmt.Errorf("acquire %s: our key is not the newest in the queue", name)
+			}
+			if len(kvs) == 2 {
+				pred = kvs[1]
+			}
 		}
-		if len(kvs) == 2 {
-			pred := kvs[1]
+		if pred != nil {
 			if err := d.waitTurn(ctx, g, string(pred.Key), pred.CreateRevision, resp.Header.Revision); err != nil {
 				// Leave no key behind, whether queued or granted meanwhile.
 				d.unkey(ls, name, key, g.rev)
@@ -264,7 +279,9 @@ func (d *Driver) granted(req backend.AcquireRequest, g *grant) (*backend.Grant, 
 	}, nil
 }
 
-// waitTurn waits until g's key is the oldest under its lock name, starting
+// waitTurn waits until no key that g must wait for is left under its lock
+// name (every older key; for a shared g, every older key not under read/),
+// starting
 // with pred (create revision predRev), which existed at revision seen.
 func (d *Driver) waitTurn(ctx context.Context, g *grant, pred string, predRev, seen int64) error {
 	var bo backend.Backoff
@@ -290,10 +307,8 @@ func (d *Driver) waitTurn(ctx context.Context, g *grant, pred string, predRev, s
 			}
 		}
 		rctx, cancel := d.reqCtx(ctx)
-		resp, err := d.cli.Txn(rctx).Then(
-			clientv3.OpGet(g.name, append(clientv3.WithLastCreate(), clientv3.WithMaxCreateRev(g.rev-1))...),
-			clientv3.OpGet(g.key, clientv3.WithKeysOnly()),
-		).Commit()
+		ops := append([]clientv3.Op{clientv3.OpGet(g.key, clientv3.WithKeysOnly())}, blockers(g.name, g.shared, g.rev)...)
+		resp, err := d.cli.Txn(rctx).Then(ops...).Commit()
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
@@ -305,14 +320,14 @@ func (d *Driver) waitTurn(ctx context.Context, g *grant, pred string, predRev, s
 			}
 			continue
 		}
-		if mine := resp.Responses[1].GetResponseRange().Kvs; len(mine) == 0 || mine[0].CreateRevision != g.rev {
+		if mine := resp.Responses[0].GetResponseRange().Kvs; len(mine) == 0 || mine[0].CreateRevision != g.rev {
 			return errWaiterGone
 		}
-		older := resp.Responses[0].GetResponseRange().Kvs
-		if len(older) == 0 {
+		older := newest(resp.Responses[1:])
+		if older == nil {
 			return nil
 		}
-		pred, predRev, seen = string(older[0].Key), older[0].CreateRevision, resp.Header.Revision
+		pred, predRev, seen = string(older.Key), older.CreateRevision, resp.Header.Revision
 		bo.Reset()
 	}
 }

@@ -105,6 +105,11 @@ func open(ctx context.Context, u *url.URL) (_ backend.Driver, err error) {
 		return nil, fmt.Errorf("new backend: %w", inner(err))
 	}
 	d.caps = d.new.Capabilities()
+	// The inner locks are taken exclusive (AcquireRequest.Shared is not
+	// passed on): claim no shared locks, even where the new backend has them
+	// (etcd), so that dlock refuses WithShared and rwlock uses its portable
+	// layout.
+	d.caps.Shared = false
 	if mode == ModeMigrate {
 		if d.old, err = dlock.Open(ctx, from.String()); err != nil {
 			return nil, fmt.Errorf("old backend: %w", inner(err))
