@@ -209,7 +209,7 @@ var backends = []backend{
 }
 
 // primitivesNote says what BenchmarkPrimitives compares.
-const primitivesNote = "Packages `semaphore` and `rwlock` on the backend's dlock driver, interleaved with a lock (`dlock`, the reference of the *vs dlock* column) and the backend's floor (as in its own table). `semaphore`: a permit of a semaphore of 4 (a try on a random slot, then the size check: one `dlock.List` of the slots); `semaphore-unchecked`: the same with `WithSizeCheck(false)`; `rw-read`: a read hold (take the write lock, take a read slot, give the write lock back); `rw-write`: a write hold (the write lock and all 16 read slots, then 17 releases). See docs/primitives.md."
+const primitivesNote = "Packages `semaphore` and `rwlock` on the backend's dlock driver, interleaved with a lock (`dlock`, the reference of the *vs dlock* column) and the backend's floor (as in its own table). `semaphore`: a permit of a semaphore of 4 (a try on a random slot, then the size check: one `dlock.List` of the slots); `semaphore-unchecked`: the same with `WithSizeCheck(false)`; `rw-read`/`rw-write`: a read or a write hold of `rwlock` — where the backend holds a lock shared (PostgreSQL, etcd, ZooKeeper) that is the backend's own shared lock, one lease per hold; elsewhere (Redis, MySQL) the portable layout: a read takes the write lock, takes a read slot and gives the write lock back, a write takes the write lock and all 16 read slots, then makes 17 releases. See docs/primitives.md."
 
 func write(w *strings.Builder, r *results, meta [][2]string, cmd, raw string) {
 	fmt.Fprintf(w, "# Benchmarks\n\n")
