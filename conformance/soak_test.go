@@ -83,6 +83,13 @@ func TestFindOverlaps(t *testing.T) {
 	add(soakLease{label: "p2.g8#2", key: "t", grant: 5060, sent: 5030, deadline: 5200, done: 5071, released: 5070})
 	add(soakLease{label: "p2.g9#1", key: "u", grant: 6000, deadline: 6100, done: 6040, released: 6041, lost: true})
 	add(soakLease{label: "p1.g9#1", key: "u", grant: 6030, sent: 6020, deadline: 6200, done: 6071, released: 6070})
+	// A server's fault outlasts its heal: a lease granted just after a
+	// stall's heal, lost when the resumed leader revokes it (etcd issue
+	// 15247), overlaps with the stall; one granted past the tail does not.
+	add(soakLease{label: "p0.g10#1", key: "v", grant: 4205, deadline: 4400, done: 4215, released: 4216, lost: true})
+	add(soakLease{label: "p1.g10#1", key: "v", grant: 4212, deadline: 4500, done: 4301, released: 4300})
+	add(soakLease{label: "p0.g11#1", key: "w", grant: 4230, deadline: 4400, done: 4240, released: 4241, lost: true})
+	add(soakLease{label: "p1.g11#1", key: "w", grant: 4235, deadline: 4500, done: 4301, released: 4300})
 	faults := []soakFault{
 		{f: RestartEmpty, child: 0, start: 22, healed: 24},
 		{f: PauseHolder, child: 1, start: 500, healed: 590},
@@ -108,9 +115,11 @@ func TestFindOverlaps(t *testing.T) {
 		{"p2.g0#2", "p0.g0#3", "", false},
 		{"p0.g2#1", "p1.g2#1", "", false}, // the pause hit p2, not p0
 		{"p0.g3#1", "p1.g3#1", ClockJump, true},
-		{"p0.g4#1", "p1.g4#1", "", false}, // the jump hit key n, not o
-		{"p0.g6#1", "p1.g6#1", "", false}, // sent 2 before the lost lease's Deadline
-		{"p2.g9#1", "p1.g9#1", "", false}, // returned before the lost lease's Done
+		{"p0.g4#1", "p1.g4#1", "", false},      // the jump hit key n, not o
+		{"p0.g6#1", "p1.g6#1", "", false},      // sent 2 before the lost lease's Deadline
+		{"p2.g9#1", "p1.g9#1", "", false},      // returned before the lost lease's Done
+		{"p0.g10#1", "p1.g10#1", Stall, false}, // granted 5 after the stall's heal
+		{"p0.g11#1", "p1.g11#1", "", false},    // granted past the tail
 	}
 	if len(got) != len(want) {
 		t.Fatalf("findOverlaps found %d overlaps, want %d: %v", len(got), len(want), got)
