@@ -143,18 +143,20 @@ type soakFault struct {
 // leases it saw expire, etcd issue 15247, and with them keys granted just
 // after the heal).
 func (f *soakFault) explains(a, b *soakLease, tail time.Duration) bool {
-	server := !isLinkFault(f.f) && f.f != PauseHolder && f.f != ClockJump
-	hitA := f.healed > a.grant || server && f.healed+int64(tail) > a.grant
-	if !(hitA && f.start <= b.grant && b.grant <= f.healed+int64(tail)) {
-		return false
-	}
+	until := f.healed // the fault's effect on a's lease lasts until then
 	switch {
 	case isLinkFault(f.f) || f.f == PauseHolder:
-		return childOf(a.label) == f.child
+		if childOf(a.label) != f.child {
+			return false
+		}
 	case f.f == ClockJump:
-		return a.key == f.key
+		if a.key != f.key {
+			return false
+		}
+	default: // a server's fault can outlast its heal
+		until += int64(tail)
 	}
-	return true
+	return until > a.grant && f.start <= b.grant && b.grant <= f.healed+int64(tail)
 }
 
 // childOf returns the index of the child process a soak lease's label names

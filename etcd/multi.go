@@ -45,7 +45,7 @@ func (d *Driver) TryAcquireAll(ctx context.Context, reqs []backend.AcquireReques
 			d.detach(ls, names[i])
 		}
 	}
-	cmps := make([]clientv3.Cmp, len(reqs))
+	cmps := make([]clientv3.Cmp, 0, len(reqs))
 	puts := make([]clientv3.Op, len(reqs))
 	for i, r := range reqs {
 		names[i] = LockName(d.prefix, r.Key) + "/"
@@ -56,7 +56,7 @@ func (d *Driver) TryAcquireAll(ctx context.Context, reqs []backend.AcquireReques
 		}
 		lss[i] = ls
 		keys[i] = holdKey(names[i], false, ls.id)
-		cmps[i] = clientv3.Compare(clientv3.CreateRevision(names[i]), "=", 0).WithPrefix()
+		cmps = append(cmps, freeFor(names[i], false)...)
 		puts[i] = clientv3.OpPut(keys[i], holderValue(r.Owner, r.Label), clientv3.WithLease(ls.id))
 	}
 	// As in enqueue: the request that may create keys is not cancelled the
