@@ -18,8 +18,15 @@ type faultHarness struct {
 func newFaultHarness(t testing.TB, bounced bool) *faultHarness {
 	h := &faultHarness{harness: newHarness(t)}
 	if bounced {
-		h.bouncer = testenv.StartPgBouncer(t, h.srv, "transaction")
-		h.url = h.bouncer.URL()
+		b := testenv.StartPgBouncer(t, h.srv, "transaction")
+		h.bouncer, h.url = b, b.URL()
+		// A CI run saw every connection through PgBouncer end in EOF after
+		// one trial: say what became of it.
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("pgbouncer alive at the end: %v; the last lines of its log:\n%s", b.Alive(), b.LogTail(40))
+			}
+		})
 	}
 	return h
 }
