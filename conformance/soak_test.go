@@ -90,11 +90,16 @@ func TestFindOverlaps(t *testing.T) {
 	add(soakLease{label: "p1.g10#1", key: "v", grant: 4212, deadline: 4500, done: 4301, released: 4300})
 	add(soakLease{label: "p0.g11#1", key: "w", grant: 4230, deadline: 4400, done: 4240, released: 4241, lost: true})
 	add(soakLease{label: "p1.g11#1", key: "w", grant: 4235, deadline: 4500, done: 4301, released: 4300})
+	// A clock jump on a permit's lock explains an overlap on the soak key
+	// whose lease held that lock.
+	add(soakLease{label: "p0.g12#1", key: "x", lock: "x/permits/0", grant: 2000, deadline: 2100, done: 2051, released: 2050})
+	add(soakLease{label: "p1.g12#1", key: "x", lock: "x/permits/0", grant: 2030, deadline: 2130, done: 2101, released: 2100})
 	faults := []soakFault{
 		{f: RestartEmpty, child: 0, start: 22, healed: 24},
 		{f: PauseHolder, child: 1, start: 500, healed: 590},
 		{f: PauseHolder, child: 2, start: 1010, healed: 1030},
 		{f: ClockJump, child: 0, key: "n", start: 2010, healed: 2020},
+		{f: ClockJump, child: 0, key: "x/permits/0", start: 2010, healed: 2020},
 		{f: Stall, child: 1, start: 4010, healed: 4200},
 	}
 	o := SoakOptions{Matrix: Matrix{
@@ -115,11 +120,12 @@ func TestFindOverlaps(t *testing.T) {
 		{"p2.g0#2", "p0.g0#3", "", false},
 		{"p0.g2#1", "p1.g2#1", "", false}, // the pause hit p2, not p0
 		{"p0.g3#1", "p1.g3#1", ClockJump, true},
-		{"p0.g4#1", "p1.g4#1", "", false},      // the jump hit key n, not o
-		{"p0.g6#1", "p1.g6#1", "", false},      // sent 2 before the lost lease's Deadline
-		{"p2.g9#1", "p1.g9#1", "", false},      // returned before the lost lease's Done
-		{"p0.g10#1", "p1.g10#1", Stall, false}, // granted 5 after the stall's heal
-		{"p0.g11#1", "p1.g11#1", "", false},    // granted past the tail
+		{"p0.g4#1", "p1.g4#1", "", false},         // the jump hit key n, not o
+		{"p0.g6#1", "p1.g6#1", "", false},         // sent 2 before the lost lease's Deadline
+		{"p2.g9#1", "p1.g9#1", "", false},         // returned before the lost lease's Done
+		{"p0.g10#1", "p1.g10#1", Stall, false},    // granted 5 after the stall's heal
+		{"p0.g11#1", "p1.g11#1", "", false},       // granted past the tail
+		{"p0.g12#1", "p1.g12#1", ClockJump, true}, // the jump hit x's permit lock
 	}
 	if len(got) != len(want) {
 		t.Fatalf("findOverlaps found %d overlaps, want %d: %v", len(got), len(want), got)
