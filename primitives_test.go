@@ -160,9 +160,32 @@ func TestAcquireAllRidesOutAFailedTry(t *testing.T) {
 // A waiting AcquireAll whose lease of an earlier key is lost while it waits
 // for a later one does not return a set that is already lost: it takes the
 // keys again.
+// lossSignal is an Observer that sends the key of each lease lost.
+type lossSignal chan string
+
+func (s lossSignal) StartAcquire(ctx context.Context, a dlock.AcquireInfo) (context.Context, func(dlock.AcquireOutcome) dlock.LeaseObserver) {
+	return ctx, func(dlock.AcquireOutcome) dlock.LeaseObserver { return lossOf{s, a.Key} }
+}
+
+type lossOf struct {
+	s   lossSignal
+	key string
+}
+
+func (lossOf) Renewed(time.Duration, error) {}
+func (lossOf) StartRelease(ctx context.Context) (context.Context, func(error)) {
+	return ctx, func(error) {}
+}
+func (o lossOf) Ended(e dlock.LeaseEnd) {
+	if e.Lost {
+		o.s <- o.key
+	}
+}
+
 func TestAcquireAllLostWhileWaiting(t *testing.T) {
 	ctx := context.Background()
-	l, err := dlock.Open(ctx, "mem://acquire-all-lost")
+	lost := make(lossSignal, 4)
+	l, err := dlock.Open(ctx, "mem://acquire-all-lost", dlock.WithObserver(lost))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,6 +218,11 @@ func TestAcquireAllLostWhileWaiting(t *testing.T) {
 	}
 	if _, err := dlock.Break(ctx, l, "a"); err != nil {
 		t.Fatal(err)
+	}
+	// The lease learns of the break from the backend's loss signal, a moment
+	// later; only then is the set known to be lost while it waits.
+	if k := <-lost; k != "a" {
+		t.Fatalf("lease of %q lost, want a", k)
 	}
 	if err := b.Release(ctx); err != nil {
 		t.Fatal(err)

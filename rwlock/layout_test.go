@@ -98,10 +98,33 @@ type breakable struct {
 // A writer of the portable layout whose write lock is lost while it waits for
 // the readers' slots does not come back with a hold that is already lost: it
 // takes the write lock again.
+// lossSignal is an Observer that sends the key of each lease lost.
+type lossSignal chan string
+
+func (s lossSignal) StartAcquire(ctx context.Context, a dlock.AcquireInfo) (context.Context, func(dlock.AcquireOutcome) dlock.LeaseObserver) {
+	return ctx, func(dlock.AcquireOutcome) dlock.LeaseObserver { return lossOf{s, a.Key} }
+}
+
+type lossOf struct {
+	s   lossSignal
+	key string
+}
+
+func (lossOf) Renewed(time.Duration, error) {}
+func (lossOf) StartRelease(ctx context.Context) (context.Context, func(error)) {
+	return ctx, func(error) {}
+}
+func (o lossOf) Ended(e dlock.LeaseEnd) {
+	if e.Lost {
+		o.s <- o.key
+	}
+}
+
 func TestWriteLockLostWhileSlotsAreTaken(t *testing.T) {
 	ctx := context.Background()
 	drv := memlock.NewStore().NewDriver()
-	l, err := dlock.New(breakable{exclusiveOnly{drv}, drv.(breaker)})
+	lost := make(lossSignal, 4)
+	l, err := dlock.New(breakable{exclusiveOnly{drv}, drv.(breaker)}, dlock.WithObserver(lost))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,6 +164,11 @@ func TestWriteLockLostWhileSlotsAreTaken(t *testing.T) {
 	}
 	if _, err := dlock.Break(ctx, l, m.WriteKey()); err != nil {
 		t.Fatal(err)
+	}
+	// The lease learns of the break from the backend's loss signal, a moment
+	// later; only then is the hold known to be lost while it waits.
+	if k := <-lost; k != m.WriteKey() {
+		t.Fatalf("lease of %q lost, want %q", k, m.WriteKey())
 	}
 	if err := r.Release(ctx); err != nil {
 		t.Fatal(err)
