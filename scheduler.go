@@ -26,9 +26,12 @@ type scheduler struct {
 	items map[*Lease]*schedItem
 	queue schedHeap
 	armed time.Duration // when the loop's timer fires next, on clk; idle while the loop is busy
-	wake  chan struct{} // buffered(1): an event earlier than armed was added
-	quit  chan struct{}
-	wg    sync.WaitGroup // the loop, renewals, loss watchers, clean-up releases
+	// scheduled counts schedule calls (under mu): a loop that finds the
+	// queue empty keeps a short timer while leases come and go (see loop).
+	scheduled uint64
+	wake      chan struct{} // buffered(1): an event earlier than armed was added
+	quit      chan struct{}
+	wg        sync.WaitGroup // the loop, renewals, loss watchers, clean-up releases
 	// stopped is set (under mu) when stop begins: spawn adds no goroutine
 	// after it.
 	stopped bool
@@ -63,6 +66,7 @@ func newScheduler(clk clock.Clock) *scheduler {
 // schedule sets (or moves) the lease's next event.
 func (s *scheduler) schedule(l *Lease, when time.Duration) {
 	s.mu.Lock()
+	s.scheduled++
 	it, ok := s.items[l]
 	if ok {
 		it.when = when
@@ -129,6 +133,7 @@ func (s *scheduler) loop() {
 	defer s.wg.Done()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	var seen uint64 // s.scheduled as of the loop's last sleep
 	for {
 		now := s.clk.Now()
 		var due []*Lease
@@ -144,16 +149,27 @@ func (s *scheduler) loop() {
 			l.tick(now) // reschedules the lease if it is still held
 		}
 
-		// With nothing queued, sleep until woken; otherwise until the next
-		// event, but never longer than MaxSleep, so that a suspend (which Go's
-		// timer does not count) is noticed soon after the host resumes.
+		// Sleep until the next event, but never longer than MaxSleep, so that
+		// a suspend (which Go's timer does not count) is noticed soon after
+		// the host resumes. With nothing queued, sleep MaxSleep too while
+		// leases were scheduled since the last sleep, and until woken once a
+		// whole MaxSleep passed without one. A Locker that takes and releases
+		// leases one after another (its queue empty whenever the loop looks)
+		// then costs the loop one wake-up per MaxSleep, not one per lease:
+		// schedule pokes only for an event earlier than the armed timer, and
+		// with the default TTL a new lease's first renewal is later than it.
 		s.mu.Lock()
 		now = s.clk.Now()
 		sleep, armed := time.Hour, time.Duration(math.MaxInt64)
-		if len(s.queue) > 0 {
+		switch {
+		case len(s.queue) > 0:
 			sleep = min(max(s.queue[0].when-now, 0), clock.MaxSleep)
 			armed = now + sleep
+		case s.scheduled != seen:
+			sleep = clock.MaxSleep
+			armed = now + sleep
 		}
+		seen = s.scheduled
 		s.armed = armed
 		hook := s.armedHook
 		s.mu.Unlock()
