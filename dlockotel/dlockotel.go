@@ -17,7 +17,8 @@
 //	dlock.acquire.duration   histogram, s   an Acquire or TryAcquire, wait included;
 //	                                        dlock.mode (wait, try), dlock.outcome
 //	                                        (granted, not-acquired, cancelled, error)
-//	dlock.leases.held        up-down counter  leases held now
+//	dlock.leases.held        up-down counter  leases held now (asynchronous: read
+//	                                          when the SDK collects)
 //	dlock.renewals           counter          renewals; dlock.outcome (ok, error)
 //	dlock.renewal.duration   histogram, s     a renewal's round trip(s)
 //	dlock.leases.lost        counter          leases lost; dlock.cause (renewal-failed,
@@ -44,6 +45,7 @@ package dlockotel
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -96,7 +98,7 @@ type observer struct {
 	client []trace.SpanStartOption // the span kind, boxed once
 
 	acquireDur metric.Float64Histogram
-	held       metric.Int64UpDownCounter
+	held       metric.Int64ObservableUpDownCounter
 	renewals   metric.Int64Counter
 	renewalDur metric.Float64Histogram
 	lost       metric.Int64Counter
@@ -112,7 +114,8 @@ type observer struct {
 type backendOpts struct {
 	backend    attribute.KeyValue
 	acquire    map[string][]metric.RecordOption // mode + "/" + outcome
-	held       []metric.AddOption
+	held       []metric.ObserveOption
+	heldN      atomic.Int64 // leases held now: read by the held counter's callback
 	renewOK    []metric.AddOption
 	renewErr   []metric.AddOption
 	renewDur   []metric.RecordOption
@@ -140,7 +143,7 @@ func (o *observer) optsFor(backend string) *backendOpts {
 	b := &backendOpts{
 		backend:    be,
 		acquire:    map[string][]metric.RecordOption{},
-		held:       add(),
+		held:       []metric.ObserveOption{metric.WithAttributeSet(set())},
 		renewOK:    add(AttrOutcome.String("ok")),
 		renewErr:   add(AttrOutcome.String("error")),
 		renewDur:   rec(),
@@ -183,8 +186,10 @@ func New(opts ...Option) (dlock.Observer, error) {
 		metric.WithDescription("Time an Acquire or TryAcquire took, wait included.")); err != nil {
 		return nil, err
 	}
-	if o.held, err = m.Int64UpDownCounter("dlock.leases.held", metric.WithUnit("{lease}"),
-		metric.WithDescription("Leases held now.")); err != nil {
+	// Leases held is asynchronous: an atomic count per backend, read when the
+	// SDK collects, costs a grant and a release less than two recordings.
+	if o.held, err = m.Int64ObservableUpDownCounter("dlock.leases.held", metric.WithUnit("{lease}"),
+		metric.WithDescription("Leases held now."), metric.WithInt64Callback(o.observeHeld)); err != nil {
 		return nil, err
 	}
 	if o.renewals, err = m.Int64Counter("dlock.renewals", metric.WithUnit("{renewal}"),
@@ -208,6 +213,16 @@ func New(opts ...Option) (dlock.Observer, error) {
 		return nil, err
 	}
 	return o, nil
+}
+
+// observeHeld reports the leases held now, per backend.
+func (o *observer) observeHeld(_ context.Context, obs metric.Int64Observer) error {
+	o.opts.Range(func(_, v any) bool {
+		b := v.(*backendOpts)
+		obs.Observe(b.heldN.Load(), b.held...)
+		return true
+	})
+	return nil
 }
 
 func mode(wait bool) string {
@@ -242,7 +257,7 @@ func (o *observer) StartAcquire(ctx context.Context, a dlock.AcquireInfo) (conte
 		if out.Result != dlock.ResultGranted {
 			return nil
 		}
-		o.held.Add(ctx, 1, bo.held...)
+		bo.heldN.Add(1)
 		// Renewals and a loss go into the acquire's trace, under its span.
 		l := &lease{o: o, bo: bo, key: a.Key, token: int64(out.Token),
 			ctx: trace.ContextWithSpanContext(context.Background(), span.SpanContext())}
@@ -323,7 +338,7 @@ func (l *lease) Ended(e dlock.LeaseEnd) {
 		}
 		span.End()
 	}
-	l.o.held.Add(l.ctx, -1, l.bo.held...)
+	l.bo.heldN.Add(-1)
 	l.o.leaseDur.Record(l.ctx, e.Held.Seconds(), dur...)
 }
 

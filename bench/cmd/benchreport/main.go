@@ -520,7 +520,7 @@ func writeTargets(w *strings.Builder, r *results) {
 	add("Observability: ≤ 5% with the OpenTelemetry SDK, metrics and every span (otel-sdk / dlock ≥ 0.95)", "%.2f×",
 		"Observe/Uncontended", "otel-sdk.ops/s", "Observe/Uncontended", "dlock.ops/s",
 		atLeast(0.95), shortBy(0.95),
-		"the SDK's own work per acquire+release: two sampled spans (acquire, release; renewals and a loss add short spans of their own) and about six instrument recordings, ≈ 5 µs of CPU and 23 allocations per cycle (dlockotel BenchmarkOverhead on mem://: 8.8 µs against 3.8 µs bare); on Redis the median grows by more than that, for a cause not yet found (not GC: GOGC=off gives the same). Sample spans (sdktrace.TraceIDRatioBased) to pay less")
+		"the SDK's own work per acquire+release: two sampled spans (acquire, release; renewals and a loss add short spans of their own) and three instrument recordings (leases held is read at collection). In a hot loop on mem:// that is ≈ 5 µs of CPU per cycle (dlockotel BenchmarkOverhead: 8.8 µs against 3.8 µs bare), but timed in place on Redis (a wrapper timing each observer call, 3 runs of 4000 cycles) the observer's own calls take 23–28 µs per cycle, starting the acquire span and ending it 5–9 µs each: the SDK's code and data are cold after each round trip on this 2-core machine. Not GC (GOGC=off gives the same). Sample spans (sdktrace.TraceIDRatioBased) to pay less")
 	add("Redis, 8 lockers in rotation: dlock handoff p50 ≥ 50× better than redsync's polling (redsync p50 / dlock p50)", "%.0f×",
 		"Redis/Handoff8/redsync", "handoff-p50-ns", "Redis/Handoff8/dlock", "handoff-p50-ns",
 		atLeast(50), func(v float64) string { return fmt.Sprintf("(%.0f× of 50×)", v) },
