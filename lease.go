@@ -47,7 +47,7 @@ func kindOf(c LossCause) lossKind {
 type Lease struct {
 	locker *locker
 	grant  *backend.Grant
-	set    settings
+	set    *settings     // the Locker's own when the lease was taken without options; never changed
 	outer  *Lease        // the enclosing lease of a nested hold (see WithReentrant); nil for a lease
 	obs    LeaseObserver // nil: none; set before the lease starts, never after
 
@@ -65,11 +65,13 @@ type Lease struct {
 	deadlineAt time.Time     // deadline as a time.Time, as of the last grant or renewal
 	nextRenew  time.Duration // on locker.clk
 	renewing   bool
-	lossCause  lossKind // why it was lost, set by lose before it ends the lease
+	// stopRenewal cancels the auto-renewal in flight, if any (end calls it).
+	stopRenewal context.CancelFunc
+	lossCause   lossKind // why it was lost, set by lose before it ends the lease
 }
 
 // newLease makes the lease for g, whose Start is start on the locker's clock.
-func newLease(l *locker, g *backend.Grant, s settings, start time.Duration) *Lease {
+func newLease(l *locker, g *backend.Grant, s *settings, start time.Duration) *Lease {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	lease := &Lease{
 		locker: l,
@@ -481,6 +483,8 @@ func (l *Lease) end(from leaseState, err error) bool {
 		return false
 	}
 	l.state = ended
+	stopRenewal := l.stopRenewal
+	l.stopRenewal = nil
 	op := "lease"
 	if errors.Is(err, ErrReleased) {
 		op = "release"
@@ -501,6 +505,9 @@ func (l *Lease) end(from leaseState, err error) bool {
 		l.obs.Ended(LeaseEnd{Lost: lost, Cause: cause, Held: time.Since(l.grant.Start), Err: lerr})
 	}
 	l.cancel(l.err)
+	if stopRenewal != nil {
+		stopRenewal()
+	}
 	l.locker.forget(l)
 	return true
 }
@@ -558,13 +565,25 @@ func (l *Lease) tick(now time.Duration) {
 // renewal that could no longer help.
 func (l *Lease) autoRenew(deadline time.Duration) {
 	start := l.locker.clk.Now()
-	ctx, cancel := context.WithTimeout(l.ctx, deadline-start)
+	// Not a child of l.ctx, which would then keep a map of its children
+	// (empty once the renewal is done) for the rest of the lease: about
+	// 350 B more per held lease once it has been renewed. end cancels it.
+	ctx, cancel := context.WithTimeout(context.Background(), deadline-start)
 	defer cancel()
+	l.mu.Lock()
+	if l.state != held {
+		l.renewing = false
+		l.mu.Unlock()
+		return
+	}
+	l.stopRenewal = cancel
+	l.mu.Unlock()
 	l.calls.RLock()
 	v, err := l.locker.drv.Refresh(ctx, l.grant, l.set.ttl)
 	l.calls.RUnlock()
 	l.mu.Lock()
 	l.renewing = false
+	l.stopRenewal = nil
 	l.mu.Unlock()
 	if l.obs != nil && l.ctx.Err() == nil {
 		l.obs.Renewed(l.locker.clk.Now()-start, err)

@@ -197,11 +197,25 @@ func (l *locker) errorf(op, key string, err error) error {
 	return &Error{Op: op, Key: key, Backend: l.name, Err: err}
 }
 
+// settingsFor returns the settings of a call with opts: the Locker's own,
+// shared by every lease taken without options (a lease keeps a pointer to
+// its settings, not a copy of about 100 bytes), or a copy with opts applied.
+func (l *locker) settingsFor(opts []Option) (*settings, error) {
+	if len(opts) == 0 {
+		return &l.base, nil
+	}
+	s, err := l.base.with(opts)
+	if err != nil {
+		return nil, err
+	}
+	return &s, nil
+}
+
 func (l *locker) acquire(ctx context.Context, op, key string, wait bool, opts []Option) (*Lease, error) {
 	if err := validateKey(key); err != nil {
 		return nil, l.errorf(op, key, err)
 	}
-	s, err := l.base.with(opts)
+	s, err := l.settingsFor(opts)
 	if err != nil {
 		return nil, l.errorf(op, key, err)
 	}
@@ -237,7 +251,7 @@ func (l *locker) acquire(ctx context.Context, op, key string, wait bool, opts []
 
 // grantLease is acquire's request to the driver, once the arguments are
 // checked; observe, if not nil, is called with the lease before it starts.
-func (l *locker) grantLease(ctx context.Context, op, key string, wait bool, s settings, observe func(*Lease)) (*Lease, error) {
+func (l *locker) grantLease(ctx context.Context, op, key string, wait bool, s *settings, observe func(*Lease)) (*Lease, error) {
 	if !l.enter() {
 		return nil, l.errorf(op, key, ErrClosed)
 	}
@@ -309,7 +323,7 @@ func (l *locker) acquireErr(ctx context.Context, err error) error {
 // hold makes the lease of a grant the driver returned for an acquire that
 // began at called, and starts it; observe, if not nil, is called with the
 // lease before it starts.
-func (l *locker) hold(op string, g *backend.Grant, s settings, lost *lossLatch, called time.Time, onClock func(time.Time) time.Duration, observe func(*Lease)) (*Lease, error) {
+func (l *locker) hold(op string, g *backend.Grant, s *settings, lost *lossLatch, called time.Time, onClock func(time.Time) time.Duration, observe func(*Lease)) (*Lease, error) {
 	if g == nil || g.Validity <= 0 {
 		// A driver bug; never hand out a lease nobody can vouch for.
 		if g != nil {

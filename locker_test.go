@@ -25,6 +25,8 @@ type scripted struct {
 	mu           sync.Mutex
 	refreshErr   error
 	refreshBlock chan struct{} // if non-nil, Refresh waits for it or ctx
+	refreshBegan chan struct{} // if non-nil, a Refresh about to wait on refreshBlock sends on it
+	refreshEnded chan error    // if non-nil, a Refresh that waited on refreshBlock sends its ctx's error
 	refreshes    int
 	noLost       bool            // strip Grant.Lost, as a TTL backend would
 	answerDelay  time.Duration   // time between Start and the answer
@@ -58,12 +60,18 @@ func (d *scripted) Acquire(ctx context.Context, req backend.AcquireRequest) (*ba
 func (d *scripted) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duration) (time.Duration, error) {
 	d.mu.Lock()
 	d.refreshes++
-	err, block := d.refreshErr, d.refreshBlock
+	err, block, began, ended := d.refreshErr, d.refreshBlock, d.refreshBegan, d.refreshEnded
 	d.mu.Unlock()
 	if block != nil {
+		if began != nil {
+			began <- struct{}{}
+		}
 		select {
 		case <-block:
 		case <-ctx.Done():
+			if ended != nil {
+				ended <- ctx.Err()
+			}
 			return 0, ctx.Err()
 		}
 	}
@@ -141,6 +149,38 @@ func TestHungRefreshEndsLeaseAtDeadline(t *testing.T) {
 	}
 	if !errors.Is(lease.Err(), dlock.ErrLeaseLost) {
 		t.Fatalf("Err() = %v", lease.Err())
+	}
+}
+
+// Release of a lease whose auto-renewal hangs ends the renewal at once: its
+// ctx is cancelled, not left to run to the lease's deadline.
+func TestReleaseCancelsRenewalInFlight(t *testing.T) {
+	d := newScripted()
+	d.noLost = true
+	d.refreshBlock = make(chan struct{}) // never closed: the backend hangs
+	d.refreshBegan = make(chan struct{}, 1)
+	d.refreshEnded = make(chan error, 1)
+	l := newLocker(t, d)
+	// The first renewal starts 300ms in; it could run until the deadline, 900ms.
+	lease, err := l.Acquire(context.Background(), "k", dlock.WithTTL(900*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-d.refreshBegan
+	released := time.Now()
+	if err := lease.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-d.refreshEnded:
+		if !errors.Is(err, context.Canceled) {
+			t.Errorf("the hung renewal ended with %v, want context.Canceled", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatalf("the renewal in flight still runs %v after Release", time.Since(released))
+	}
+	if took := time.Since(released); took > 300*time.Millisecond {
+		t.Errorf("the renewal in flight ended %v after Release, want at once", took)
 	}
 }
 

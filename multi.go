@@ -181,7 +181,7 @@ func (l *locker) tryAll(ctx context.Context, sorted []string, opts []Option) ([]
 	if !ok {
 		return nil, errNoAtomic
 	}
-	s, err := l.base.with(opts)
+	s, err := l.settingsFor(opts)
 	if err != nil {
 		return nil, l.errorf("acquire-all", sorted[0], err)
 	}
