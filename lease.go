@@ -67,7 +67,9 @@ type Lease struct {
 	renewing   bool
 	// stopRenewal cancels the auto-renewal in flight, if any (end calls it).
 	stopRenewal context.CancelFunc
-	lossCause   lossKind // why it was lost, set by lose before it ends the lease
+
+	sched     schedItem // its place in the Locker's keepalive queue, guarded by the scheduler's mu
+	lossCause lossKind  // why it was lost, set by lose before it ends the lease
 }
 
 // newLease makes the lease for g, whose Start is start on the locker's clock.
@@ -79,6 +81,7 @@ func newLease(l *locker, g *backend.Grant, s *settings, start time.Duration) *Le
 		set:    s,
 		ctx:    ctx,
 		cancel: cancel,
+		sched:  schedItem{index: -1},
 	}
 	lease.setDeadlineLocked(start, g.Validity)
 	return lease

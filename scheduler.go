@@ -23,8 +23,7 @@ import (
 type scheduler struct {
 	clk   clock.Clock
 	mu    sync.Mutex
-	items map[*Lease]*schedItem
-	queue schedHeap
+	queue schedHeap     // of leases, each with its place (Lease.sched) in it
 	armed time.Duration // when the loop's timer fires next, on clk; idle while the loop is busy
 	// scheduled counts schedule calls (under mu): a loop that finds the
 	// queue empty keeps a short timer while leases come and go (see loop).
@@ -40,10 +39,12 @@ type scheduler struct {
 	armedHook func(sleep time.Duration) // tests: called each time the loop goes to sleep
 }
 
+// schedItem is a lease's place in its scheduler's queue, kept in the Lease
+// (a map and an item of its own cost each held lease about 60 bytes more).
+// Its fields are guarded by the scheduler's mu.
 type schedItem struct {
-	lease *Lease
 	when  time.Duration // on clk
-	index int
+	index int           // in queue; -1 when not queued
 }
 
 // idle is the armed value while the loop is busy: every schedule call must then
@@ -54,7 +55,6 @@ func newScheduler(clk clock.Clock) *scheduler {
 	s := &scheduler{
 		clk:   clk,
 		armed: idle,
-		items: map[*Lease]*schedItem{},
 		wake:  make(chan struct{}, 1),
 		quit:  make(chan struct{}),
 	}
@@ -67,14 +67,11 @@ func newScheduler(clk clock.Clock) *scheduler {
 func (s *scheduler) schedule(l *Lease, when time.Duration) {
 	s.mu.Lock()
 	s.scheduled++
-	it, ok := s.items[l]
-	if ok {
-		it.when = when
-		heap.Fix(&s.queue, it.index)
+	l.sched.when = when
+	if l.sched.index >= 0 {
+		heap.Fix(&s.queue, l.sched.index)
 	} else {
-		it = &schedItem{lease: l, when: when}
-		s.items[l] = it
-		heap.Push(&s.queue, it)
+		heap.Push(&s.queue, l)
 	}
 	// Wake the loop only if its timer would fire too late for this event. In a
 	// steady acquire/release loop no event is earlier than the armed timer, so
@@ -93,9 +90,8 @@ func (s *scheduler) schedule(l *Lease, when time.Duration) {
 func (s *scheduler) unschedule(l *Lease) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if it, ok := s.items[l]; ok {
-		heap.Remove(&s.queue, it.index)
-		delete(s.items, l)
+	if l.sched.index >= 0 {
+		heap.Remove(&s.queue, l.sched.index)
 	}
 }
 
@@ -138,10 +134,8 @@ func (s *scheduler) loop() {
 		now := s.clk.Now()
 		var due []*Lease
 		s.mu.Lock()
-		for len(s.queue) > 0 && s.queue[0].when <= now {
-			it := heap.Pop(&s.queue).(*schedItem)
-			delete(s.items, it.lease)
-			due = append(due, it.lease)
+		for len(s.queue) > 0 && s.queue[0].sched.when <= now {
+			due = append(due, heap.Pop(&s.queue).(*Lease))
 		}
 		s.armed = idle // busy: every schedule call until re-armed must not be missed
 		s.mu.Unlock()
@@ -163,7 +157,7 @@ func (s *scheduler) loop() {
 		sleep, armed := time.Hour, time.Duration(math.MaxInt64)
 		switch {
 		case len(s.queue) > 0:
-			sleep = min(max(s.queue[0].when-now, 0), clock.MaxSleep)
+			sleep = min(max(s.queue[0].sched.when-now, 0), clock.MaxSleep)
 			armed = now + sleep
 		case s.scheduled != seen:
 			sleep = clock.MaxSleep
@@ -186,25 +180,26 @@ func (s *scheduler) loop() {
 	}
 }
 
-// schedHeap is a min-heap of items by when.
-type schedHeap []*schedItem
+// schedHeap is a min-heap of leases by their sched.when.
+type schedHeap []*Lease
 
 func (h schedHeap) Len() int           { return len(h) }
-func (h schedHeap) Less(i, j int) bool { return h[i].when < h[j].when }
+func (h schedHeap) Less(i, j int) bool { return h[i].sched.when < h[j].sched.when }
 func (h schedHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
-	h[i].index = i
-	h[j].index = j
+	h[i].sched.index = i
+	h[j].sched.index = j
 }
 func (h *schedHeap) Push(x any) {
-	it := x.(*schedItem)
-	it.index = len(*h)
-	*h = append(*h, it)
+	l := x.(*Lease)
+	l.sched.index = len(*h)
+	*h = append(*h, l)
 }
 func (h *schedHeap) Pop() any {
 	old := *h
-	it := old[len(old)-1]
+	l := old[len(old)-1]
 	old[len(old)-1] = nil
 	*h = old[:len(old)-1]
-	return it
+	l.sched.index = -1
+	return l
 }
