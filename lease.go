@@ -413,19 +413,37 @@ func (l *Lease) lose(cause error) { l.loseBy(LossBackendReported, cause) }
 // loseBy is lose with the kind of cause, for observers.
 func (l *Lease) loseBy(kind LossCause, cause error) {
 	l.mu.Lock()
-	if l.state == held && l.lossCause == 0 {
+	if l.state != held {
+		l.mu.Unlock()
+		return
+	}
+	if l.lossCause == 0 {
 		l.lossCause = kindOf(kind)
 	}
 	l.mu.Unlock()
-	if !l.end(held, withKind(ErrLeaseLost, cause)) {
-		return
-	}
-	l.locker.sched.unschedule(l)
+	// The clean-up release is handed to the scheduler before Done closes, and
+	// starts once the lease has ended, if this call ended it. A holder may
+	// close the Locker the moment it sees Done; Close stops the scheduler,
+	// which starts nothing after that, and then the driver, and a lease
+	// already lost is not among those Close releases. Spawned after Done, the
+	// release could be refused, and the lock stayed on the nodes that still
+	// had it until its TTL ran out (CI: a Redlock holder lost its lease in the
+	// restart-empty fault, closed its Locker 0.1ms later, and its keys stayed
+	// on the two nodes that had not restarted).
+	ended := make(chan bool, 1)
 	l.locker.sched.spawn(func() {
+		if !<-ended {
+			return
+		}
 		l.calls.RLock()
 		defer l.calls.RUnlock()
 		_ = l.locker.releaseDetached(l.grant, l.set.releaseTimeout)
 	})
+	ok := l.end(held, withKind(ErrLeaseLost, cause))
+	ended <- ok
+	if ok {
+		l.locker.sched.unschedule(l)
+	}
 }
 
 // SetLabel changes the label stored with the lease's lock (see WithLabel),

@@ -2,6 +2,7 @@ package redlock_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -232,14 +233,22 @@ func (h *harness) NewSlowPollLocker(t testing.TB) dlock.Locker {
 	return l
 }
 
-// Residue lists the nodes where key's lock key is still there. The fence
-// counters stay by design: they keep the tokens increasing.
+// Residue lists the nodes where key's lock key is still there, with its
+// owner and its remaining TTL (which dates the last write: a key is set and
+// extended to the full TTL). The fence counters stay by design: they keep
+// the tokens increasing.
 func (h *harness) Residue(t testing.TB, key string) []string {
 	t.Helper()
+	lk := redlock.LockKey(redlock.DefaultPrefix, key)
 	var left []string
 	for i, owner := range h.c.holders(t, key) {
 		if owner != "" {
-			left = append(left, h.c.nodes[i].Addr()+" "+redlock.LockKey(redlock.DefaultPrefix, key)+" (owner "+owner+")")
+			pttl, err := h.c.admin[i].PTTL(context.Background(), lk).Result()
+			ttl := pttl.String()
+			if err != nil {
+				ttl = err.Error()
+			}
+			left = append(left, fmt.Sprintf("node %d %s %s (owner %s, PTTL %s)", i, h.c.nodes[i].Addr(), lk, owner, ttl))
 		}
 	}
 	return left

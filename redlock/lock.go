@@ -243,7 +243,7 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, round 
 	// Failed: hear from every node, then give the lock back wherever it may
 	// be this owner's, including the nodes that did not answer.
 	t = g.collect(nil)
-	d.giveBack(ctx, req.Owner, k, t, nodeTimeout)
+	d.giveBack(ctx, req.Owner, k, t, nodeTimeout, req.TTL)
 
 	n := len(d.nodes)
 	switch {
@@ -316,8 +316,18 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, round 
 // giveBack releases owner's lock on every node where an attempt may have set
 // it: those that granted it and those whose request failed after it may have
 // reached them. Like every fanout it ignores ctx's cancellation (a cancelled
-// caller must not leave a lock behind) and is bounded by the node timeout.
-func (d *Driver) giveBack(ctx context.Context, owner string, k *rediscore.Keys, t *tally, nodeTimeout time.Duration) {
+// caller must not leave a lock behind); the attempt waits for one try on each
+// node, bounded by the node timeout, and the nodes where that failed are
+// retried in the background until they answer, ttl has passed or the driver
+// closes (see finishRelease). A node that failed the acquire by answering
+// late (stalled, loaded) may run it after the client gave up, and fail the
+// give-back the same way: without the retries the lock stayed there for its
+// TTL, after Close too (seen reproducing TestFaults/restart-empty: a round's
+// lock left on a node whose acquire and give-back had both timed out). The
+// give-back starts once every acquire request has returned, and go-redis
+// closes the connection of one that timed out, so the node has received the
+// acquire, if it was sent at all, before any try of the give-back.
+func (d *Driver) giveBack(ctx context.Context, owner string, k *rediscore.Keys, t *tally, nodeTimeout, ttl time.Duration) {
 	var nodes []*node
 	for _, r := range t.replies {
 		if r.out == granted || r.out == failed && r.maybe {
@@ -327,12 +337,15 @@ func (d *Driver) giveBack(ctx context.Context, owner string, k *rediscore.Keys, 
 	if len(nodes) == 0 {
 		return
 	}
-	d.fanout(ctx, nodes, nodeTimeout, func(ctx context.Context, n *node) reply {
+	op := func(ctx context.Context, n *node) reply {
 		if err := rediscore.Release.Run(ctx, n.client, []string{k.Lock}, owner, k.Channel).Err(); err != nil {
 			return failure(err)
 		}
 		return reply{out: granted}
-	}, nil).collect(nil)
+	}
+	gt := d.fanout(ctx, nodes, nodeTimeout, op, nil)
+	gt.collect(nil)
+	d.finishRelease(gt, op, ttl)
 }
 
 // Refresh implements backend.Driver: it resets the lock's TTL to ttl on every
@@ -504,14 +517,16 @@ func releaseOp(owner string, k *rediscore.Keys, token string) func(context.Conte
 // closeGrace bounds the last try Close lets a background release make.
 const closeGrace = 2 * time.Second
 
-// finishRelease completes a release on the nodes where it failed: a node
-// that was down or restarting may still hold the key (or get it back from
-// its append-only file), and would keep every other client out until the
-// key's TTL. It retries those nodes with backoff until each has answered, or
-// ttl has passed (the key has expired there by then whatever happens), or
-// the driver closes (then it makes a last try, bounded by closeGrace). It
-// runs in the background only where a node's request was still running or
-// failed; a release every node answered costs nothing more.
+// finishRelease completes a release (or a give-back) on the nodes where it
+// failed: a node that was down, restarting or stalled may still hold the key
+// (or get it back from its append-only file, or run the acquire it had not
+// answered), and would keep every other client out until the key's TTL. It
+// retries those nodes with backoff until each has answered, or ttl has
+// passed (the key has expired there by then, unless the node stalled all that
+// time and runs a late acquire when it resumes), or the driver closes (then
+// it makes a last try, bounded by closeGrace). It runs in the background only
+// where a node's request was still running or failed; a release every node
+// answered costs nothing more.
 func (d *Driver) finishRelease(gt *gather, op func(context.Context, *node) reply, ttl time.Duration) {
 	if gt.left == 0 && gt.tally.failed == 0 {
 		return

@@ -387,10 +387,12 @@ func (d *Driver) Capabilities() backend.Capabilities {
 }
 
 // Close stops the driver's pub/sub connections and goroutines, waits for node
-// requests still in flight (each bounded by the node timeout), and closes the
+// requests still in flight (each bounded by the node timeout), gives the
+// releases and give-backs that failed on some node a last try there (a retry
+// in flight ends within a second, the last try within 2s), and closes the
 // clients if the driver was opened from a DSN (clients passed to NewDriver or
-// New stay open). Waiting Acquire calls return an error. A second Close returns
-// an error.
+// New stay open). Waiting Acquire calls return an error. A second Close
+// returns an error.
 func (d *Driver) Close() error {
 	if d.closed.Swap(true) {
 		return errClosed

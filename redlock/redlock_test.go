@@ -574,6 +574,70 @@ func TestReleaseWaitsForSlowNodes(t *testing.T) {
 	}
 }
 
+// TestGiveBackReachesStalledNodes: a failed attempt gives its lock back on
+// every node it may have reached, also on nodes that stalled (SIGSTOP, or a
+// loaded host) through both its acquire and its give-back. Such a node runs
+// the acquire once it resumes, after the client gave up on it; the give-back,
+// bounded by the node timeout and never sent (the client could not open a
+// new connection to the stalled node in time), left the lock there for its
+// TTL, after Close too (CI: TestFaults/restart-empty, "residue after Close").
+// Here another owner holds nodes 0 and 1, node 2 grants, nodes 3 and 4 stall:
+// the attempt fails, and they resume while the Locker closes.
+func TestGiveBackReachesStalledNodes(t *testing.T) {
+	c := startCluster(t, 5)
+	ctx := testCtx(t)
+	// Load the scripts on every node through another Locker, so that the
+	// stalled nodes run the acquire script as soon as they resume (EVALSHA
+	// finds it) and the Locker under test keeps one connection per node.
+	warm := c.open(t, "")
+	lease, err := warm.TryAcquire(ctx, "giveback/warm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	release(t, lease)
+	waitFor(t, 5*time.Second, "the warm-up lock released on every node", func() bool { return c.countHeld(t, "giveback/warm") == 0 })
+
+	const key = "giveback/stalled"
+	l, err := redlock.New(ctx, c.clients(t), nil, dlock.WithTTL(30*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	lk := redlock.LockKey(redlock.DefaultPrefix, key)
+	for _, i := range []int{0, 1} {
+		if err := c.admin[i].Set(ctx, lk, "other", time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.nodes[3].Pause()
+	c.nodes[4].Pause()
+	_, err = l.TryAcquire(ctx, key)
+	if !errors.Is(err, dlock.ErrNotAcquired) {
+		c.nodes[3].Resume()
+		c.nodes[4].Resume()
+		t.Fatalf("TryAcquire with 2 of 5 nodes held by another owner and 2 stalled: %v, want ErrNotAcquired", err)
+	}
+	resumed := make(chan struct{})
+	go func() { // owned by the test, which waits for resumed
+		defer close(resumed)
+		time.Sleep(300 * time.Millisecond)
+		c.nodes[3].Resume()
+		c.nodes[4].Resume()
+	}()
+	start := time.Now()
+	if err := l.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	t.Logf("Close took %v", time.Since(start).Round(time.Millisecond))
+	<-resumed
+	held := c.holders(t, key)
+	for i := 2; i < 5; i++ {
+		if held[i] != "" {
+			t.Errorf("node %d holds %q after the failed attempt and Close: not given back", i, held[i])
+		}
+	}
+}
+
 // TestRoundsOwnTheirLocks: a waiting Acquire that wins in a later round
 // holds the lock under that round's own owner (the Acquire's owner ID with
 // ".N"), so a release of an earlier round that a slow node runs late (its
