@@ -102,6 +102,15 @@ type soakLease struct {
 	err      string
 }
 
+// lockKey is the backend lock the lease held: lock, or key where that is
+// the lock itself.
+func (l *soakLease) lockKey() string {
+	if l.lock != "" {
+		return l.lock
+	}
+	return l.key
+}
+
 // until returns when the lease stopped counting as its holder's, with RunFaults'
 // rule: the earliest of when its Done closed, when its holder called Release,
 // and — if it was lost — its Deadline (a paused process cannot close Done,
@@ -217,6 +226,10 @@ func (o soakOverlap) String() string {
 	fmt.Fprintf(&b, "%q: %s (token %d, granted %s, Deadline %s, Done %s, Release called %s, %s) ended %s (%s), %v after %s (token %d) was granted at %s",
 		o.a.key, o.a.label, o.a.token, wallString(o.a.grant), wallString(o.a.deadline), wallString(o.a.done), wallString(o.a.released), o.a.err,
 		wallString(until), how, time.Duration(until-o.b.grant), o.b.label, o.b.token, wallString(o.b.grant))
+	// The later lease's own story, and both locks: a later lease with the
+	// lower token was granted first by the server and learned of it late.
+	fmt.Fprintf(&b, " (its request sent %s, Deadline %s, Done %s, Release called %s, %s; locks %q and %q)",
+		wallString(o.b.sent), wallString(o.b.deadline), wallString(o.b.done), wallString(o.b.released), o.b.err, o.a.lockKey(), o.b.lockKey())
 	if o.fault == nil {
 		b.WriteString("; during no fault")
 	} else {
