@@ -1,8 +1,12 @@
 package sqltable_test
 
 import (
+	"context"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/dlock-go/dlock"
 
 	"github.com/dlock-go/dlock/conformance"
 	"github.com/dlock-go/dlock/internal/testenv"
@@ -13,6 +17,47 @@ import (
 type faultHarness struct {
 	*harness
 	bouncer *testenv.PgBouncer // nil: the lockers reach the server directly
+
+	mu       sync.Mutex
+	restarts int // of a PgBouncer found dead (see alive)
+}
+
+// alive restarts PgBouncer, on its port, if it has exited since the last
+// trial, and logs why it died. PgBouncer 1.18 (Debian 12's) exits on
+// "FATAL … disconnect_client(): bad client state: 0" when a client that sent
+// a cancel request disconnects before PgBouncer has forwarded it
+// (pgbouncer/pgbouncer#801, fixed upstream by #846): a trial that cuts a
+// child's link while pgx cancels a statement can do that. CI saw it kill
+// PgBouncer after one trial, and every later trial fail to connect. A
+// deployment restarts its pooler (systemd's Restart=); the trial in which it
+// crashed still fails on its own, and later trials get a PgBouncer again.
+func (h *faultHarness) alive(t testing.TB) {
+	if h.bouncer == nil {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.bouncer.Alive() {
+		return
+	}
+	h.restarts++
+	t.Logf("pgbouncer had exited (restart %d); the end of its log:\n%s", h.restarts, h.bouncer.LogTail(5))
+	if err := h.bouncer.Start(); err != nil {
+		t.Fatalf("restarting pgbouncer: %v", err)
+	}
+}
+
+// NewLocker opens a locker through PgBouncer (or directly), restarting
+// PgBouncer first if it crashed.
+func (h *faultHarness) NewLocker(t testing.TB) dlock.Locker {
+	h.alive(t)
+	return h.harness.NewLocker(t)
+}
+
+// DSN is the harness's DSN, after restarting PgBouncer if it crashed.
+func (h *faultHarness) DSN(t testing.TB) string {
+	h.alive(t)
+	return h.harness.DSN(t)
 }
 
 func newFaultHarness(t testing.TB, bounced bool) *faultHarness {
@@ -42,6 +87,7 @@ func (h *faultHarness) Deployment() string {
 // superuser with trust authentication.
 func (h *faultHarness) LinkedDSN(t testing.TB) (string, conformance.Link) {
 	t.Helper()
+	h.alive(t)
 	addr := h.srv.Addr()
 	if h.bouncer != nil {
 		addr = h.bouncer.Addr()
@@ -91,4 +137,26 @@ func TestFaults(t *testing.T) {
 
 func TestSoak(t *testing.T) {
 	conformance.Soak(t, newFaultHarness(t, true), conformance.SoakOptions{Matrix: tableMatrix})
+}
+
+// A PgBouncer that died between trials (as 1.18 does on a cancel request
+// cut short) is started again before the next trial opens a locker, which
+// then reaches the server through it.
+func TestFaultHarnessRestartsDeadBouncer(t *testing.T) {
+	h := newFaultHarness(t, true)
+	h.bouncer.Kill()
+	if h.bouncer.Alive() {
+		t.Fatal("pgbouncer still alive after Kill")
+	}
+	l := h.NewLocker(t)
+	lease, err := l.TryAcquire(context.Background(), "after-bouncer-restart")
+	if err != nil {
+		t.Fatalf("TryAcquire through the restarted pgbouncer: %v", err)
+	}
+	if err := lease.Release(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if h.restarts != 1 {
+		t.Errorf("restarts = %d, want 1", h.restarts)
+	}
 }
