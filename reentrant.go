@@ -84,7 +84,7 @@ func (l *Lease) nest(op string) (*Lease, error) {
 			fmt.Errorf("the enclosing lease of the key has ended: %w", err)))
 	}
 	ctx, cancel := context.WithCancelCause(l.ctx)
-	return &Lease{locker: l.locker, grant: l.grant, set: l.set, outer: l, ctx: ctx, cancel: cancel, sched: schedItem{index: -1}}, nil
+	return &Lease{locker: l.locker, grant: l.grant, set: l.set, outer: l, ctx: ctx, cancel: cancel}, nil
 }
 
 // releaseNested releases a nested hold: the lock stays held by the enclosing

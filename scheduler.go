@@ -25,12 +25,13 @@ type scheduler struct {
 	mu    sync.Mutex
 	queue schedHeap     // of leases, each with its place (Lease.sched) in it
 	armed time.Duration // when the loop's timer fires next, on clk; idle while the loop is busy
-	// scheduled counts schedule calls (under mu): a loop that finds the
-	// queue empty keeps a short timer while leases come and go (see loop).
-	scheduled uint64
-	wake      chan struct{} // buffered(1): an event earlier than armed was added
-	quit      chan struct{}
-	wg        sync.WaitGroup // the loop, renewals, loss watchers, clean-up releases
+	// touched is set by schedule (under mu) and cleared by the loop each
+	// time it sleeps: a loop that finds the queue empty keeps a short timer
+	// while leases come and go (see loop).
+	touched bool
+	wake    chan struct{} // buffered(1): an event earlier than armed was added
+	quit    chan struct{}
+	wg      sync.WaitGroup // the loop, renewals, loss watchers, clean-up releases
 	// stopped is set (under mu) when stop begins: spawn adds no goroutine
 	// after it.
 	stopped bool
@@ -43,8 +44,8 @@ type scheduler struct {
 // (a map and an item of its own cost each held lease about 60 bytes more).
 // Its fields are guarded by the scheduler's mu.
 type schedItem struct {
-	when  time.Duration // on clk
-	index int           // in queue; -1 when not queued
+	when time.Duration // on clk
+	pos  int           // 1 + its index in queue; 0 (the zero value) when not queued
 }
 
 // idle is the armed value while the loop is busy: every schedule call must then
@@ -66,10 +67,10 @@ func newScheduler(clk clock.Clock) *scheduler {
 // schedule sets (or moves) the lease's next event.
 func (s *scheduler) schedule(l *Lease, when time.Duration) {
 	s.mu.Lock()
-	s.scheduled++
+	s.touched = true
 	l.sched.when = when
-	if l.sched.index >= 0 {
-		heap.Fix(&s.queue, l.sched.index)
+	if l.sched.pos > 0 {
+		heap.Fix(&s.queue, l.sched.pos-1)
 	} else {
 		heap.Push(&s.queue, l)
 	}
@@ -90,8 +91,8 @@ func (s *scheduler) schedule(l *Lease, when time.Duration) {
 func (s *scheduler) unschedule(l *Lease) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if l.sched.index >= 0 {
-		heap.Remove(&s.queue, l.sched.index)
+	if l.sched.pos > 0 {
+		heap.Remove(&s.queue, l.sched.pos-1)
 	}
 }
 
@@ -129,7 +130,6 @@ func (s *scheduler) loop() {
 	defer s.wg.Done()
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
-	var seen uint64 // s.scheduled as of the loop's last sleep
 	for {
 		now := s.clk.Now()
 		var due []*Lease
@@ -159,11 +159,11 @@ func (s *scheduler) loop() {
 		case len(s.queue) > 0:
 			sleep = min(max(s.queue[0].sched.when-now, 0), clock.MaxSleep)
 			armed = now + sleep
-		case s.scheduled != seen:
+		case s.touched:
 			sleep = clock.MaxSleep
 			armed = now + sleep
 		}
-		seen = s.scheduled
+		s.touched = false
 		s.armed = armed
 		hook := s.armedHook
 		s.mu.Unlock()
@@ -187,19 +187,19 @@ func (h schedHeap) Len() int           { return len(h) }
 func (h schedHeap) Less(i, j int) bool { return h[i].sched.when < h[j].sched.when }
 func (h schedHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
-	h[i].sched.index = i
-	h[j].sched.index = j
+	h[i].sched.pos = i + 1
+	h[j].sched.pos = j + 1
 }
 func (h *schedHeap) Push(x any) {
 	l := x.(*Lease)
-	l.sched.index = len(*h)
 	*h = append(*h, l)
+	l.sched.pos = len(*h)
 }
 func (h *schedHeap) Pop() any {
 	old := *h
 	l := old[len(old)-1]
 	old[len(old)-1] = nil
 	*h = old[:len(old)-1]
-	l.sched.index = -1
+	l.sched.pos = 0
 	return l
 }
