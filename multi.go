@@ -78,6 +78,10 @@ func acquireAll(ctx context.Context, l Locker, keys []string, wait bool, opts []
 			// One key at a time, below: a key was held, or a try failed
 			// (a node slow to answer, a transient error) where a waiting
 			// Acquire rides it out.
+		case wait:
+			// The wait was cancelled while the try was out: report that, as
+			// a cancelled Acquire does, with what the try found.
+			return nil, fmt.Errorf("all of %d keys: %w: %w (the first try: %w)", len(sorted), ErrNotAcquired, context.Cause(ctx), err)
 		default:
 			return nil, fmt.Errorf("all of %d keys: %w", len(sorted), err)
 		}

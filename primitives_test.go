@@ -157,9 +157,6 @@ func TestAcquireAllRidesOutAFailedTry(t *testing.T) {
 	}
 }
 
-// A waiting AcquireAll whose lease of an earlier key is lost while it waits
-// for a later one does not return a set that is already lost: it takes the
-// keys again.
 // lossSignal is an Observer that sends the key of each lease lost.
 type lossSignal chan string
 
@@ -182,6 +179,52 @@ func (o lossOf) Ended(e dlock.LeaseEnd) {
 	}
 }
 
+// cancelOnTry is a Locker whose TryAcquire cancels the caller's wait (as a
+// caller that gives up while the first, all-at-once try is out does) before
+// it tries.
+type cancelOnTry struct {
+	dlock.Locker
+	cancel context.CancelFunc
+}
+
+func (c cancelOnTry) TryAcquire(ctx context.Context, key string, opts ...dlock.Option) (*dlock.Lease, error) {
+	c.cancel()
+	return c.Locker.TryAcquire(context.WithoutCancel(ctx), key, opts...)
+}
+
+// A waiting AcquireAll cancelled while its first, all-at-once try is out
+// reports the cancelled wait (ErrNotAcquired and ctx's error), as a
+// cancelled Acquire does, whatever the try found, and leaves nothing held.
+func TestAcquireAllCancelledDuringItsTry(t *testing.T) {
+	ctx := context.Background()
+	l, err := dlock.Open(ctx, "mem://acquire-all-cancelled-try")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	blocker, err := l.TryAcquire(ctx, "b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Release(ctx)
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	_, err = dlock.AcquireAll(cctx, cancelOnTry{l, cancel}, []string{"a", "b", "c"})
+	if !errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("AcquireAll cancelled during its try: %v, want ErrNotAcquired and context.Canceled", err)
+	}
+	for _, k := range []string{"a", "c"} {
+		lease, err := l.TryAcquire(ctx, k)
+		if err != nil {
+			t.Fatalf("%s after the cancelled AcquireAll: %v", k, err)
+		}
+		_ = lease.Release(ctx)
+	}
+}
+
+// A waiting AcquireAll whose lease of an earlier key is lost while it waits
+// for a later one does not return a set that is already lost: it takes the
+// keys again.
 func TestAcquireAllLostWhileWaiting(t *testing.T) {
 	ctx := context.Background()
 	lost := make(lossSignal, 4)
