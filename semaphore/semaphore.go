@@ -378,11 +378,19 @@ func (s *Semaphore) tryMore(ctx context.Context, held map[int]*dlock.Lease, k in
 			continue
 		}
 		lease, err := s.l.TryAcquire(ctx, s.SlotKey(i), s.opts...)
-		if err != nil {
-			if errors.Is(err, dlock.ErrNotAcquired) && ctx.Err() == nil {
-				continue
-			}
+		switch {
+		case err == nil:
+		case !errors.Is(err, dlock.ErrNotAcquired):
 			return err
+		case ctx.Err() == nil:
+			continue
+		case errors.Is(err, ctx.Err()):
+			return err
+		default:
+			// Cancelled while the try was out, which found the slot held:
+			// report the cancel, as a cancelled Acquire does, and what the
+			// try found.
+			return fmt.Errorf("%w (slot %d: %w)", notAcquired(ctx), i, err)
 		}
 		held[i] = lease
 	}

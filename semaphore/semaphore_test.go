@@ -127,3 +127,66 @@ func TestSizeCheckOutlastingTheLease(t *testing.T) {
 	}
 	_ = q.Release(ctx)
 }
+
+// cancelOnTry is a Locker whose nth TryAcquire cancels the caller's wait (as
+// a caller that gives up while a try is out does) before it tries.
+type cancelOnTry struct {
+	dlock.Locker
+	n      int
+	tries  *int
+	cancel context.CancelFunc
+}
+
+func (c cancelOnTry) TryAcquire(ctx context.Context, key string, opts ...dlock.Option) (*dlock.Lease, error) {
+	if *c.tries++; *c.tries == c.n {
+		c.cancel()
+	}
+	return c.Locker.TryAcquire(context.WithoutCancel(ctx), key, opts...)
+}
+
+// AcquireN cancelled while a try is out, which finds the slot held, reports
+// the cancelled wait (ErrNotAcquired and ctx's error), as a cancelled Acquire
+// does, and leaves nothing held: in its first try (the first call) and in
+// its wait (the third, after a first pass over both slots).
+func TestAcquireNCancelledDuringATry(t *testing.T) {
+	ctx := context.Background()
+	l, err := dlock.Open(ctx, "mem://semaphore-cancelled-try")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	full, err := semaphore.New(l, "s", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []int{1, 3} {
+		held, err := full.TryAcquireN(ctx, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cctx, cancel := context.WithCancel(ctx)
+		tries := 0
+		s, err := semaphore.New(cancelOnTry{l, n, &tries, cancel}, "s", 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = s.AcquireN(cctx, 1)
+		cancel()
+		t.Logf("cancelled during try %d: %v", n, err)
+		if !errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, context.Canceled) {
+			t.Errorf("AcquireN cancelled during try %d: %v, want ErrNotAcquired and context.Canceled", n, err)
+		}
+		for _, p := range held {
+			if err := p.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ps, err := full.TryAcquireN(ctx, 2)
+		if err != nil {
+			t.Fatalf("both permits after the cancelled AcquireN: %v", err)
+		}
+		for _, p := range ps {
+			_ = p.Release(ctx)
+		}
+	}
+}
