@@ -27,9 +27,10 @@ func Do(ctx context.Context, l Locker, key string, fn func(ctx context.Context, 
 		return err
 	}
 	fctx, cancel := context.WithCancelCause(ContextWithLease(ctx, lease))
-	stop := context.AfterFunc(lease.ctx, func() { cancel(lease.Err()) })
+	var mine byte // Do's own key for afterEnd
+	lease.afterEnd(&mine, func() { cancel(lease.Err()) })
 	fnErr := fn(fctx, lease)
-	stop()
+	lease.stopAfterEnd(&mine)
 	cancel(nil)
 
 	relErr := lease.Release(ctx)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dlock-go/dlock/backend"
@@ -55,33 +56,32 @@ type Lease struct {
 	// before the others that pass grant (read-locked).
 	calls sync.RWMutex
 
-	ctx    context.Context // cancelled, with Err as cause, when the lease ends
-	cancel context.CancelCauseFunc
+	// done holds Done's channel (a chan struct{}), made by the first call to
+	// Done: most held leases are never asked for one, and a context per lease
+	// cost ~100 B of heap each (docs/BENCHMARKS.md, Scale).
+	done atomic.Value
 
 	mu         sync.Mutex
 	state      leaseState
+	renewing   bool
+	signalled  bool     // the end was signalled: Done closed, onEnd run
+	lossCause  lossKind // why it was lost, set by lose before it ends the lease
 	err        error
 	deadline   time.Duration // on locker.clk, which counts a host suspend; the lease is known held before it
 	deadlineAt time.Time     // deadline as a time.Time, as of the last grant or renewal
 	nextRenew  time.Duration // on locker.clk
-	renewing   bool
 	// stopRenewal cancels the auto-renewal in flight, if any (end calls it).
 	stopRenewal context.CancelFunc
+	// onEnd holds the functions to run once the end is signalled (Do's, a
+	// nested hold's), by a key that takes one back; nil until the first.
+	onEnd map[any]func()
 
-	sched     schedItem // its place in the Locker's keepalive queue, guarded by the scheduler's mu
-	lossCause lossKind  // why it was lost, set by lose before it ends the lease
+	sched schedItem // its place in the Locker's keepalive queue, guarded by the scheduler's mu
 }
 
 // newLease makes the lease for g, whose Start is start on the locker's clock.
 func newLease(l *locker, g *backend.Grant, s *settings, start time.Duration) *Lease {
-	ctx, cancel := context.WithCancelCause(context.Background())
-	lease := &Lease{
-		locker: l,
-		grant:  g,
-		set:    s,
-		ctx:    ctx,
-		cancel: cancel,
-	}
+	lease := &Lease{locker: l, grant: g, set: s}
 	lease.setDeadlineLocked(start, g.Validity)
 	return lease
 }
@@ -113,7 +113,7 @@ func (l *Lease) start() {
 			select {
 			case <-lost:
 				l.lose(errors.New("backend reported the lock gone (session ended)"))
-			case <-l.ctx.Done():
+			case <-l.Done():
 			}
 		})
 	}
@@ -201,7 +201,82 @@ func (l *Lease) Deadline() time.Time {
 
 // Done returns a channel that is closed when the lease ends: released, expired
 // or lost. Select on it in long-running work, or use Do.
-func (l *Lease) Done() <-chan struct{} { return l.ctx.Done() }
+func (l *Lease) Done() <-chan struct{} {
+	if ch, ok := l.done.Load().(chan struct{}); ok {
+		return ch
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if ch, ok := l.done.Load().(chan struct{}); ok {
+		return ch
+	}
+	ch := closedChan
+	if !l.signalled {
+		ch = make(chan struct{})
+	}
+	l.done.Store(ch)
+	return ch
+}
+
+// closedChan is Done's channel for a lease whose end was signalled before
+// Done was first called.
+var closedChan = func() chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}()
+
+// signalEnd closes Done and runs the onEnd functions, once; the lease's err
+// is set by then.
+func (l *Lease) signalEnd() {
+	l.mu.Lock()
+	if l.signalled {
+		l.mu.Unlock()
+		return
+	}
+	l.signalled = true
+	ch, _ := l.done.Load().(chan struct{})
+	funcs := l.onEnd
+	l.onEnd = nil
+	l.mu.Unlock()
+	if ch != nil {
+		close(ch)
+	}
+	for _, f := range funcs {
+		f()
+	}
+}
+
+// afterEnd arranges for f to run once the lease's end is signalled (at once,
+// in this goroutine, if it was), unless stopAfterEnd(key) comes first.
+func (l *Lease) afterEnd(key any, f func()) {
+	l.mu.Lock()
+	if l.signalled {
+		l.mu.Unlock()
+		f()
+		return
+	}
+	if l.onEnd == nil {
+		l.onEnd = make(map[any]func(), 1)
+	}
+	l.onEnd[key] = f
+	l.mu.Unlock()
+}
+
+// stopAfterEnd takes back the function afterEnd registered under key, if it
+// has not run.
+func (l *Lease) stopAfterEnd(key any) {
+	l.mu.Lock()
+	delete(l.onEnd, key)
+	l.mu.Unlock()
+}
+
+// hasEnded reports whether the lease has ended (its err is set).
+func (l *Lease) hasEnded() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.state == ended
+}
 
 // Err returns nil while the lease is held. After Done is closed it returns an
 // error matching ErrReleased if the holder released it, or ErrLeaseLost
@@ -524,7 +599,7 @@ func (l *Lease) end(from leaseState, err error) bool {
 		}
 		l.obs.Ended(LeaseEnd{Lost: lost, Cause: cause, Held: time.Since(l.grant.Start), Err: lerr})
 	}
-	l.cancel(l.err)
+	l.signalEnd()
 	if stopRenewal != nil {
 		stopRenewal()
 	}
@@ -585,9 +660,9 @@ func (l *Lease) tick(now time.Duration) {
 // renewal that could no longer help.
 func (l *Lease) autoRenew(deadline time.Duration) {
 	start := l.locker.clk.Now()
-	// Not a child of l.ctx, which would then keep a map of its children
-	// (empty once the renewal is done) for the rest of the lease: about
-	// 300 B more per held lease once it has been renewed. end cancels it.
+	// Its own context, not one tied to the lease (which would keep a record
+	// of it for the rest of the lease, about 300 B per held lease once it
+	// has been renewed): end cancels it.
 	ctx, cancel := context.WithTimeout(context.Background(), deadline-start)
 	defer cancel()
 	l.mu.Lock()
@@ -605,11 +680,11 @@ func (l *Lease) autoRenew(deadline time.Duration) {
 	l.renewing = false
 	l.stopRenewal = nil
 	l.mu.Unlock()
-	if l.obs != nil && l.ctx.Err() == nil {
+	if l.obs != nil && !l.hasEnded() {
 		l.obs.Renewed(l.locker.clk.Now()-start, err)
 	}
 	if err != nil {
-		if l.ctx.Err() != nil {
+		if l.hasEnded() {
 			return // the lease ended meanwhile; its error is already set
 		}
 		kind := LossRenewalFailed

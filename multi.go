@@ -24,7 +24,6 @@ type LeaseSet struct {
 
 	ctx    context.Context // cancelled, with the first lease's error as cause, when any lease ends
 	cancel context.CancelCauseFunc
-	stops  []func() bool
 
 	mu       sync.Mutex
 	released bool
@@ -120,7 +119,7 @@ func newLeaseSet(leases []*Lease) *LeaseSet {
 	set := &LeaseSet{leases: leases}
 	set.ctx, set.cancel = context.WithCancelCause(context.Background())
 	for _, lease := range leases {
-		set.stops = append(set.stops, context.AfterFunc(lease.ctx, func() { set.cancel(lease.Err()) }))
+		lease.afterEnd(set, func() { set.cancel(lease.Err()) })
 	}
 	return set
 }
@@ -333,8 +332,8 @@ func (s *LeaseSet) Release(ctx context.Context) error {
 	s.mu.Unlock()
 	errs := make([]error, len(s.leases))
 	forEach(len(s.leases), func(i int) { errs[i] = s.leases[i].Release(ctx) })
-	for _, stop := range s.stops {
-		stop()
+	for _, lease := range s.leases {
+		lease.stopAfterEnd(s)
 	}
 	s.cancel(&Error{Op: "release-all", Err: ErrReleased})
 	return errors.Join(errs...)

@@ -83,8 +83,9 @@ func (l *Lease) nest(op string) (*Lease, error) {
 		return nil, l.locker.errorf(op, l.Key(), withKind(ErrNotAcquired,
 			fmt.Errorf("the enclosing lease of the key has ended: %w", err)))
 	}
-	ctx, cancel := context.WithCancelCause(l.ctx)
-	return &Lease{locker: l.locker, grant: l.grant, set: l.set, outer: l, ctx: ctx, cancel: cancel}, nil
+	n := &Lease{locker: l.locker, grant: l.grant, set: l.set, outer: l}
+	l.afterEnd(n, n.signalEnd) // the enclosing lease's end ends the nested hold's Done
+	return n, nil
 }
 
 // releaseNested releases a nested hold: the lock stays held by the enclosing
@@ -114,9 +115,9 @@ func (l *Lease) endNested(err error) {
 	if l.err == nil {
 		l.err = err
 	}
-	err = l.err
 	l.mu.Unlock()
-	l.cancel(err)
+	l.outer.stopAfterEnd(l)
+	l.signalEnd()
 }
 
 // nestedErr is Err for a nested hold: its own end if it was released,

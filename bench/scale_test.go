@@ -70,7 +70,9 @@ const fewWaiters = 10
 //     B/lease (live heap per held lease, after GC) and goroutines/lease.
 //   - Keepalive/BACKEND: dlock holds -dlock.leases leases with TTL
 //     -dlock.keepalive-ttl and auto-renew: reqs/s measured over one TTL,
-//     expected-reqs/s = leases/(TTL/3), B/lease and goroutines/lease.
+//     expected-reqs/s = leases/(TTL/3), B/lease (live heap per held lease
+//     after that TTL, when every lease has renewed; the least of 5 readings
+//     250 ms apart, so renewals in flight are not counted) and goroutines/lease.
 //   - Waiters/BACKEND/IMPL: -dlock.waiters waiters (PostgreSQL: at most
 //     pgMaxWaiters) on one key, over 10 clients; then 10 waiters, one per
 //     client; then up to 100 waiters, one per client: reqs/handoff for

@@ -19,8 +19,7 @@ import (
 // lockNode is a lock node the driver created: Grant.Data of its grants.
 type lockNode struct {
 	parent string // the key's node
-	name   string // the node's own name, "_c_<uuid>-lock-<seq>" ("_c_<uuid>-read-lock-<seq>" if shared)
-	path   string // parent + "/" + name
+	path   string // parent + "/" + name()
 	czxid  int64
 	ses    *session  // the session the node lives in
 	owner  int64     // its ephemeralOwner, when read from the server (0: not read)
@@ -29,6 +28,10 @@ type lockNode struct {
 
 	watch atomic.Pointer[<-chan zk.Event] // the node's exists watch, set at the first refresh
 }
+
+// name is the node's own name, "_c_<uuid>-lock-<seq>"
+// ("_c_<uuid>-read-lock-<seq>" if shared).
+func (n *lockNode) name() string { return n.path[len(n.parent)+1:] }
 
 // validity is how long a grant or refresh sent at some moment is valid after
 // it: min(ttl, session timeout) less the drift allowance.
@@ -220,7 +223,6 @@ func (d *Driver) createNode(ctx context.Context, s *session, wait bool, parent, 
 			d.sess.ack(s.id, start)
 			return &lockNode{
 				parent: parent,
-				name:   res[0].String[len(parent)+1:],
 				path:   res[0].String,
 				czxid:  res[1].Stat.Mzxid,
 				ses:    s,
@@ -270,7 +272,7 @@ func (d *Driver) findOwn(s *session, parent, prefix string) (*lockNode, error) {
 				if !ok {
 					return nil, nil
 				}
-				return &lockNode{parent: parent, name: name, path: parent + "/" + name,
+				return &lockNode{parent: parent, path: parent + "/" + name,
 					czxid: st.Czxid, ses: s, owner: st.EphemeralOwner, start: start}, nil
 			}
 		}
@@ -407,7 +409,7 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, n *lockNo
 			continue
 		}
 		locks := sortedLocks(ls.children, ls.cversion)
-		i := slices.Index(locks, n.name)
+		i := slices.Index(locks, n.name())
 		if i < 0 {
 			return nil, fmt.Errorf("%w: %s vanished (the session ended?)", errNoLockNode, n.path)
 		}

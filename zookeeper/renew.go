@@ -74,6 +74,9 @@ func (d *Driver) nodeGone(ctx context.Context, n *lockNode) error {
 	case r.st.Czxid != n.czxid || r.st.EphemeralOwner != n.ses.id:
 		return fmt.Errorf("%w: %s belongs to another session", backend.ErrNotHeld, n.path)
 	}
-	n.watch.Store(&r.ch)
+	// Store a copy: &r.ch would keep all of r on the heap for as long as the
+	// lease is held, and the reply's Stat with it (~90 B a lease).
+	ch := r.ch
+	n.watch.Store(&ch)
 	return nil
 }
