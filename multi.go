@@ -330,11 +330,11 @@ func (s *LeaseSet) Release(ctx context.Context) error {
 	}
 	s.released = true
 	s.mu.Unlock()
+	for _, lease := range s.leases {
+		lease.stopAfterEnd(s) // the set's ctx ends as released, not as a lease's end
+	}
 	errs := make([]error, len(s.leases))
 	forEach(len(s.leases), func(i int) { errs[i] = s.leases[i].Release(ctx) })
-	for _, lease := range s.leases {
-		lease.stopAfterEnd(s)
-	}
 	s.cancel(&Error{Op: "release-all", Err: ErrReleased})
 	return errors.Join(errs...)
 }
