@@ -12,6 +12,8 @@ set -euo pipefail
 packages=(
   redis-server redis-tools   # redis driver, redlock driver
   zookeeper                  # zookeeper driver (pulls a JRE)
+  libcurator-recipes-java    # zookeeper: TestCurator runs Apache Curator 5.4 (java's source
+                             # launcher; Debian's JRE has the jdk.compiler module, no JDK needed)
   postgresql pgbouncer       # postgres driver; sqltable (pgbouncer: transaction pooling)
   mariadb-server             # sqltable's MySQL dialect; fencing.SQLGuard on MariaDB
   etcd-server etcd-client    # etcd driver (etcd 3.4; etcdctl for the interop test)
