@@ -64,6 +64,11 @@ func TestRegisterFencedIncrementsLinearizable(t *testing.T) {
 	if acc, rej, stale, _ := reg.counts(); acc != 4 || rej != 1 || stale != 0 {
 		t.Fatalf("accepted %d rejected %d stale %d; want 4 1 0", acc, rej, stale)
 	}
+	// The rejection names the lease whose write it was, and the token that
+	// made it stale.
+	if ev := reg.rejectedEvidence(); len(ev) != 1 || !strings.Contains(ev[0], a.Label+"'s write (token 5") || !strings.Contains(ev[0], "token 6 was already accepted") {
+		t.Fatalf("rejections %q; want one naming %s's write", ev, a.Label)
+	}
 }
 
 // A token that goes backwards (the newer grant has the lower token) lets the

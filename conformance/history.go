@@ -35,6 +35,7 @@ type register struct {
 
 	accepted, rejected, stale int
 	staleEvidence             []string
+	rejections                []string // the first few requests rejected as stale: whose, and why
 }
 
 func newRegister() *register {
@@ -103,6 +104,14 @@ func (r *register) op(key string, lease leaseRef, write bool, v int) (int, bool)
 		}
 	} else {
 		r.rejected++
+		if len(r.rejections) < 5 {
+			op := "read"
+			if write {
+				op = "write"
+			}
+			r.rejections = append(r.rejections, fmt.Sprintf("%s's %s (token %d, granted %s) on %q: %v",
+				lease.Label, op, lease.Token, wallString(lease.Granted), key, err))
+		}
 	}
 	if lease.Granted > newest {
 		r.newest[key] = lease.Granted
@@ -129,6 +138,14 @@ func (r *register) counts() (accepted, rejected, stale int, evidence []string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.accepted, r.rejected, r.stale, append([]string(nil), r.staleEvidence...)
+}
+
+// rejected returns the first few requests rejected as stale, each naming
+// its lease and the token that made it stale.
+func (r *register) rejectedEvidence() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.rejections...)
 }
 
 // registerModel is the sequential specification of the fenced counters: a

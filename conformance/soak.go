@@ -430,6 +430,11 @@ func Soak(t *testing.T, h FaultHarness, o SoakOptions) {
 	linErr := reg.checkLinearizable(t)
 	t.Logf("soak on %s: %d leases, %d requests accepted, %d rejected as stale, %d stale accepted, %d lease overlaps (%d during faults expected to overlap), faults %v",
 		h.Deployment(), len(leases), accepted, rejected, stale, len(overlaps), len(expected), injected)
+	// Whose requests were rejected: a stale write is the guard doing its
+	// work after a loss, but which lease made it tells an overlap's story.
+	for _, e := range reg.rejectedEvidence() {
+		t.Logf("rejected as stale: %s", e)
+	}
 	for i, e := range expected {
 		if i == 10 {
 			t.Logf("… and %d more overlaps during faults expected to overlap", len(expected)-i)

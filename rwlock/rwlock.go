@@ -377,6 +377,12 @@ func (m *RWMutex) rlock(ctx context.Context, wait bool) (*Hold, error) {
 	// Passed through: give the write lock back, whatever ctx has become
 	// (Release bounds a ctx without deadline by the release timeout).
 	_ = w.Release(context.WithoutCancel(ctx))
+	if err == nil && p.Err() != nil {
+		// Giving the write lock back (a round trip, longer under load) may
+		// have outlasted the read slot: never hand out a read hold that is
+		// already lost, whose slot a writer may hold by now.
+		err = fmt.Errorf("%w: the read slot was lost while the write lock was given back: %w", dlock.ErrNotAcquired, p.Err())
+	}
 	if err != nil {
 		return nil, err
 	}

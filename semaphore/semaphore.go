@@ -40,6 +40,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -272,10 +273,30 @@ func (s *Semaphore) acquire(ctx context.Context, k int, wait bool) (ps []*Permit
 	if !wait {
 		return nil, nil
 	}
-	// Not enough free: give back what the first try took, and queue. The
-	// queue's lock admits one waiter at a time to watch the slots (and keep
-	// what it gathers); the others wait in the backend's order.
-	s.giveBack(ctx, held)
+	// Not enough free: give back what the first try took, and queue.
+	for {
+		s.giveBack(ctx, held)
+		ps, err := s.waitQueued(ctx, held, k)
+		if err != nil {
+			return nil, err
+		}
+		// Leaving the queue, a release behind whatever else its session is
+		// doing, may have outlasted a permit that passed complete's check
+		// (a renewal that failed meanwhile, a lock broken, a paused
+		// process): never hand out a permit that is already lost, whose
+		// slot another holder may have been granted by now. Queue again.
+		if !slices.ContainsFunc(ps, func(p *Permit) bool { return p.Err() != nil }) {
+			return ps, nil
+		}
+	}
+}
+
+// waitQueued queues on the semaphore's queue lock and, once at its head,
+// gathers permits into held until it has k or ctx ends; it leaves the queue
+// before it returns. The queue's lock admits one waiter at a time to watch
+// the slots (and keep what it gathers); the others wait in the backend's
+// order.
+func (s *Semaphore) waitQueued(ctx context.Context, held map[int]*dlock.Lease, k int) ([]*Permit, error) {
 	q, err := s.l.Acquire(ctx, s.queueKey(), s.cfg.lease...)
 	if err != nil {
 		return nil, err
