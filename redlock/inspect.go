@@ -75,7 +75,15 @@ func (d *Driver) inspect(ctx context.Context, key string) (backend.LockInfo, *re
 	info := backend.LockInfo{Key: key, Waiters: -1}
 	vs := d.views(ctx, k)
 	answered := 0
-	votes := map[string][]time.Time{}
+	// Votes by owner, not by value: a holder's label is part of the value,
+	// and a Relabel (election's Proclaim) changes it node by node, so a
+	// read in between finds the old label on some nodes and the new one on
+	// others. The owner holds the lock on all of them.
+	type vote struct {
+		label   string
+		expires time.Time
+	}
+	votes := map[string][]vote{}
 	var errs []error
 	for _, v := range vs {
 		if v.err != nil {
@@ -84,18 +92,35 @@ func (d *Driver) inspect(ctx context.Context, key string) (backend.LockInfo, *re
 		}
 		answered++
 		if v.value != "" {
-			votes[v.value] = append(votes[v.value], v.expires)
+			owner, label := rediscore.SplitHolder(v.value)
+			votes[owner] = append(votes[owner], vote{label, v.expires})
 		}
 	}
 	if answered < d.quorum {
 		return info, k, fmt.Errorf("%d of %d nodes answered, need %d: %w", answered, len(d.nodes), d.quorum, errors.Join(errs...))
 	}
-	for value, exp := range votes {
-		if len(exp) < d.quorum {
+	for owner, vs := range votes {
+		if len(vs) < d.quorum {
 			continue
 		}
 		info.Held = true
-		info.Owner, info.Label = rediscore.SplitHolder(value)
+		info.Owner = owner
+		// The label most of its nodes have (the new one once a Relabel
+		// has reached most of them; ties go to the greater, for a stable
+		// answer).
+		count := map[string]int{}
+		for _, v := range vs {
+			count[v.label]++
+		}
+		for label, n := range count {
+			if best := count[info.Label]; n > best || n == best && label > info.Label {
+				info.Label = label
+			}
+		}
+		exp := make([]time.Time, len(vs))
+		for i, v := range vs {
+			exp[i] = v.expires
+		}
 		slices.SortFunc(exp, func(a, b time.Time) int { return b.Compare(a) })
 		info.Expires = exp[d.quorum-1]
 		return info, k, nil

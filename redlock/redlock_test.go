@@ -681,3 +681,35 @@ func TestRoundsOwnTheirLocks(t *testing.T) {
 		t.Errorf("the waiter holds the lock on %d of 3 nodes, want a quorum", won)
 	}
 }
+
+// A holder whose label is new on some nodes and old on others (a Relabel,
+// election's Proclaim, read half way) still holds: Inspect counts nodes by
+// owner, and gives the label most of them have.
+func TestInspectMidRelabel(t *testing.T) {
+	ctx := testCtx(t)
+	c := startCluster(t, 5)
+	l := c.open(t, "")
+	const key = "inspect/mid-relabel"
+	lk := redlock.LockKey(redlock.DefaultPrefix, key)
+	// On 4 of 5 nodes (one missed the acquire): 2 with the new label, 2
+	// with the old; no value is on a quorum of 3.
+	for i, v := range []string{"owner1 new", "owner1 new", "owner1 old", "owner1 old"} {
+		if err := c.admin[i].Set(ctx, lk, v, time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	in, err := dlock.Inspect(ctx, l, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !in.Held || in.Owner != "owner1" || in.Label != "old" && in.Label != "new" {
+		t.Fatalf("Inspect half way through a relabel: %+v, want held by owner1", in)
+	}
+	// Once the new label is on most of its nodes, Inspect gives it.
+	if err := c.admin[2].Set(ctx, lk, "owner1 new", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if in, err = dlock.Inspect(ctx, l, key); err != nil || in.Label != "new" {
+		t.Fatalf("Inspect with the new label on 3 of 4 nodes: %+v, %v", in, err)
+	}
+}
