@@ -94,6 +94,7 @@ type msg struct {
 	Token    dlock.Token `json:"tok,omitempty"`
 	At       int64       `json:"at,omitempty"`
 	Granted  int64       `json:"gat,omitempty"`
+	Called   int64       `json:"cat,omitempty"` // "op": when the lease's Acquire was called (0: not known)
 	Deadline int64       `json:"dl,omitempty"`
 	Released int64       `json:"rel,omitempty"`
 	Lost     bool        `json:"lost,omitempty"`
@@ -169,8 +170,8 @@ func wallDeadline(l *dlock.Lease) int64 {
 
 // increment runs one fenced increment of lease's key through the parent's
 // register: read, think, write. It reports whether both were accepted.
-func increment(c *childConn, key string, lease *dlock.Lease, label string, granted int64, think time.Duration) bool {
-	base := msg{T: "op", Lease: label, Key: key, Token: lease.Token(), Granted: granted}
+func increment(c *childConn, key string, lease *dlock.Lease, label string, called, granted int64, think time.Duration) bool {
+	base := msg{T: "op", Lease: label, Key: key, Token: lease.Token(), Called: called, Granted: granted}
 	r, ok := c.call(base)
 	if !ok || !r.OK {
 		return false
@@ -263,7 +264,7 @@ func holdAndReport(c *childConn, spec childSpec, lease *dlock.Lease, ended <-cha
 		select {
 		case <-c.stopped:
 		default:
-			increment(c, spec.Keys[0], lease, label, granted, spec.Think)
+			increment(c, spec.Keys[0], lease, label, 0, granted, spec.Think)
 			time.Sleep(spec.Interval) // pacing between increments
 			continue
 		}
@@ -333,6 +334,7 @@ func soakLocker(c *childConn, spec childSpec, g int) error {
 		next := time.Now().Add(spec.Interval)
 		i := rand.IntN(len(spec.Keys))
 		actx, acancel := context.WithTimeout(ctx, 4*spec.TTL)
+		called := time.Now().UnixNano()
 		lease, release, err := take(actx, l, spec.Keys[i], soakRoles[i%len(soakRoles)], spec.TTL)
 		acancel()
 		if err == nil {
@@ -350,7 +352,7 @@ func soakLocker(c *childConn, spec childSpec, g int) error {
 				doneAt.Store(time.Now().UnixNano())
 			}()
 			for n := 1 + rand.IntN(3); n > 0 && lease.Err() == nil && ctx.Err() == nil; n-- {
-				increment(c, spec.Keys[i], lease, label, granted, spec.Think)
+				increment(c, spec.Keys[i], lease, label, called, granted, spec.Think)
 			}
 			// The parent counts the lease as this holder's until the earliest
 			// of: Done closed, Release called, and — if it was lost — its
@@ -458,7 +460,7 @@ func (ch *child) serve(stdout io.Reader) {
 			}
 			continue
 		}
-		v, ok := ch.reg.op(m.Key, leaseRef{Label: m.Lease, Token: m.Token, Granted: m.Granted}, m.Write, m.V)
+		v, ok := ch.reg.op(m.Key, leaseRef{Label: m.Lease, Token: m.Token, Granted: m.Granted, Called: m.Called}, m.Write, m.V)
 		ch.mu.Lock()
 		_ = ch.enc.Encode(msg{ID: m.ID, OK: ok, V: v})
 		ch.mu.Unlock()

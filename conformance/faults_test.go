@@ -89,6 +89,35 @@ func TestRegisterCountsStaleWrites(t *testing.T) {
 	}
 }
 
+// Two leases whose acquires overlap in time are not ordered by when they
+// returned: after Redis's restart-empty, a waiter granted before the wipe
+// (the lower token) can return after a holder granted on the empty server.
+// Its request is rejected, and the holder's later writes are not stale. With
+// the same returns and acquires that did not overlap, they would be.
+func TestRegisterOrdersOnlyAcquiresThatDoNotOverlap(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		late      leaseRef // returned after holder, with the lower token
+		wantStale int
+	}{
+		{"overlapping", leaseRef{Label: "late", Token: 3, Called: 1, Granted: 30}, 0},
+		{"after", leaseRef{Label: "late", Token: 3, Called: 21, Granted: 30}, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reg := newRegister()
+			holder := leaseRef{Label: "holder", Token: 9, Called: 10, Granted: 20}
+			reg.op("k", holder, false, 0)
+			if _, ok := reg.op("k", tc.late, false, 0); ok {
+				t.Fatal("the lower token was accepted")
+			}
+			reg.op("k", holder, true, 1)
+			if _, _, stale, ev := reg.counts(); stale != tc.wantStale {
+				t.Fatalf("stale = %d (%q), want %d", stale, ev, tc.wantStale)
+			}
+		})
+	}
+}
+
 func TestClassify(t *testing.T) {
 	for _, tc := range []struct {
 		name           string

@@ -29,7 +29,7 @@ type register struct {
 	mu      sync.Mutex
 	vals    map[string]int
 	writes  map[string]int   // per key: writes accepted
-	newest  map[string]int64 // per key: the latest grant time (wall ns) of any lease that reached the resource
+	newest  map[string]int64 // per key: the latest Acquire call (wall ns) of any lease that reached the resource
 	hist    []porcupine.Operation
 	clients map[string]int // lease label -> porcupine client id
 
@@ -55,21 +55,26 @@ type regOutput struct {
 }
 
 // leaseRef names a lease for the register: a label, its token, and the wall
-// time (ns) its Acquire returned, which orders grants of one key.
+// times (ns) its Acquire was called and returned, which order grants of one
+// key where they do not overlap.
 type leaseRef struct {
 	Label   string
 	Token   dlock.Token
-	Granted int64
+	Granted int64 // when its Acquire returned
+	Called  int64 // when its Acquire was called; 0: not known, taken as Granted
 }
 
 // op performs one fenced request of lease on key's counter: a read if
 // !write, else a write of v. It returns the value read and whether the Guard
 // accepted the request.
 //
-// A request accepted from a lease granted before another lease of the same key
-// that has already reached the resource (accepted or not) is a stale write
-// accepted: the resource had been told of the newer holder and still let the
-// older one in. With tokens that increase with each grant the Guard prevents
+// A request accepted from a lease whose Acquire returned before another lease
+// of the same key was even asked for, once that other lease has reached the
+// resource (accepted or not), is a stale write accepted: the other was
+// granted after it, the resource had been told of the newer holder, and still
+// let the older one in. (Two leases whose acquires overlap in time cannot be
+// ordered so: a waiter's reply can come back after a later grant's, the first
+// grant having been wiped meanwhile, as Redis's restart-empty does.) With tokens that increase with each grant the Guard prevents
 // it; tokens that go backwards (a counter lost with a server's state) let it
 // happen.
 func (r *register) op(key string, lease leaseRef, write bool, v int) (int, bool) {
@@ -98,7 +103,7 @@ func (r *register) op(key string, lease leaseRef, write bool, v int) (int, bool)
 		if lease.Granted < newest {
 			r.stale++
 			if len(r.staleEvidence) < 5 {
-				r.staleEvidence = append(r.staleEvidence, fmt.Sprintf("%s (token %d, granted %s) accepted on %q after a lease granted at %s reached it",
+				r.staleEvidence = append(r.staleEvidence, fmt.Sprintf("%s (token %d, granted %s) accepted on %q after a lease asked for at %s reached it",
 					lease.Label, lease.Token, wallString(lease.Granted), key, wallString(newest)))
 			}
 		}
@@ -113,8 +118,12 @@ func (r *register) op(key string, lease leaseRef, write bool, v int) (int, bool)
 				lease.Label, op, lease.Token, wallString(lease.Granted), key, err))
 		}
 	}
-	if lease.Granted > newest {
-		r.newest[key] = lease.Granted
+	called := lease.Called
+	if called == 0 {
+		called = lease.Granted
+	}
+	if called > newest {
+		r.newest[key] = called
 	}
 	id, seen := r.clients[lease.Label]
 	if !seen {
