@@ -407,8 +407,14 @@ func TestPoolHygiene(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Every lease below has one TTL, so one shared session serves them all:
+	// with two TTLs, a second session would pin the other connection until
+	// its linger (shareLinger, 1s) ran out, and the second reader's
+	// TryAcquire, which waits for a connection at most poolWait (1s too),
+	// would race it (seen failing under load).
+	ttl := dlock.WithTTL(3 * time.Second)
 	for range 5 { // more than MaxConns: a failed attempt gives its connection back
-		if _, err := l.TryAcquire(ctx, "hygiene"); !errors.Is(err, dlock.ErrNotAcquired) {
+		if _, err := l.TryAcquire(ctx, "hygiene", ttl); !errors.Is(err, dlock.ErrNotAcquired) {
 			t.Fatalf("TryAcquire of a held key: %v", err)
 		}
 	}
@@ -416,7 +422,7 @@ func TestPoolHygiene(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 5 {
-		lease, err := l.Acquire(ctx, "hygiene/"+strconv.Itoa(i), dlock.WithTTL(3*time.Second))
+		lease, err := l.Acquire(ctx, "hygiene/"+strconv.Itoa(i), ttl)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -428,7 +434,7 @@ func TestPoolHygiene(t *testing.T) {
 	// connection of its own; both unlocked in their mode on release.
 	var readers []*dlock.Lease
 	for range 2 {
-		r, err := l.TryAcquire(ctx, "hygiene/shared", dlock.WithShared(), dlock.WithTTL(3*time.Second))
+		r, err := l.TryAcquire(ctx, "hygiene/shared", dlock.WithShared(), ttl)
 		if err != nil {
 			t.Fatalf("shared TryAcquire: %v", err)
 		}
