@@ -114,10 +114,11 @@ func serverDown(err error) bool {
 // acquireOn runs the acquire on p's connection. retry reports a connection
 // that died under the request, which another connection may try again. On
 // error the caller closes the connection, except after ErrHeld.
-// waitedAfter is how long an acquire statement must take before the driver
-// takes it to have waited for the lock (an uncontended one takes a round
-// trip, well under a millisecond on a LAN).
-const waitedAfter = 10 * time.Millisecond
+// waitedRestarts is how long a waiting acquire's statement may take before
+// the driver restarts its lease's clock with a ping (see acquireOn): a
+// quarter of the TTL, less than the third after which the keepalive's first
+// renewal is due.
+func waitedRestarts(ttl time.Duration) time.Duration { return ttl / 4 }
 
 func (d *Driver) acquireOn(ctx context.Context, p *pin, req backend.AcquireRequest, ms int64, validity time.Duration) (g *backend.Grant, retry bool, err error) {
 	stmt := d.sql.mode(req.Shared).tryLock
@@ -162,12 +163,15 @@ func (d *Driver) acquireOn(ctx context.Context, p *pin, req backend.AcquireReque
 		d.cleanup(p)
 		return nil, false, fmt.Errorf("fence counter of %q in %s is %d; tokens must be positive", req.Key, d.table, token)
 	}
-	// A grant that waited: the server's idle timer started when the lock was
-	// granted, long after the request was sent. Restart the clock with a ping
-	// rather than count the wait against the lease; the grant's Start is then
-	// after the lock became this session's, as Grant.Start says for a waiter,
-	// not the moment the blocking request was sent.
-	if elapsed := time.Since(start); elapsed > min(req.TTL/10, waitedAfter) {
+	// A grant that waited counts its validity from when the blocking request
+	// was sent. That is safe: the server's idle timer starts only when the
+	// statement ends, after the grant. But it spends the wait: after a long
+	// one (over a quarter of the TTL) the clock is restarted with a ping, so
+	// that the lease is not born close to its deadline. A shorter wait, such
+	// as a contended hand-off's, leaves it to the keepalive, whose first
+	// renewal is due a third of the TTL after the request was sent, still
+	// ahead: the grant costs no round trip more than the acquire.
+	if elapsed := time.Since(start); elapsed > waitedRestarts(req.TTL) {
 		start = time.Now()
 		// Not cut short by ctx (that would break the connection, and leave
 		// the lock to be freed only once the server notices): checked after.

@@ -321,7 +321,7 @@ func (p *pin) release(ctx context.Context) error {
 	var err error
 	unlock := p.d.sql.mode(p.share).unlock
 	if p.d.sql.owned {
-		err = p.pc.QueryRow(ctx, unlock, p.key.args()...).Scan(&pid, &held, nil, nil)
+		err = p.pc.QueryRow(ctx, unlock, append(p.key.args(), startupAppName(p.pc))...).Scan(&pid, &held, nil, nil)
 	} else {
 		b := p.d.sql.releaseBatch(unlock, p.key.args(), func(r pgx.Row) error { return r.Scan(&pid, &held) })
 		err = p.pc.SendBatch(ctx, b).Close()

@@ -299,8 +299,12 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 	// The pool is the driver's alone: set the session defaults an acquire
 	// needs once per connection rather than in every acquire.
 	cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
-		_, err := conn.Exec(ctx, sessionDefaults)
-		return err
+		var appName string
+		if err := conn.QueryRow(ctx, sessionDefaults).Scan(nil, nil, nil, nil, nil, &appName); err != nil {
+			return err
+		}
+		conn.PgConn().CustomData()[appNameData] = appName
+		return nil
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -709,4 +710,157 @@ func TestRelabelSharedSession(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// TestWaitedGrantPingsOnlyAfterALongWait: a waiting Acquire's validity counts
+// from when its blocking statement was sent (the server's idle timer starts
+// later, when the statement ends). After a wait shorter than a quarter of
+// the TTL the grant is returned as it is, with no ping: its deadline is less
+// than the holder's release plus the validity, since the statement was sent
+// before. After a longer wait a ping restarts the clock, once the lock is
+// this session's: the deadline is at least the release plus the validity.
+func TestWaitedGrantPingsOnlyAfterALongWait(t *testing.T) {
+	srv := testenv.StartPostgres(t)
+	ctx := testCtx(t)
+	holder, waiter := openLocker(t, srv.URL()), openLocker(t, srv.URL())
+	for _, c := range []struct {
+		name string
+		ttl  time.Duration // the waiter's
+		wait time.Duration // how long the holder keeps the lock once the waiter waits
+		ping bool
+	}{
+		{"short", 10 * time.Second, 500 * time.Millisecond, false},
+		{"long", 2 * time.Second, time.Second, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			key := "waited/" + c.name
+			held, err := holder.Acquire(ctx, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := make(chan *dlock.Lease, 1)
+			go func() { // owned by the test: ends with the waiter's Acquire
+				l, err := waiter.Acquire(ctx, key, dlock.WithTTL(c.ttl))
+				if err != nil {
+					t.Error(err)
+				}
+				got <- l
+			}()
+			deadline := time.Now().Add(10 * time.Second)
+			for waiters(t, srv, key) == 0 {
+				if time.Now().After(deadline) {
+					t.Fatal("the waiter is not waiting in the server after 10s")
+				}
+				time.Sleep(5 * time.Millisecond) // polling pg_locks: no signal exists
+			}
+			time.Sleep(c.wait) // the wait being measured, not a synchronisation
+			released := time.Now()
+			if err := held.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			l := <-got
+			if l == nil {
+				t.FailNow()
+			}
+			defer l.Release(ctx)
+			validity := c.ttl - backend.DriftAllowance(c.ttl)
+			pinged := !l.Deadline().Before(released.Add(validity))
+			if pinged != c.ping {
+				t.Errorf("TTL %v, waited ≥ %v: deadline %v after the release, validity %v: pinged = %v, want %v",
+					c.ttl, c.wait, l.Deadline().Sub(released), validity, pinged, c.ping)
+			}
+		})
+	}
+}
+
+// TestReleaseRestoresApplicationName: a lease's label is its session's
+// application_name while it holds the lock; once it has let go, the
+// connection goes back to the driver's pool with the application_name it
+// started with (the DSN's), whether the lease waited on a connection of its
+// own or was held by the shared session.
+func TestReleaseRestoresApplicationName(t *testing.T) {
+	srv := testenv.StartPostgres(t)
+	ctx := testCtx(t)
+	l := openLocker(t, srv.URL()+"&application_name=restored-app")
+	other := openLocker(t, srv.URL()+"&application_name=other-app", dlock.WithLabel("other-holder"))
+	admin := connect(t, ctx, srv)
+	defer admin.Close(ctx)
+	// names lists the application_names of the client sessions but admin's.
+	names := func() []string {
+		rows, err := admin.Query(ctx, `SELECT application_name FROM pg_stat_activity
+			WHERE backend_type = 'client backend' AND pid <> pg_backend_pid() ORDER BY 1`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+
+	// A lease that waited holds its own connection, and its release resets it.
+	held, err := other.Acquire(ctx, "appname/waited")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *dlock.Lease, 1)
+	go func() { // owned by the test: ends with the Acquire
+		lease, err := l.Acquire(ctx, "appname/waited", dlock.WithLabel("waiter-label"))
+		if err != nil {
+			t.Error(err)
+		}
+		got <- lease
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for waiters(t, srv, "appname/waited") == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the waiter is not waiting in the server after 10s")
+		}
+		time.Sleep(5 * time.Millisecond) // polling pg_locks: no signal exists
+	}
+	if err := held.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waited := <-got
+	if waited == nil {
+		t.FailNow()
+	}
+	if n := names(); !slices.Contains(n, "waiter-label") {
+		t.Fatalf("while the waiter holds the lock, sessions are named %q, want one named waiter-label", n)
+	}
+	if err := waited.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A session that just closed (waiters' queries) can still be listed, with
+	// no name, for a moment: what is checked is what lasts.
+	settled := func(what string, ok func([]string) bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for n := names(); !ok(n); n = names() {
+			if time.Now().After(deadline) {
+				t.Fatalf("10s after %s, sessions are named %q", what, n)
+			}
+			time.Sleep(20 * time.Millisecond) // polling pg_stat_activity: no signal exists
+		}
+	}
+	settled("the waiter's release (want none named waiter-label or unnamed)", func(n []string) bool {
+		return !slices.Contains(n, "waiter-label") && !slices.Contains(n, "")
+	})
+
+	// A lease of the shared session: its session is reset when it retires,
+	// shareLinger after its last release.
+	lease, err := l.TryAcquire(ctx, "appname/shared", dlock.WithLabel("shared-label"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := names(); !slices.Contains(n, "shared-label") {
+		t.Fatalf("while the shared session holds the lock, sessions are named %q, want one named shared-label", n)
+	}
+	if err := lease.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	settled("the shared lease's release (want none named shared-label or unnamed, and restored-app)", func(n []string) bool {
+		return !slices.Contains(n, "shared-label") && !slices.Contains(n, "") && slices.Contains(n, "restored-app")
+	})
 }

@@ -471,7 +471,11 @@ func (s *shared) retireNow() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 	defer cancel()
-	if _, err := p.pc.Exec(ctx, d.sql.sharedReset); err != nil {
+	var args []any
+	if d.sql.owned {
+		args = append(args, startupAppName(p.pc))
+	}
+	if _, err := p.pc.Exec(ctx, d.sql.sharedReset, args...); err != nil {
 		p.destroy()
 		return
 	}

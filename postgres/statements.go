@@ -2,9 +2,11 @@ package postgres
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // statements are the SQL the driver runs, built once per driver for its fence
@@ -107,12 +109,29 @@ func (s *statements) mode(share bool) *lockStatements {
 
 // sessionDefaults is what AfterConnect runs on every connection of a pool the
 // driver owns. The idle timeout is 0 between leases, whatever the server's
-// default: a lease sets its own.
+// default: a lease sets its own. It also reads the session's
+// application_name as it started, which the driver keeps with the
+// connection (appNameData) and restores when a lease's label leaves it.
 const sessionDefaults = `SELECT set_config('default_transaction_isolation', 'read committed', false),
 	set_config('lock_timeout', '0', false),
 	set_config('statement_timeout', '0', false),
 	set_config('idle_session_timeout', '0', false),
-	CASE WHEN current_setting('synchronous_commit') = 'off' THEN set_config('synchronous_commit', 'local', false) END`
+	CASE WHEN current_setting('synchronous_commit') = 'off' THEN set_config('synchronous_commit', 'local', false) END,
+	current_setting('application_name')`
+
+// appNameData is the key, in a connection's pgconn.PgConn.CustomData, of
+// the application_name its session started with (read by sessionDefaults),
+// on a pool the driver owns. Restoring it from there costs the release
+// nothing; reading it back from pg_settings, as a caller's pool must, makes
+// the server list every setting it has (about a millisecond under load).
+const appNameData = "dlock.application_name"
+
+// startupAppName is the application_name pc's session started with, on a
+// pool the driver owns (see appNameData).
+func startupAppName(pc *pgxpool.Conn) string {
+	v, _ := pc.Conn().PgConn().CustomData()[appNameData].(string)
+	return v
+}
 
 func newStatements(table string, pair, owned bool) statements {
 	lockArgs, keyArg, msArg, labelArg := "$1::int8", "$2", "$3", "$4"
@@ -147,7 +166,6 @@ RETURNING f.token, pg_backend_pid(), set_config('idle_session_timeout', %s::text
 		sharedPing:  "SELECT pg_backend_pid(), set_config('idle_session_timeout', $1::text, false)",
 		sharedReset: "SELECT set_config('idle_session_timeout', reset_val, false), set_config('application_name', (SELECT reset_val FROM pg_settings WHERE name = 'application_name'), false) FROM pg_settings WHERE name = 'idle_session_timeout'",
 	}
-	const appName = "set_config('application_name', (SELECT reset_val FROM pg_settings WHERE name = 'application_name'), false)"
 	for _, m := range []struct {
 		ls     *lockStatements
 		suffix string // of the function names: "" or "_shared"
@@ -163,12 +181,13 @@ RETURNING f.token, pg_backend_pid(), set_config('idle_session_timeout', %s::text
 			cleanup:      "SELECT " + unlock,
 			mode:         m.mode,
 		}
-		if owned {
-			m.ls.unlock = "SELECT pg_backend_pid(), " + unlock + ", set_config('idle_session_timeout', '0', false), " + appName
+		if owned { // its last parameter is startupAppName's
+			m.ls.unlock = "SELECT pg_backend_pid(), " + unlock + ", set_config('idle_session_timeout', '0', false), " +
+				"set_config('application_name', $" + strconv.Itoa(strings.Count(lockArgs, "$")+1) + "::text, false)"
 		}
 	}
-	if owned {
-		s.sharedReset = "SELECT set_config('idle_session_timeout', '0', false), " + appName
+	if owned { // $1 is startupAppName's
+		s.sharedReset = "SELECT set_config('idle_session_timeout', '0', false), set_config('application_name', $1::text, false)"
 	}
 	return s
 }
