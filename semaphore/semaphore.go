@@ -57,8 +57,9 @@ const MaxPermits = 1024
 const DefaultPollInterval = 500 * time.Millisecond
 
 // ErrSizeMismatch means a holder of the semaphore uses another number of
-// permits than this caller: the caller's permit was given back.
-var ErrSizeMismatch = errors.New("semaphore: holders disagree on the number of permits")
+// permits than this caller: the caller's permit was given back (or, in a
+// backend's own layout, never granted). It is dlock.ErrSizeMismatch.
+var ErrSizeMismatch = dlock.ErrSizeMismatch
 
 // maxWatched is the most slots the head waiter watches; past it, it polls.
 const maxWatched = 64
@@ -99,11 +100,12 @@ func WithPollInterval(d time.Duration) Option {
 // concurrent use; two Semaphore values of one name, in one process or in
 // many, share the permits.
 type Semaphore struct {
-	l    dlock.Locker
-	name string
-	n    int
-	opts []dlock.Option // of a permit: the caller's, then its label and WithAnnounce
-	cfg  config
+	l       dlock.Locker
+	name    string
+	n       int
+	counted bool           // in the backend's own layout: l.Capabilities().Counted
+	opts    []dlock.Option // of a permit: the caller's, then its label and WithAnnounce (and WithPermits)
+	cfg     config
 }
 
 // New returns the semaphore name of n permits on l. It checks its arguments
@@ -125,6 +127,12 @@ func New(l dlock.Locker, name string, n int, opts ...Option) (*Semaphore, error)
 	}
 	if err := CheckName(name); err != nil {
 		return nil, err
+	}
+	if l.Capabilities().Counted {
+		// The driver records n beside the holder's label itself.
+		permit := append(cfg.lease[:len(cfg.lease):len(cfg.lease)],
+			dlock.WithLabel(dlock.DefaultLabel), dlock.WithAnnounce(), dlock.WithPermits(n))
+		return &Semaphore{l: l, name: name, n: n, counted: true, cfg: cfg, opts: permit}, nil
 	}
 	permit := append(cfg.lease[:len(cfg.lease):len(cfg.lease)],
 		dlock.WithLabel("permits="+strconv.Itoa(n)+" "+dlock.DefaultLabel), dlock.WithAnnounce())
@@ -155,6 +163,20 @@ func (s *Semaphore) Name() string { return s.name }
 
 // Permits returns n, the number of permits.
 func (s *Semaphore) Permits() int { return s.n }
+
+// Native reports whether the semaphore is held in the backend's own layout
+// (its Locker's Capabilities().Counted; dlock.WithPermits) rather than in
+// slot locks.
+func (s *Semaphore) Native() bool { return s.counted }
+
+// slotOf returns the slot of a lease of the semaphore's.
+func (s *Semaphore) slotOf(lease *dlock.Lease) (int, error) {
+	i, err := strconv.Atoi(strings.TrimPrefix(lease.Key(), s.name+"/permits/"))
+	if err != nil || i < 0 || i >= s.n {
+		return 0, fmt.Errorf("semaphore %q: a permit on %q, not one of the %d slots", s.name, lease.Key(), s.n)
+	}
+	return i, nil
+}
 
 // SlotKey returns the lock key of slot i: NAME/permits/i.
 func (s *Semaphore) SlotKey(i int) string { return SlotKey(s.name, i) }
@@ -303,6 +325,9 @@ func (s *Semaphore) waitQueued(ctx context.Context, held map[int]*dlock.Lease, k
 	}
 	defer q.Release(context.WithoutCancel(ctx)) // bounded by the release timeout
 
+	if s.counted {
+		return s.waitCounted(ctx, held, k)
+	}
 	changed, watched, stop := s.watch(ctx)
 	defer stop()
 	tick := time.NewTicker(s.cfg.poll)
@@ -336,6 +361,43 @@ func (s *Semaphore) waitQueued(ctx context.Context, held map[int]*dlock.Lease, k
 			return nil, notAcquired(ctx)
 		}
 	}
+}
+
+// waitCounted gathers permits into held, in the backend's own layout, until
+// it has k or ctx ends: one waiting counted acquire at a time, each queued
+// and woken by the backend.
+func (s *Semaphore) waitCounted(ctx context.Context, held map[int]*dlock.Lease, k int) ([]*Permit, error) {
+	for {
+		for len(held) < k {
+			lease, err := s.l.Acquire(ctx, s.name, s.opts...)
+			if err != nil {
+				return nil, err
+			}
+			if err := s.add(held, lease); err != nil {
+				return nil, err
+			}
+		}
+		ps, err := s.complete(ctx, held, nil)
+		if !errors.Is(err, errLostInCheck) {
+			return ps, err
+		}
+		s.giveBack(ctx, held) // and gather again
+	}
+}
+
+// add puts a counted lease into held by its slot; a lease on a slot the
+// semaphore cannot have (a driver's bug) is given back.
+func (s *Semaphore) add(held map[int]*dlock.Lease, lease *dlock.Lease) error {
+	i, err := s.slotOf(lease)
+	if err == nil && held[i] != nil {
+		err = fmt.Errorf("semaphore %q: slot %d granted twice", s.name, i)
+	}
+	if err != nil {
+		_ = lease.Release(context.Background())
+		return err
+	}
+	held[i] = lease
+	return nil
 }
 
 // watch watches every slot until stop is called, and sends a slot's index
@@ -389,6 +451,28 @@ func notAcquired(ctx context.Context) error {
 // tryMore tries every slot not in held once, from first (or a random slot)
 // on, until held has k.
 func (s *Semaphore) tryMore(ctx context.Context, held map[int]*dlock.Lease, k int, first *int) error {
+	if s.counted {
+		// One attempt per permit; the backend picks the slot.
+		for len(held) < k {
+			lease, err := s.l.TryAcquire(ctx, s.name, s.opts...)
+			switch {
+			case err == nil:
+				if err := s.add(held, lease); err != nil {
+					return err
+				}
+				continue
+			case !errors.Is(err, dlock.ErrNotAcquired):
+				return err
+			case ctx.Err() == nil:
+				return nil // fewer than k free
+			case errors.Is(err, ctx.Err()):
+				return err
+			default:
+				return fmt.Errorf("%w (%w)", notAcquired(ctx), err)
+			}
+		}
+		return nil
+	}
 	start := rand.IntN(s.n)
 	if first != nil {
 		start = *first
@@ -464,7 +548,7 @@ var errLostInCheck = fmt.Errorf("%w: lost before the grant completed", dlock.Err
 // checkSize reads the held slots and refuses the grant if a holder uses
 // another number of permits. It does not outlast the leases in held.
 func (s *Semaphore) checkSize(ctx context.Context, held map[int]*dlock.Lease) error {
-	if !s.cfg.sizeCheck {
+	if !s.cfg.sizeCheck || s.counted { // counted: the driver checked, under the semaphore's lock
 		return nil
 	}
 	var until time.Time
