@@ -203,7 +203,7 @@ func (d *Driver) countPermits(ctx context.Context, leases string, permits int, o
 			taken[i] = true
 		}
 	}
-	return count, slices.Index(taken, false), nil
+	return count, 0, nil
 }
 
 // waitPermit waits until n, a lease node of the semaphore, is among at most
@@ -274,7 +274,9 @@ func (d *Driver) claimSlot(ctx context.Context, req backend.AcquireRequest, n *l
 		return nil, err
 	}
 	if slot < 0 {
-		return nil, fmt.Errorf("%w: every slot of %s is named by another lease although at most %d leases are there", backend.ErrSizeMismatch, n.parent, req.Permits)
+		// Cannot happen while every dlock acquirer picks its slot under the
+		// mutex; never hand out a slot another holds.
+		return nil, fmt.Errorf("every slot of %s is named by another lease although at most %d leases are there", n.parent, req.Permits)
 	}
 	if _, err := call(ctx, d, func() (*zk.Stat, error) {
 		return d.conn.Set(n.path, permitData(slot, req.Permits, req.Label), -1)

@@ -51,12 +51,17 @@ func waitLeases(t *testing.T, h *harness, name string, n int) map[string]string 
 			nodes := map[string]string{}
 			for _, c := range children {
 				data, _, err := h.admin.Get(path + "/" + c)
+				if errors.Is(err, zk.ErrNoNode) {
+					break // gone since the listing: the watch fires
+				}
 				if err != nil {
 					t.Fatalf("read %s/%s: %v", path, c, err)
 				}
 				nodes[c] = string(data)
 			}
-			return nodes
+			if len(nodes) == n {
+				return nodes
+			}
 		}
 		select {
 		case <-ch:
