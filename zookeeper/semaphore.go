@@ -203,7 +203,7 @@ func (d *Driver) countPermits(ctx context.Context, leases string, permits int, o
 			taken[i] = true
 		}
 	}
-	return count, 0, nil
+	return count, slices.Index(taken, false), nil
 }
 
 // waitPermit waits until n, a lease node of the semaphore, is among at most
