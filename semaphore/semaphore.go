@@ -2,9 +2,9 @@
 // named semaphore, on any dlock backend, each permit a lease with a fencing
 // token.
 //
-// A semaphore of n permits is n locks, its slots: the keys NAME/permits/0 to
-// NAME/permits/(n-1). A permit is the lease on one slot, so it is everything a
-// lock is: renewed by the Locker's keepalive, lost loudly (Done, Err), ended
+// In its portable layout, a semaphore of n permits is n locks, its slots:
+// the keys NAME/permits/0 to NAME/permits/(n-1). A permit is the lease on
+// one slot, so it is everything a lock is: renewed by the Locker's keepalive, lost loudly (Done, Err), ended
 // by the server when its holder vanishes (its TTL, or its session's end), so a
 // crashed holder's permit comes back instead of leaking, and fenced: a permit
 // names its slot (Key) and carries that slot's token, which is strictly
@@ -26,8 +26,20 @@
 // backend does not push, such as an expiry. TryAcquire makes one attempt at
 // each slot and does not queue.
 //
-// Every permit's label is "permits=N HOLDER", so Inspect and List show the
-// count the holder uses. All holders must agree on n. After each grant the
+// Where the backend has a counted semaphore of its own that dlock drives
+// (dlock.Capabilities().Counted: ZooKeeper, in the layout of Apache
+// Curator's InterProcessSemaphoreV2, and mem://), the semaphore is that one
+// instead (Native): each permit is one counted acquire of the key NAME
+// (dlock.WithPermits), so other clients of the backend's layout count toward
+// the same n. A permit is still a lease whose Key names a slot,
+// NAME/permits/i, picked by the driver, and whose token increases per slot,
+// so guards are keyed as above. Acquire makes one try, then queues on
+// NAME/permits/queue and waits in the backend's own way; the driver refuses
+// a caller that disagrees on n (ErrSizeMismatch) where its layout records n,
+// and WithSizeCheck has no effect. Do not mix the two layouts on one name.
+//
+// In the portable layout every permit's label is "permits=N HOLDER", so
+// Inspect and List show the count the holder uses. All holders must agree on n. After each grant the
 // permit reads the semaphore's slots (dlock.List) and, if any holder uses
 // another count (or holds a slot past n), it gives its permit back and
 // returns ErrSizeMismatch: of two callers that disagree, the later one is
@@ -71,6 +83,7 @@ type config struct {
 	lease     []dlock.Option
 	sizeCheck bool
 	poll      time.Duration
+	slotLocks bool
 }
 
 // WithLeaseOptions passes opts to every acquire of a slot and of the queue
@@ -83,11 +96,21 @@ func WithLeaseOptions(opts ...dlock.Option) Option {
 }
 
 // WithSizeCheck turns the check that every holder uses the same number of
-// permits on or off (on by default). Off, a grant costs no List, and
+// permits on or off (on by default), in the portable layout; in a backend's
+// own (Native) the driver checks, and this option has no effect. Off, a grant costs no List, and
 // callers that disagree on n are not told: the semaphore then admits up to
 // the largest n any caller uses.
 func WithSizeCheck(on bool) Option {
 	return func(c *config) { c.sizeCheck = on }
+}
+
+// WithSlotLocks keeps the semaphore in the portable layout of slot locks
+// even where the backend has a counted semaphore of its own (Native is then
+// false): for callers that also take the slots as locks, as package
+// rwlock's writers do. Off by default: the backend's own layout where there
+// is one.
+func WithSlotLocks() Option {
+	return func(c *config) { c.slotLocks = true }
 }
 
 // WithPollInterval sets how often the head waiter reads every slot again
@@ -128,7 +151,7 @@ func New(l dlock.Locker, name string, n int, opts ...Option) (*Semaphore, error)
 	if err := CheckName(name); err != nil {
 		return nil, err
 	}
-	if l.Capabilities().Counted {
+	if l.Capabilities().Counted && !cfg.slotLocks {
 		// The driver records n beside the holder's label itself.
 		permit := append(cfg.lease[:len(cfg.lease):len(cfg.lease)],
 			dlock.WithLabel(dlock.DefaultLabel), dlock.WithAnnounce(), dlock.WithPermits(n))
