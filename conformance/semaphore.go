@@ -24,6 +24,14 @@ func (s *suite) semaphore(t *testing.T, l dlock.Locker, name string, n int, opts
 	return sem
 }
 
+// semaphoreWork is how long testSemaphore's holders hold a permit. It must
+// outlast an acquire under contention for holders to overlap: where the
+// backend's own semaphore layout serialises acquirers through a lock
+// (ZooKeeper's, Curator's InterProcessSemaphoreV2: a lock, a listing, a
+// create and a delete each, one acquirer at a time), holds of 2ms never
+// overlapped on a three-server ensemble, and holds of 10ms reached 2 of 3.
+const semaphoreWork = 20 * time.Millisecond
+
 // testSemaphore: 4 lockers × 3 goroutines × 15 rounds take permits of a
 // semaphore of 3. Never more than 3 hold one at once, two never hold the same
 // slot, the holders do run side by side, each slot's tokens pass a guard
@@ -70,7 +78,7 @@ func (s *suite) testSemaphore(t *testing.T) {
 							t.Errorf("permit of slot %d: %v", p.Slot(), err)
 						}
 					}
-					time.Sleep(2 * time.Millisecond) // the work: lets holders overlap
+					time.Sleep(semaphoreWork) // the work: lets holders overlap
 					mu.Lock()
 					delete(holders, p.Slot())
 					mu.Unlock()
