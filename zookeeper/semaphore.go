@@ -117,12 +117,8 @@ func (d *Driver) acquirePermit(ctx context.Context, req backend.AcquireRequest, 
 	}
 	var n *lockNode
 	if count < req.Permits && slot >= 0 {
-		n, err = d.create(ctx, m.ses, req.Wait, leases, protectedPrefix+uuid+"-"+leaseName, permitData(slot, req.Permits, req.Label))
+		n, err = d.createUnderMutex(ctx, req, m, leases, uuid, permitData(slot, req.Permits, req.Label))
 		if err != nil {
-			return nil, err
-		}
-		if err := d.settle(ctx, n); err != nil {
-			d.remove(n)
 			return nil, err
 		}
 		if n.siblings > 0 && int(n.siblings) <= req.Permits {
@@ -142,12 +138,8 @@ func (d *Driver) acquirePermit(ctx context.Context, req backend.AcquireRequest, 
 		// Wait for a permit with a node of our own in the leases, as
 		// Curator's waiters do: it counts toward n, so a Curator acquirer
 		// that lists the leases meanwhile sees one more.
-		n, err = d.create(ctx, m.ses, req.Wait, leases, protectedPrefix+uuid+"-"+leaseName, permitData(-1, req.Permits, req.Label))
+		n, err = d.createUnderMutex(ctx, req, m, leases, uuid, permitData(-1, req.Permits, req.Label))
 		if err != nil {
-			return nil, err
-		}
-		if err := d.settle(ctx, n); err != nil {
-			d.remove(n)
 			return nil, err
 		}
 	}
@@ -157,6 +149,29 @@ func (d *Driver) acquirePermit(ctx context.Context, req backend.AcquireRequest, 
 		return nil, err
 	}
 	return g, nil
+}
+
+// createUnderMutex creates the caller's lease node under leases, in the
+// session that holds m, the semaphore's mutex. A create goes on in the next
+// session if its own ends; the mutex, ephemeral, ended with the old one, so
+// a node made then was made without it: it is deleted and the acquire fails.
+func (d *Driver) createUnderMutex(ctx context.Context, req backend.AcquireRequest, m *lockNode, leases, uuid string, data []byte) (*lockNode, error) {
+	if m.ses.isLost() {
+		return nil, m.ses.err()
+	}
+	n, err := d.create(ctx, m.ses, req.Wait, leases, protectedPrefix+uuid+"-"+leaseName, data)
+	if err != nil {
+		return nil, err
+	}
+	if err := d.settle(ctx, n); err != nil {
+		d.remove(n)
+		return nil, err
+	}
+	if n.ses != m.ses || m.ses.isLost() {
+		d.remove(n)
+		return nil, fmt.Errorf("the ZooKeeper session that held the semaphore's lock ended: %w", errNoSession)
+	}
+	return n, nil
 }
 
 // countPermits lists the lease nodes under leases, leaving out own (the
