@@ -93,6 +93,14 @@ func (d *Driver) acquirePermit(ctx context.Context, req backend.AcquireRequest, 
 	leases := sem + "/" + semLeases
 	uuid := protectedID(req.Owner)
 
+	if !req.Wait {
+		// One attempt fails, without a write, where two reads show it must:
+		// another acquirer holds or waits for the mutex (a waiting one
+		// keeps it while the semaphore is full), or n leases are there.
+		if err := d.tryPermitRead(ctx, sem, req.Permits); err != nil {
+			return nil, err
+		}
+	}
 	// The mutex: dlock's exclusive lock, on Curator's path for it.
 	m, err := d.create(ctx, s, req.Wait, sem+"/"+semLocks, nodePrefix(uuid, false), []byte(req.Label))
 	if err != nil {
@@ -149,6 +157,42 @@ func (d *Driver) acquirePermit(ctx context.Context, req backend.AcquireRequest, 
 		return nil, err
 	}
 	return g, nil
+}
+
+// tryPermitRead returns an error wrapping ErrHeld if the semaphore sem's
+// mutex has a lock node or its leases number permits or more, as this
+// client's server has them (a follower may lag: a try may then fail that
+// would have succeeded a moment later, or go on to find the same under the
+// mutex).
+func (d *Driver) tryPermitRead(ctx context.Context, sem string, permits int) error {
+	type counts struct{ locks, leases int }
+	c, err := call(ctx, d, func() (counts, error) {
+		var c counts
+		locks, _, err := d.conn.Children(sem + "/" + semLocks)
+		if err != nil && !errors.Is(err, zk.ErrNoNode) {
+			return c, err
+		}
+		for _, l := range locks {
+			if _, ok := sequence(l); ok {
+				c.locks++
+			}
+		}
+		leases, _, err := d.conn.Children(sem + "/" + semLeases)
+		if err != nil && !errors.Is(err, zk.ErrNoNode) {
+			return c, err
+		}
+		c.leases = len(leases)
+		return c, nil
+	})
+	switch {
+	case err != nil:
+		return fmt.Errorf("list %s: %w", sem, err)
+	case c.locks > 0:
+		return fmt.Errorf("%w: another acquire of the semaphore is under way or waiting (its lock %s/%s is held)", backend.ErrHeld, sem, semLocks)
+	case c.leases >= permits:
+		return fmt.Errorf("%w: all %d permits are held", backend.ErrHeld, permits)
+	}
+	return nil
 }
 
 // createUnderMutex creates the caller's lease node under leases, in the
