@@ -51,6 +51,12 @@ var (
 	// exclusive hold) is a nested hold of the exclusive lease.
 	ErrUpgrade = errors.New("an exclusive acquire under a shared hold of the same key would wait for itself")
 
+	// ErrSizeMismatch means a counted acquire (WithPermits) found a holder
+	// of the semaphore that uses another number of permits; nothing was
+	// granted. It is backend.ErrSizeMismatch, which drivers wrap, and
+	// package semaphore's ErrSizeMismatch.
+	ErrSizeMismatch = backend.ErrSizeMismatch
+
 	// ErrUnknownScheme means Open was given a DSN whose scheme no imported driver
 	// registered. The message lists the registered schemes.
 	ErrUnknownScheme = errors.New("unknown DSN scheme")

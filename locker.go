@@ -225,7 +225,15 @@ func (l *locker) acquire(ctx context.Context, op, key string, wait bool, opts []
 	if s.shared && !l.caps.Shared {
 		return nil, l.errorf(op, key, fmt.Errorf("the backend cannot hold a lock shared: %w", errors.ErrUnsupported))
 	}
-	if s.reentrant {
+	if s.permits > 0 {
+		if !l.caps.Counted {
+			return nil, l.errorf(op, key, fmt.Errorf("the backend has no semaphore layout of its own: %w", errors.ErrUnsupported))
+		}
+		if err := validateKey(backend.PermitKey(key, s.permits-1)); err != nil {
+			return nil, l.errorf(op, key, fmt.Errorf("%w (the key of the permits' slots)", err))
+		}
+	}
+	if s.reentrant && s.permits == 0 {
 		if outer := enclosing(ctx, l, key); outer != nil {
 			if outer.set.shared && !s.shared {
 				return nil, l.errorf(op, key, withKind(ErrNotAcquired, ErrUpgrade))
@@ -279,6 +287,7 @@ func (l *locker) grantLease(ctx context.Context, op, key string, wait bool, s *s
 			TTL:      s.ttl,
 			Wait:     wait,
 			Shared:   s.shared,
+			Permits:  s.permits,
 			Label:    s.label,
 			Announce: s.announce,
 			OnLost:   lost.fire,

@@ -178,7 +178,8 @@ var errNoAtomic = errors.New("no atomic multi-key acquire")
 // tryAll takes every key of sorted (sorted, distinct, more than one) in one
 // atomic step of the driver (backend.MultiAcquirer): all leases, or an error
 // matching ErrNotAcquired if one is held, or errNoAtomic if the driver
-// cannot, or the acquire is re-entrant (nested holds are per key) or shared.
+// cannot, or the acquire is re-entrant (nested holds are per key), shared or
+// counted.
 func (l *locker) tryAll(ctx context.Context, sorted []string, opts []Option) ([]*Lease, error) {
 	ma, ok := l.drv.(backend.MultiAcquirer)
 	if !ok {
@@ -188,7 +189,7 @@ func (l *locker) tryAll(ctx context.Context, sorted []string, opts []Option) ([]
 	if err != nil {
 		return nil, l.errorf("acquire-all", sorted[0], err)
 	}
-	if s.reentrant || s.shared {
+	if s.reentrant || s.shared || s.permits > 0 {
 		return nil, errNoAtomic
 	}
 	if err := ctx.Err(); err != nil {

@@ -35,6 +35,7 @@ type settings struct {
 	releaseTimeout time.Duration
 	reentrant      bool
 	shared         bool
+	permits        int // WithPermits; 0: a lock
 	announce       bool
 	label          string
 	labelSet       bool // label was given (WithLabel), "" included
@@ -87,6 +88,12 @@ func (s settings) with(opts []Option) (settings, error) {
 	}
 	if s.releaseTimeout <= 0 {
 		return s, fmt.Errorf("%w: release timeout must be > 0, got %v", ErrInvalidOption, s.releaseTimeout)
+	}
+	if s.permits < 0 {
+		return s, fmt.Errorf("%w: permits must be > 0, got %d", ErrInvalidOption, s.permits)
+	}
+	if s.permits > 0 && s.shared {
+		return s, fmt.Errorf("%w: WithPermits and WithShared cannot be combined", ErrInvalidOption)
 	}
 	if !s.labelSet {
 		s.label = DefaultLabel

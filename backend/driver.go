@@ -41,6 +41,11 @@ var (
 	// been called: a call that was waiting when Close came, and a second
 	// Close. It is the same value as dlock.ErrClosed.
 	ErrClosed = errors.New("locker closed")
+
+	// ErrSizeMismatch is returned by Driver.Acquire for a counted request
+	// (AcquireRequest.Permits) when a holder of the semaphore uses another
+	// number of permits. It is the same value as dlock.ErrSizeMismatch.
+	ErrSizeMismatch = errors.New("holders disagree on the number of permits")
 )
 
 // MaxLabelLen is the longest AcquireRequest.Label, in bytes.
@@ -65,7 +70,8 @@ type Driver interface {
 	// either returns the grant or removes it before returning the error.
 	//
 	// On success the returned Grant is non-nil and its Key, Owner, Token, Start
-	// and Validity are set.
+	// and Validity are set. For a counted request (req.Permits > 0) its Key
+	// names the permit's slot (PermitKey).
 	Acquire(ctx context.Context, req AcquireRequest) (*Grant, error)
 
 	// Refresh extends g for ttl, measured from a moment no earlier than the call.
@@ -133,6 +139,21 @@ type AcquireRequest struct {
 	// token above every earlier grant's, as Capabilities().Fencing says.
 	Shared bool
 
+	// Permits, if > 0, makes the request a counted one (dlock.WithPermits):
+	// Key names a semaphore of Permits permits, not a lock, and the request is
+	// for one permit of it, in the backend's own semaphore layout, so that
+	// other clients of that layout interoperate. The driver grants it while
+	// fewer than Permits holders (its own and other clients') hold a permit,
+	// and picks the permit's slot: an index in [0, Permits) that no other
+	// holder of the driver's layout holds at the time. The grant's Key is
+	// PermitKey(Key, slot), and its Token is strictly greater than every
+	// earlier grant's of that slot (FencingStrict). If a holder uses another
+	// number of permits it returns an error wrapping ErrSizeMismatch, where
+	// the layout records the number. dlock sets Permits only for a driver
+	// whose Capabilities().Counted is true, never together with Shared.
+	// 0, the default, asks for a lock.
+	Permits int
+
 	// Announce asks the driver to announce this grant, the changes of its
 	// label and its release to Watch followers of Key where announcing costs
 	// the backend something per grant (PostgreSQL's NOTIFY). A driver that
@@ -153,7 +174,8 @@ type AcquireRequest struct {
 // Grant is a lock a driver has granted. The driver fills it in; dlock reads it
 // and passes it back to Refresh and Release unchanged.
 type Grant struct {
-	// Key and Owner echo the request.
+	// Key and Owner echo the request; for a counted request Key is
+	// PermitKey(req.Key, slot).
 	Key, Owner string
 
 	// Token is the fencing token of this grant: for a driver that claims
@@ -275,7 +297,20 @@ type Capabilities struct {
 	// other clients of that layout interoperate. A Locker whose driver does not
 	// refuses dlock.WithShared with an error matching errors.ErrUnsupported.
 	Shared bool
+
+	// Counted is true if the driver honours AcquireRequest.Permits in the
+	// backend's own semaphore layout (ZooKeeper: Apache Curator's
+	// InterProcessSemaphoreV2), so that other clients of that layout count
+	// toward the permits. A Locker whose driver does not refuses
+	// dlock.WithPermits with an error matching errors.ErrUnsupported, and
+	// package semaphore uses its portable layout of slot locks there.
+	Counted bool
 }
+
+// PermitKey is the key of slot i of the semaphore key: key + "/permits/" +
+// i, the key of the same slot's lock in package semaphore's portable
+// layout. A counted grant's Key (see AcquireRequest.Permits).
+func PermitKey(key string, i int) string { return key + "/permits/" + strconv.Itoa(i) }
 
 // Named is an optional interface a Driver may implement to name itself in
 // error messages ("redis", "etcd"). dlock.Open uses the DSN scheme instead;

@@ -38,8 +38,8 @@ func Run(t *testing.T, h Harness) {
 	}
 	probe := s.locker(t)
 	s.caps = probe.Capabilities()
-	t.Logf("capabilities: fencing=%v fifo=%v fault-tolerant=%v time=%v push-wait=%v loss-notify=%v shared=%v",
-		s.caps.Fencing, s.caps.FIFO, s.caps.FaultTolerant, s.caps.TimeAuthority, s.caps.PushWait, s.caps.LossNotify, s.caps.Shared)
+	t.Logf("capabilities: fencing=%v fifo=%v fault-tolerant=%v time=%v push-wait=%v loss-notify=%v shared=%v counted=%v",
+		s.caps.Fencing, s.caps.FIFO, s.caps.FaultTolerant, s.caps.TimeAuthority, s.caps.PushWait, s.caps.LossNotify, s.caps.Shared, s.caps.Counted)
 
 	tests := []struct {
 		name string
@@ -87,6 +87,7 @@ func Run(t *testing.T, h Harness) {
 		{"SemaphoreSize", s.testSemaphoreSize},
 		{"SemaphoreFenced", s.testSemaphoreFenced},
 		{"SemaphoreMany", s.testSemaphoreMany},
+		{"Counted", s.testCounted},
 		{"RWExclusion", s.testRWExclusion},
 		{"RWWriterNotStarved", s.testRWWriterNotStarved},
 		{"RWWriterFirst", s.testRWWriterFirst},

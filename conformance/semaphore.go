@@ -24,6 +24,14 @@ func (s *suite) semaphore(t *testing.T, l dlock.Locker, name string, n int, opts
 	return sem
 }
 
+// semaphoreWork is how long testSemaphore's holders hold a permit. It must
+// outlast an acquire under contention for holders to overlap: where the
+// backend's own semaphore layout serialises acquirers through a lock
+// (ZooKeeper's, Curator's InterProcessSemaphoreV2: a lock, a listing, a
+// create and a delete each, one acquirer at a time), holds of 2ms never
+// overlapped on a three-server ensemble, and holds of 10ms reached 2 of 3.
+const semaphoreWork = 20 * time.Millisecond
+
 // testSemaphore: 4 lockers × 3 goroutines × 15 rounds take permits of a
 // semaphore of 3. Never more than 3 hold one at once, two never hold the same
 // slot, the holders do run side by side, each slot's tokens pass a guard
@@ -70,7 +78,7 @@ func (s *suite) testSemaphore(t *testing.T) {
 							t.Errorf("permit of slot %d: %v", p.Slot(), err)
 						}
 					}
-					time.Sleep(2 * time.Millisecond) // the work: lets holders overlap
+					time.Sleep(semaphoreWork) // the work: lets holders overlap
 					mu.Lock()
 					delete(holders, p.Slot())
 					mu.Unlock()
@@ -442,4 +450,62 @@ func (s *suite) testSemaphoreMany(t *testing.T) {
 	for _, p := range all {
 		mustRelease(t, p.Lease())
 	}
+}
+
+// testCounted: a driver that claims Capabilities().Counted grants up to n
+// permits of a key (dlock.WithPermits), each the lease of a distinct slot
+// key, NAME/permits/i, whose tokens increase per slot; package semaphore
+// uses that layout. A driver that does not claim it refuses WithPermits
+// with errors.ErrUnsupported, and package semaphore uses slot locks.
+func (s *suite) testCounted(t *testing.T) {
+	ctx := s.ctx(t)
+	name := key(t)
+	l := s.locker(t)
+	if sem := s.semaphore(t, l, name, 2); sem.Native() != s.caps.Counted {
+		t.Errorf("semaphore.Native() = %v, Capabilities().Counted = %v", sem.Native(), s.caps.Counted)
+	}
+	if !s.caps.Counted {
+		if lease, err := l.TryAcquire(ctx, name, dlock.WithPermits(2)); !errors.Is(err, errors.ErrUnsupported) {
+			if err == nil {
+				mustRelease(t, lease)
+			}
+			t.Fatalf("WithPermits on a driver that does not claim Counted: %v, want errors.ErrUnsupported", err)
+		}
+		t.Skip("the backend claims no semaphore layout of its own (Capabilities().Counted = false)")
+	}
+	other := s.locker(t)
+	a, err := l.TryAcquire(ctx, name, dlock.WithPermits(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := other.Acquire(ctx, name, dlock.WithPermits(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	slots := map[string]bool{semaphore.SlotKey(name, 0): true, semaphore.SlotKey(name, 1): true}
+	if !slots[a.Key()] || !slots[b.Key()] || a.Key() == b.Key() {
+		t.Fatalf("two permits of 2 on keys %q and %q, want %q and %q", a.Key(), b.Key(), semaphore.SlotKey(name, 0), semaphore.SlotKey(name, 1))
+	}
+	if c, err := other.TryAcquire(ctx, name, dlock.WithPermits(2)); !errors.Is(err, dlock.ErrNotAcquired) {
+		if err == nil {
+			mustRelease(t, c)
+		}
+		t.Fatalf("a third permit of 2: %v, want ErrNotAcquired", err)
+	}
+	if _, err := other.TryAcquire(ctx, name, dlock.WithPermits(3)); !errors.Is(err, dlock.ErrSizeMismatch) && !errors.Is(err, dlock.ErrNotAcquired) {
+		t.Fatalf("a permit of 3 while holders use 2: %v, want ErrSizeMismatch (or ErrNotAcquired where the layout records no count)", err)
+	}
+	mustRelease(t, a)
+	c, err := other.Acquire(ctx, name, dlock.WithPermits(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Key() != a.Key() {
+		t.Errorf("the freed slot was %q, the new permit took %q", a.Key(), c.Key())
+	}
+	if s.caps.Fencing == backend.FencingStrict && c.Token() <= a.Token() {
+		t.Errorf("slot %q: token %v after %v", c.Key(), c.Token(), a.Token())
+	}
+	mustRelease(t, c)
+	mustRelease(t, b)
 }

@@ -19,7 +19,8 @@
 // It claims every capability a driver can have except fault tolerance —
 // strict tokens, FIFO hand-off, push-based waiting, immediate loss
 // notification, shared locks (a waiting exclusive request ahead of later
-// shared ones) — so that the conformance suite, which proves every claim,
+// shared ones), counted semaphores (each permit the lock of its slot key,
+// the lowest free one, waiters served in order) — so that the conformance suite, which proves every claim,
 // tests itself on it: it is the reference implementation of the contract.
 package memlock
 
@@ -73,9 +74,20 @@ type Store struct {
 	queues   map[string][]*waiter
 	tokens   map[string]uint64
 	watchers map[string]map[chan struct{}]struct{} // Watch's, by key
+	sems     map[string]*sem                       // counted semaphores (WithPermits), by key
+}
+
+// sem is a counted semaphore (backend.AcquireRequest.Permits): its permits
+// are the locks of its slot keys (backend.PermitKey), so Inspect, Expire and
+// Break see each permit as the lock of its slot.
+type sem struct {
+	n       int // the number of permits its holders use
+	held    int
+	waiters []*waiter // in arrival order
 }
 
 type holder struct {
+	sem     string // the counted semaphore it holds a permit of; "" for a lock
 	shared  bool
 	owner   string
 	label   string
@@ -116,6 +128,7 @@ func NewStore() *Store {
 		queues:   map[string][]*waiter{},
 		tokens:   map[string]uint64{},
 		watchers: map[string]map[chan struct{}]struct{}{},
+		sems:     map[string]*sem{},
 	}
 }
 
@@ -249,6 +262,105 @@ func (s *Store) dropLocked(key string, h *holder, lost bool) {
 	}
 	s.changedLocked(key)
 	s.grantWaitersLocked(key)
+	if h.sem != "" {
+		if sm := s.sems[h.sem]; sm != nil {
+			sm.held--
+			s.grantCountedLocked(h.sem, sm)
+		}
+	}
+}
+
+// freeSlotLocked returns the lowest slot of the counted semaphore key of n
+// permits whose lock is free with nobody queued for it, or -1. s.mu must be
+// held.
+func (s *Store) freeSlotLocked(key string, n int) int {
+	for i := range n {
+		slot := backend.PermitKey(key, i)
+		if s.freeLocked(slot, false) && len(s.queues[slot]) == 0 {
+			return i
+		}
+	}
+	return -1
+}
+
+// grantPermitLocked grants owner slot i of the counted semaphore key. s.mu
+// must be held.
+func (s *Store) grantPermitLocked(key string, sm *sem, i int, owner, label string, ttl time.Duration) *backend.Grant {
+	slot := backend.PermitKey(key, i)
+	g := s.grantLocked(slot, owner, label, ttl, false)
+	s.locks[slot].sem = key
+	sm.held++
+	s.sems[key] = sm // again, if a drop of an expired holder forgot it meanwhile
+	return g
+}
+
+// grantCountedLocked grants the counted semaphore key's waiters, in order,
+// the permits that are free, and forgets the semaphore once nobody holds or
+// waits. s.mu must be held.
+func (s *Store) grantCountedLocked(key string, sm *sem) {
+	for len(sm.waiters) > 0 {
+		// Looking for a slot may drop an expired holder, which grants
+		// waiters in turn: read the head only after.
+		i := s.freeSlotLocked(key, sm.n)
+		if i < 0 || len(sm.waiters) == 0 {
+			return
+		}
+		w := sm.waiters[0]
+		sm.waiters = sm.waiters[1:]
+		w.grant <- s.grantPermitLocked(key, sm, i, w.owner, w.label, w.ttl)
+	}
+	if sm.held == 0 && s.sems[key] == sm {
+		delete(s.sems, key)
+	}
+}
+
+// acquireCounted is Acquire for a counted request: the lowest free slot,
+// first come first served.
+func (d *driver) acquireCounted(ctx context.Context, req backend.AcquireRequest) (*backend.Grant, error) {
+	s := d.store
+	s.mu.Lock()
+	sm := s.sems[req.Key]
+	if sm == nil {
+		sm = &sem{n: req.Permits}
+	}
+	if sm.n != req.Permits {
+		s.mu.Unlock()
+		return nil, fmt.Errorf("%w: the holders of %q use %d, this request %d", backend.ErrSizeMismatch, req.Key, sm.n, req.Permits)
+	}
+	if len(sm.waiters) == 0 {
+		if i := s.freeSlotLocked(req.Key, sm.n); i >= 0 {
+			g := s.grantPermitLocked(req.Key, sm, i, req.Owner, req.Label, req.TTL)
+			s.mu.Unlock()
+			return g, nil
+		}
+	}
+	if !req.Wait {
+		s.mu.Unlock()
+		return nil, backend.ErrHeld
+	}
+	w := &waiter{owner: req.Owner, label: req.Label, ttl: req.TTL, grant: make(chan *backend.Grant, 1)}
+	sm.waiters = append(sm.waiters, w)
+	s.sems[req.Key] = sm
+	s.mu.Unlock()
+
+	select {
+	case g := <-w.grant:
+		return g, nil
+	case <-ctx.Done():
+	}
+	// Cancelled: leave the queue, or give back a grant that raced the cancel.
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if i := slices.Index(sm.waiters, w); i >= 0 {
+		sm.waiters = slices.Delete(sm.waiters, i, i+1)
+		s.grantCountedLocked(req.Key, sm) // those it stood in front of
+		return nil, ctx.Err()
+	}
+	g := <-w.grant
+	if h := s.ownedLocked(g.Key, g.Owner); h != nil {
+		s.dropLocked(g.Key, h, false)
+	}
+	return nil, ctx.Err()
 }
 
 // grantWaitersLocked grants key to the waiters at the head of its queue
@@ -306,6 +418,9 @@ func (d *driver) closed() bool {
 func (d *driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*backend.Grant, error) {
 	if d.closed() {
 		return nil, errClosed
+	}
+	if req.Permits > 0 {
+		return d.acquireCounted(ctx, req)
 	}
 	s := d.store
 	s.mu.Lock()
@@ -550,6 +665,7 @@ func (d *driver) Capabilities() backend.Capabilities {
 		PushWait:      true,
 		LossNotify:    true,
 		Shared:        true,
+		Counted:       true,
 	}
 }
 

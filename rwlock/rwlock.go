@@ -101,7 +101,9 @@ func New(l dlock.Locker, name string, opts ...dlock.Option) (*RWMutex, error) {
 		}
 		return &RWMutex{l: l, name: name, opts: opts, shared: append(slices.Clip(opts), dlock.WithShared())}, nil
 	}
-	readers, err := semaphore.New(l, name+"/read", Readers, semaphore.WithLeaseOptions(opts...), semaphore.WithSizeCheck(false))
+	// Slot locks even where the backend has its own semaphore: a writer
+	// takes every slot as a lock.
+	readers, err := semaphore.New(l, name+"/read", Readers, semaphore.WithLeaseOptions(opts...), semaphore.WithSizeCheck(false), semaphore.WithSlotLocks())
 	if err != nil {
 		return nil, fmt.Errorf("rwlock %q: %w", name, err)
 	}

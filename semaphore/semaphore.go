@@ -2,9 +2,9 @@
 // named semaphore, on any dlock backend, each permit a lease with a fencing
 // token.
 //
-// A semaphore of n permits is n locks, its slots: the keys NAME/permits/0 to
-// NAME/permits/(n-1). A permit is the lease on one slot, so it is everything a
-// lock is: renewed by the Locker's keepalive, lost loudly (Done, Err), ended
+// In its portable layout, a semaphore of n permits is n locks, its slots:
+// the keys NAME/permits/0 to NAME/permits/(n-1). A permit is the lease on
+// one slot, so it is everything a lock is: renewed by the Locker's keepalive, lost loudly (Done, Err), ended
 // by the server when its holder vanishes (its TTL, or its session's end), so a
 // crashed holder's permit comes back instead of leaking, and fenced: a permit
 // names its slot (Key) and carries that slot's token, which is strictly
@@ -26,8 +26,20 @@
 // backend does not push, such as an expiry. TryAcquire makes one attempt at
 // each slot and does not queue.
 //
-// Every permit's label is "permits=N HOLDER", so Inspect and List show the
-// count the holder uses. All holders must agree on n. After each grant the
+// Where the backend has a counted semaphore of its own that dlock drives
+// (dlock.Capabilities().Counted: ZooKeeper, in the layout of Apache
+// Curator's InterProcessSemaphoreV2, and mem://), the semaphore is that one
+// instead (Native): each permit is one counted acquire of the key NAME
+// (dlock.WithPermits), so other clients of the backend's layout count toward
+// the same n. A permit is still a lease whose Key names a slot,
+// NAME/permits/i, picked by the driver, and whose token increases per slot,
+// so guards are keyed as above. Acquire makes one try, then queues on
+// NAME/permits/queue and waits in the backend's own way; the driver refuses
+// a caller that disagrees on n (ErrSizeMismatch) where its layout records n,
+// and WithSizeCheck has no effect. Do not mix the two layouts on one name.
+//
+// In the portable layout every permit's label is "permits=N HOLDER", so
+// Inspect and List show the count the holder uses. All holders must agree on n. After each grant the
 // permit reads the semaphore's slots (dlock.List) and, if any holder uses
 // another count (or holds a slot past n), it gives its permit back and
 // returns ErrSizeMismatch: of two callers that disagree, the later one is
@@ -57,8 +69,9 @@ const MaxPermits = 1024
 const DefaultPollInterval = 500 * time.Millisecond
 
 // ErrSizeMismatch means a holder of the semaphore uses another number of
-// permits than this caller: the caller's permit was given back.
-var ErrSizeMismatch = errors.New("semaphore: holders disagree on the number of permits")
+// permits than this caller: the caller's permit was given back (or, in a
+// backend's own layout, never granted). It is dlock.ErrSizeMismatch.
+var ErrSizeMismatch = dlock.ErrSizeMismatch
 
 // maxWatched is the most slots the head waiter watches; past it, it polls.
 const maxWatched = 64
@@ -70,6 +83,7 @@ type config struct {
 	lease     []dlock.Option
 	sizeCheck bool
 	poll      time.Duration
+	slotLocks bool
 }
 
 // WithLeaseOptions passes opts to every acquire of a slot and of the queue
@@ -82,11 +96,21 @@ func WithLeaseOptions(opts ...dlock.Option) Option {
 }
 
 // WithSizeCheck turns the check that every holder uses the same number of
-// permits on or off (on by default). Off, a grant costs no List, and
+// permits on or off (on by default), in the portable layout; in a backend's
+// own (Native) the driver checks, and this option has no effect. Off, a grant costs no List, and
 // callers that disagree on n are not told: the semaphore then admits up to
 // the largest n any caller uses.
 func WithSizeCheck(on bool) Option {
 	return func(c *config) { c.sizeCheck = on }
+}
+
+// WithSlotLocks keeps the semaphore in the portable layout of slot locks
+// even where the backend has a counted semaphore of its own (Native is then
+// false): for callers that also take the slots as locks, as package
+// rwlock's writers do. Off by default: the backend's own layout where there
+// is one.
+func WithSlotLocks() Option {
+	return func(c *config) { c.slotLocks = true }
 }
 
 // WithPollInterval sets how often the head waiter reads every slot again
@@ -99,11 +123,12 @@ func WithPollInterval(d time.Duration) Option {
 // concurrent use; two Semaphore values of one name, in one process or in
 // many, share the permits.
 type Semaphore struct {
-	l    dlock.Locker
-	name string
-	n    int
-	opts []dlock.Option // of a permit: the caller's, then its label and WithAnnounce
-	cfg  config
+	l       dlock.Locker
+	name    string
+	n       int
+	counted bool           // in the backend's own layout: l.Capabilities().Counted
+	opts    []dlock.Option // of a permit: the caller's, then its label and WithAnnounce (and WithPermits)
+	cfg     config
 }
 
 // New returns the semaphore name of n permits on l. It checks its arguments
@@ -125,6 +150,12 @@ func New(l dlock.Locker, name string, n int, opts ...Option) (*Semaphore, error)
 	}
 	if err := CheckName(name); err != nil {
 		return nil, err
+	}
+	if l.Capabilities().Counted && !cfg.slotLocks {
+		// The driver records n beside the holder's label itself.
+		permit := append(cfg.lease[:len(cfg.lease):len(cfg.lease)],
+			dlock.WithLabel(dlock.DefaultLabel), dlock.WithAnnounce(), dlock.WithPermits(n))
+		return &Semaphore{l: l, name: name, n: n, counted: true, cfg: cfg, opts: permit}, nil
 	}
 	permit := append(cfg.lease[:len(cfg.lease):len(cfg.lease)],
 		dlock.WithLabel("permits="+strconv.Itoa(n)+" "+dlock.DefaultLabel), dlock.WithAnnounce())
@@ -155,6 +186,20 @@ func (s *Semaphore) Name() string { return s.name }
 
 // Permits returns n, the number of permits.
 func (s *Semaphore) Permits() int { return s.n }
+
+// Native reports whether the semaphore is held in the backend's own layout
+// (its Locker's Capabilities().Counted; dlock.WithPermits) rather than in
+// slot locks.
+func (s *Semaphore) Native() bool { return s.counted }
+
+// slotOf returns the slot of a lease of the semaphore's.
+func (s *Semaphore) slotOf(lease *dlock.Lease) (int, error) {
+	i, err := strconv.Atoi(strings.TrimPrefix(lease.Key(), s.name+"/permits/"))
+	if err != nil || i < 0 || i >= s.n {
+		return 0, fmt.Errorf("semaphore %q: a permit on %q, not one of the %d slots", s.name, lease.Key(), s.n)
+	}
+	return i, nil
+}
 
 // SlotKey returns the lock key of slot i: NAME/permits/i.
 func (s *Semaphore) SlotKey(i int) string { return SlotKey(s.name, i) }
@@ -303,6 +348,9 @@ func (s *Semaphore) waitQueued(ctx context.Context, held map[int]*dlock.Lease, k
 	}
 	defer q.Release(context.WithoutCancel(ctx)) // bounded by the release timeout
 
+	if s.counted {
+		return s.waitCounted(ctx, held, k)
+	}
 	changed, watched, stop := s.watch(ctx)
 	defer stop()
 	tick := time.NewTicker(s.cfg.poll)
@@ -336,6 +384,43 @@ func (s *Semaphore) waitQueued(ctx context.Context, held map[int]*dlock.Lease, k
 			return nil, notAcquired(ctx)
 		}
 	}
+}
+
+// waitCounted gathers permits into held, in the backend's own layout, until
+// it has k or ctx ends: one waiting counted acquire at a time, each queued
+// and woken by the backend.
+func (s *Semaphore) waitCounted(ctx context.Context, held map[int]*dlock.Lease, k int) ([]*Permit, error) {
+	for {
+		for len(held) < k {
+			lease, err := s.l.Acquire(ctx, s.name, s.opts...)
+			if err != nil {
+				return nil, err
+			}
+			if err := s.add(held, lease); err != nil {
+				return nil, err
+			}
+		}
+		ps, err := s.complete(ctx, held, nil)
+		if !errors.Is(err, errLostInCheck) {
+			return ps, err
+		}
+		s.giveBack(ctx, held) // and gather again
+	}
+}
+
+// add puts a counted lease into held by its slot; a lease on a slot the
+// semaphore cannot have (a driver's bug) is given back.
+func (s *Semaphore) add(held map[int]*dlock.Lease, lease *dlock.Lease) error {
+	i, err := s.slotOf(lease)
+	if err == nil && held[i] != nil {
+		err = fmt.Errorf("semaphore %q: slot %d granted twice", s.name, i)
+	}
+	if err != nil {
+		_ = lease.Release(context.Background())
+		return err
+	}
+	held[i] = lease
+	return nil
 }
 
 // watch watches every slot until stop is called, and sends a slot's index
@@ -389,6 +474,28 @@ func notAcquired(ctx context.Context) error {
 // tryMore tries every slot not in held once, from first (or a random slot)
 // on, until held has k.
 func (s *Semaphore) tryMore(ctx context.Context, held map[int]*dlock.Lease, k int, first *int) error {
+	if s.counted {
+		// One attempt per permit; the backend picks the slot.
+		for len(held) < k {
+			lease, err := s.l.TryAcquire(ctx, s.name, s.opts...)
+			switch {
+			case err == nil:
+				if err := s.add(held, lease); err != nil {
+					return err
+				}
+				continue
+			case !errors.Is(err, dlock.ErrNotAcquired):
+				return err
+			case ctx.Err() == nil:
+				return nil // fewer than k free
+			case errors.Is(err, ctx.Err()):
+				return err
+			default:
+				return fmt.Errorf("%w (%w)", notAcquired(ctx), err)
+			}
+		}
+		return nil
+	}
 	start := rand.IntN(s.n)
 	if first != nil {
 		start = *first
@@ -464,7 +571,7 @@ var errLostInCheck = fmt.Errorf("%w: lost before the grant completed", dlock.Err
 // checkSize reads the held slots and refuses the grant if a holder uses
 // another number of permits. It does not outlast the leases in held.
 func (s *Semaphore) checkSize(ctx context.Context, held map[int]*dlock.Lease) error {
-	if !s.cfg.sizeCheck {
+	if !s.cfg.sizeCheck || s.counted { // counted: the driver checked, under the semaphore's lock
 		return nil
 	}
 	var until time.Time

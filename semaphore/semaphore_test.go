@@ -15,6 +15,39 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
+// portable is a mem:// Locker with its own semaphore layout hidden
+// (Capabilities().Counted false), so that a semaphore on it is made of
+// slot locks, as on a backend without one.
+type portable struct{ dlock.Locker }
+
+func (p portable) Capabilities() dlock.Capabilities {
+	c := p.Locker.Capabilities()
+	c.Counted = false
+	return c
+}
+
+func (p portable) Inspect(ctx context.Context, key string) (dlock.LockInfo, error) {
+	return dlock.Inspect(ctx, p.Locker, key)
+}
+
+func (p portable) List(ctx context.Context, prefix string) ([]dlock.LockInfo, error) {
+	return dlock.List(ctx, p.Locker, prefix)
+}
+
+func (p portable) Watch(ctx context.Context, key string, changed func()) error {
+	return dlock.Watch(ctx, p.Locker, key, changed)
+}
+
+func openPortable(t *testing.T, dsn string) dlock.Locker {
+	t.Helper()
+	l, err := dlock.Open(context.Background(), dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return portable{l}
+}
+
 func TestNewRejectsBadInput(t *testing.T) {
 	ctx := context.Background()
 	l, err := dlock.Open(ctx, "mem://semaphore-new")
@@ -67,11 +100,7 @@ func TestParseLabel(t *testing.T) {
 // holds a slot beyond 2.
 func TestSizeMismatchBeyondRange(t *testing.T) {
 	ctx := context.Background()
-	l, err := dlock.Open(ctx, "mem://semaphore-size")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := openPortable(t, "mem://semaphore-size")
 	held, err := l.Acquire(ctx, semaphore.SlotKey("s", 3), dlock.WithLabel("someone else"))
 	if err != nil {
 		t.Fatal(err)
@@ -106,11 +135,7 @@ func (slowList) List(ctx context.Context, prefix string) ([]dlock.LockInfo, erro
 // permit: a try is refused, and nothing is left held.
 func TestSizeCheckOutlastingTheLease(t *testing.T) {
 	ctx := context.Background()
-	l, err := dlock.Open(ctx, "mem://semaphore-slow-list")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := openPortable(t, "mem://semaphore-slow-list")
 	sem, _ := semaphore.New(slowList{l}, "s", 1,
 		semaphore.WithLeaseOptions(dlock.WithTTL(200*time.Millisecond), dlock.WithAutoRenew(false)))
 	p, err := sem.TryAcquire(ctx)
@@ -150,11 +175,7 @@ func (c cancelOnTry) TryAcquire(ctx context.Context, key string, opts ...dlock.O
 // its wait (the third, after a first pass over both slots).
 func TestAcquireNCancelledDuringATry(t *testing.T) {
 	ctx := context.Background()
-	l, err := dlock.Open(ctx, "mem://semaphore-cancelled-try")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := openPortable(t, "mem://semaphore-cancelled-try")
 	full, err := semaphore.New(l, "s", 2)
 	if err != nil {
 		t.Fatal(err)

@@ -91,14 +91,19 @@ func (h *harness) driverOf(t testing.TB, l dlock.Locker) *zookeeper.Driver {
 	return d
 }
 
-// holder returns the driver whose session holds key.
+// holder returns the driver whose session holds key: a lock, or a permit's
+// slot (NAME/permits/i, see permitNodes).
 func (h *harness) holder(t testing.TB, key string) *zookeeper.Driver {
 	t.Helper()
-	nodes := h.nodes(t, key)
-	if len(nodes) == 0 {
-		t.Fatalf("key %q has no lock node", key)
+	path := ""
+	if nodes := h.nodes(t, key); len(nodes) > 0 {
+		path = zookeeper.LockPath(zookeeper.DefaultRoot, key) + "/" + nodes[0]
+	} else if held, _, leases := h.permitNodes(t, key); len(held) > 0 {
+		path = leases + "/" + held[0]
+	} else {
+		t.Fatalf("key %q has no lock node and no permit holds it", key)
 	}
-	ok, st, err := h.admin.Exists(zookeeper.LockPath(zookeeper.DefaultRoot, key) + "/" + nodes[0])
+	ok, st, err := h.admin.Exists(path)
 	if err != nil || !ok {
 		t.Fatalf("holder node of %q: exists=%v, %v", key, ok, err)
 	}
@@ -132,6 +137,46 @@ func (h *harness) nodes(t testing.TB, key string) []string {
 	return zookeeper.SortedLocks(children, st.Cversion)
 }
 
+// permitNodes reads, for a key NAME/permits/i, the lease nodes of the
+// semaphore NAME in the driver's own layout (Curator's
+// InterProcessSemaphoreV2, <root>/NAME/leases): held are those whose data
+// names slot i, waiting those of dlock's that name no slot yet.
+func (h *harness) permitNodes(t testing.TB, key string) (held, waiting []string, leases string) {
+	t.Helper()
+	j := strings.LastIndex(key, "/permits/")
+	if j < 0 {
+		return nil, nil, ""
+	}
+	slot := key[j+len("/permits/"):]
+	leases = zookeeper.LockPath(zookeeper.DefaultRoot, key[:j]) + "/leases"
+	if _, err := h.admin.Sync(leases); err != nil && !errors.Is(err, zk.ErrNoNode) {
+		t.Fatalf("sync %s: %v", leases, err)
+	}
+	children, _, err := h.admin.Children(leases)
+	if errors.Is(err, zk.ErrNoNode) {
+		return nil, nil, leases
+	}
+	if err != nil {
+		t.Fatalf("children of %s: %v", leases, err)
+	}
+	for _, c := range children {
+		data, _, err := h.admin.Get(leases + "/" + c)
+		if errors.Is(err, zk.ErrNoNode) {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("read %s/%s: %v", leases, c, err)
+		}
+		switch d := string(data); {
+		case strings.HasPrefix(d, "slot="+slot+" "):
+			held = append(held, c)
+		case strings.HasPrefix(d, "permits="):
+			waiting = append(waiting, c)
+		}
+	}
+	return held, waiting, leases
+}
+
 // Expire makes the servers end the session of key's holder, as if it had
 // expired: in ZooKeeper the server forgets a lock holder exactly when its
 // session ends, and that is how a holder loses a lock without releasing it.
@@ -150,6 +195,14 @@ func (h *harness) Expire(t testing.TB, key string) {
 	}
 	if n := h.nodes(t, key); len(n) != 0 {
 		t.Fatalf("Expire(%q): lock nodes left after the session ended: %v", key, n)
+	}
+	// A permit's slot may have gone to a waiter already: look for the
+	// expired session's nodes only.
+	held, _, leases := h.permitNodes(t, key)
+	for _, c := range held {
+		if ok, st, err := h.admin.Exists(leases + "/" + c); err == nil && ok && st.EphemeralOwner == id {
+			t.Fatalf("Expire(%q): lease node %s left after its session ended", key, c)
+		}
 	}
 }
 
@@ -184,10 +237,12 @@ func (h *harness) Waiters(t testing.TB, key string) int {
 	return len(nodes) - zookeeper.Holders(nodes)
 }
 
-// Residue lists the lock nodes left under key's lock path.
+// Residue lists the lock nodes left under key's lock path, and for a
+// permit's key (NAME/permits/i) the lease nodes that hold its slot or wait.
 func (h *harness) Residue(t testing.TB, key string) []string {
 	t.Helper()
-	return h.nodes(t, key)
+	held, waiting, _ := h.permitNodes(t, key)
+	return append(append(h.nodes(t, key), held...), waiting...)
 }
 
 // DSN reaches the harness's servers with its session timeout.

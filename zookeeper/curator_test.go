@@ -213,6 +213,8 @@ func (p *curatorPeer) quiet(what string) {
 // Curator's LeaderSelector and dlock's election see the same leader, value
 // and participants. Curator's LeaderLatch does not share the path (its
 // nodes are "latch-" ones): LeaderLatchDoesNotShare shows what happens.
+// dlock's semaphores and Curator's InterProcessSemaphoreV2 count each
+// other's leases, in both directions (Semaphore*).
 func TestCurator(t *testing.T) {
 	peer := startCurator(t) // the JVM starts while the server does
 	srv := testenv.StartZooKeeper(t)
@@ -368,6 +370,8 @@ func TestCurator(t *testing.T) {
 			t.Fatal(err)
 		}
 	})
+
+	testCuratorSemaphore(t, h, peers)
 
 	t.Run("LeaderLatchDoesNotShare", func(t *testing.T) {
 		// LeaderLatch names its nodes "_c_<uuid>-latch-<seq>" and sorts by

@@ -18,7 +18,12 @@
 // in the same queue: readers ahead of every exclusive node hold the lock
 // together, a reader behind a waiting writer waits for it, and Curator's
 // InterProcessMutex and zk.Lock take a reader for one more exclusive holder
-// (Curator's InterProcessReadWriteLock cannot share the path). A lock lives as long
+// (Curator's InterProcessReadWriteLock cannot share the path). A counted
+// acquire (dlock.WithPermits, package semaphore) is Curator's
+// InterProcessSemaphoreV2 on the key's path ("locks" mutex, "leases" nodes
+// "_c_<uuid>-lease-<seq>"), so Curator's semaphores and dlock's count each
+// other; dlock's lease node records the slot it picked (the lease's key,
+// KEY/permits/i), and its czxid is the token. A lock lives as long
 // as the driver's session: a lease is lost the moment the session expires, or
 // when the connection has been down so long that the leader may have expired
 // it, counted only from requests the leader answered. docs/zookeeper.md in

@@ -120,3 +120,9 @@ func BreakOnWrite(d *Driver, op int32) {
 	d.breakOp = op
 	d.wireMu.Unlock()
 }
+
+// PermitData and ParsePermitData are permitData and parsePermitData.
+var (
+	PermitData      = permitData
+	ParsePermitData = parsePermitData
+)

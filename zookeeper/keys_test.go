@@ -170,3 +170,31 @@ func TestOptions(t *testing.T) {
 		t.Errorf("NewDriver(nil): %v", err)
 	}
 }
+
+// A lease node's data round-trips its slot and n; a waiter's has no slot;
+// data that is not dlock's (Curator's address) does not parse.
+func TestPermitData(t *testing.T) {
+	for _, tc := range []struct {
+		slot, n int
+		label   string
+		want    string
+	}{
+		{0, 4, "host:12", "slot=0 permits=4 host:12"},
+		{1023, 1024, "", "slot=1023 permits=1024"},
+		{-1, 2, "a b", "permits=2 a b"},
+	} {
+		data := zookeeper.PermitData(tc.slot, tc.n, tc.label)
+		if string(data) != tc.want {
+			t.Errorf("PermitData(%d, %d, %q) = %q, want %q", tc.slot, tc.n, tc.label, data, tc.want)
+		}
+		slot, n, ok := zookeeper.ParsePermitData(data)
+		if !ok || slot != tc.slot || n != tc.n {
+			t.Errorf("ParsePermitData(%q) = %d, %d, %v", data, slot, n, ok)
+		}
+	}
+	for _, foreign := range []string{"", "127.0.0.1", "10.0.0.7", "slot=1", "slot=x permits=2", "slot=-1 permits=2", "permits=0", "permits=2x", "slot=1 host"} {
+		if slot, n, ok := zookeeper.ParsePermitData([]byte(foreign)); ok {
+			t.Errorf("ParsePermitData(%q) = %d, %d, true; want not dlock's", foreign, slot, n)
+		}
+	}
+}

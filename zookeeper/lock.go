@@ -21,10 +21,13 @@ type lockNode struct {
 	parent string // the key's node
 	path   string // parent + "/" + name()
 	czxid  int64
-	ses    *session  // the session the node lives in
-	owner  int64     // its ephemeralOwner, when read from the server (0: not read)
-	first  bool      // it was the only child of parent when created
-	start  time.Time // when the request that created it was sent
+	ses    *session // the session the node lives in
+	owner  int64    // its ephemeralOwner, when read from the server (0: not read)
+	first  bool     // it was the only child of parent when created
+	// siblings is how many children parent had once the node was created
+	// (0: not known).
+	siblings int32
+	start    time.Time // when the request that created it was sent
 
 	watch atomic.Pointer[<-chan zk.Event] // the node's exists watch, set at the first refresh
 }
@@ -141,6 +144,9 @@ func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 	if _, err := validity(req.TTL, s.timeout); err != nil {
 		return nil, err
 	}
+	if req.Permits > 0 {
+		return d.acquirePermit(ctx, req, s)
+	}
 	parent := LockPath(d.root, req.Key)
 	n, err := d.create(ctx, s, req.Wait, parent, nodePrefix(protectedID(req.Owner), req.Shared), []byte(req.Label))
 	if err != nil {
@@ -222,12 +228,13 @@ func (d *Driver) createNode(ctx context.Context, s *session, wait bool, parent, 
 			}
 			d.sess.ack(s.id, start)
 			return &lockNode{
-				parent: parent,
-				path:   res[0].String,
-				czxid:  res[1].Stat.Mzxid,
-				ses:    s,
-				first:  res[1].Stat.NumChildren == 1,
-				start:  start,
+				parent:   parent,
+				path:     res[0].String,
+				czxid:    res[1].Stat.Mzxid,
+				ses:      s,
+				first:    res[1].Stat.NumChildren == 1,
+				siblings: res[1].Stat.NumChildren,
+				start:    start,
 			}, nil
 		case errors.Is(err, zk.ErrNoNode) && noNode < 3:
 			// The key's node does not exist yet, or the server just removed
@@ -290,8 +297,9 @@ func (d *Driver) findOwn(s *session, parent, prefix string) (*lockNode, error) {
 	}
 }
 
-// ensureParent creates the key's node as a container, and the root's nodes
-// if they are missing.
+// ensureParent creates the key's node as a container (and, for a
+// semaphore's locks and leases, the key's node above them), and the root's
+// nodes if they are missing.
 func (d *Driver) ensureParent(parent string) error {
 	for range 2 {
 		_, err := d.conn.CreateContainer(parent, nil, zk.FlagContainer, d.acl)
@@ -299,7 +307,13 @@ func (d *Driver) ensureParent(parent string) error {
 		case err == nil, errors.Is(err, zk.ErrNodeExists):
 			return nil
 		case errors.Is(err, zk.ErrNoNode):
-			if err := d.ensureRoot(); err != nil {
+			up := parent[:strings.LastIndexByte(parent, '/')]
+			if up == d.root || len(up) <= len(d.root) {
+				err = d.ensureRoot()
+			} else {
+				err = d.ensureParent(up)
+			}
+			if err != nil {
 				return err
 			}
 		default:
@@ -347,7 +361,7 @@ func (d *Driver) settle(ctx context.Context, n *lockNode) error {
 	if cur == nil || cur.isLost() || cur.id != owner {
 		return fmt.Errorf("the ZooKeeper session changed while the lock node was created: %w", errNoSession)
 	}
-	n.ses, n.owner, n.first = cur, owner, false
+	n.ses, n.owner, n.first, n.siblings = cur, owner, false, 0
 	return nil
 }
 
@@ -585,6 +599,9 @@ func (d *Driver) Relabel(ctx context.Context, g *backend.Grant, label string) er
 	n, err := d.node(g)
 	if err != nil {
 		return err
+	}
+	if n.isPermit() {
+		return fmt.Errorf("a permit's node data records its slot: relabelling a permit is not supported: %w", errors.ErrUnsupported)
 	}
 	if n.ses.isLost() {
 		return fmt.Errorf("%w: %w", backend.ErrNotHeld, n.ses.err())

@@ -365,8 +365,9 @@ func (d *Driver) SessionTimeout() time.Duration {
 // watch on the predecessor, fault tolerance (when ZooKeeper runs as an
 // ensemble: a lock survives the loss of a minority of servers), server-side
 // expiry (the session timeout, on the servers' clocks), immediate loss
-// notification when the session ends, and shared locks (reader nodes in the
-// same queue, "_c_<uuid>-read-lock-<seq>").
+// notification when the session ends, shared locks (reader nodes in the
+// same queue, "_c_<uuid>-read-lock-<seq>"), and counted semaphores in the
+// layout of Curator's InterProcessSemaphoreV2 (see semaphore.go).
 func (d *Driver) Capabilities() backend.Capabilities {
 	return backend.Capabilities{
 		Fencing:       backend.FencingStrict,
@@ -376,6 +377,7 @@ func (d *Driver) Capabilities() backend.Capabilities {
 		PushWait:      true,
 		LossNotify:    true,
 		Shared:        true,
+		Counted:       true,
 	}
 }
 

@@ -28,6 +28,14 @@
 //	participants H     getParticipants()                -> participants H ID:L,ID:L,... (L: 1 leads)
 //	has H              hasLeadership()                  -> has H true|false
 //	close H            close() of a selector/latch      -> closed H
+//	semaphore H PATH N InterProcessSemaphoreV2(PATH, N) -> ok H
+//	lease H            acquire() of a semaphore, waiting -> leased H
+//	lease H MS         acquire(MS, milliseconds)        -> leased H | notleased H
+//	return H           returns the handle's oldest lease -> returned H
+//	leases H           getParticipantNodes()            -> leases H NAME,NAME,...
+//
+// A semaphore handle's commands, like a mutex handle's, run on its own
+// thread, so a waiting lease blocks only its handle.
 //
 // A command that throws answers "error H <exception>". The process exits
 // when stdin ends.
@@ -53,6 +61,8 @@ import org.apache.curator.framework.recipes.leader.LeaderSelector;
 import org.apache.curator.framework.recipes.leader.LeaderSelectorListenerAdapter;
 import org.apache.curator.framework.recipes.leader.Participant;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
+import org.apache.curator.framework.recipes.locks.InterProcessSemaphoreV2;
+import org.apache.curator.framework.recipes.locks.Lease;
 import org.apache.curator.retry.RetryNTimes;
 
 public class CuratorPeer {
@@ -66,6 +76,8 @@ public class CuratorPeer {
     static final Map<String, LeaderSelector> selectors = new ConcurrentHashMap<>();
     static final Map<String, CountDownLatch> resigns = new ConcurrentHashMap<>();
     static final Map<String, LeaderLatch> latches = new ConcurrentHashMap<>();
+    static final Map<String, InterProcessSemaphoreV2> semaphores = new ConcurrentHashMap<>();
+    static final Map<String, java.util.Deque<Lease>> leases = new ConcurrentHashMap<>();
 
     public static void main(String[] args) throws Exception {
         BufferedReader in = new BufferedReader(new InputStreamReader(System.in));
@@ -191,6 +203,42 @@ public class CuratorPeer {
                 Closeable c = selectors.containsKey(h) ? selectors.remove(h) : latches.remove(h);
                 c.close();
                 say("closed " + h);
+            }
+            case "semaphore" -> {
+                semaphores.put(h, new InterProcessSemaphoreV2(client, w[2], Integer.parseInt(w[3])));
+                leases.put(h, new java.util.concurrent.ConcurrentLinkedDeque<>());
+                threads.put(h, Executors.newSingleThreadExecutor());
+                say("ok " + h);
+            }
+            case "lease" -> {
+                InterProcessSemaphoreV2 s = semaphores.get(h);
+                Long ms = w.length > 2 ? Long.valueOf(w[2]) : null;
+                threads.get(h).execute(() -> {
+                    try {
+                        Lease l = ms == null ? s.acquire() : s.acquire(ms, TimeUnit.MILLISECONDS);
+                        if (l != null) {
+                            leases.get(h).add(l);
+                        }
+                        say((l != null ? "leased " : "notleased ") + h);
+                    } catch (Exception e) {
+                        say("error " + h + " " + e);
+                    }
+                });
+            }
+            case "return" -> threads.get(h).execute(() -> {
+                try {
+                    semaphores.get(h).returnLease(leases.get(h).remove());
+                    say("returned " + h);
+                } catch (Exception e) {
+                    say("error " + h + " " + e);
+                }
+            });
+            case "leases" -> {
+                List<String> names = new ArrayList<>();
+                for (String p : semaphores.get(h).getParticipantNodes()) {
+                    names.add(p.substring(p.lastIndexOf('/') + 1));
+                }
+                say("leases " + h + " " + String.join(",", names));
             }
             default -> say("error " + h + " unknown command " + w[0]);
         }
