@@ -411,13 +411,7 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, n *lockNo
 			return listing{c, st.Cversion}, nil
 		})
 		if err != nil {
-			if errors.Is(err, zk.ErrNoNode) {
-				return nil, fmt.Errorf("%w: %s vanished", errNoLockNode, n.parent)
-			}
-			if !transient(err) || ctx.Err() != nil {
-				return nil, fmt.Errorf("list %s: %w", n.parent, err)
-			}
-			if err := d.pause(ctx, &b, n.ses); err != nil {
+			if err := d.listFailed(ctx, err, n, &b); err != nil {
 				return nil, err
 			}
 			continue
@@ -668,4 +662,17 @@ func (d *Driver) Release(ctx context.Context, g *backend.Grant) error {
 		}
 		return fmt.Errorf("delete %s: %w", n.path, err)
 	}
+}
+
+// listFailed judges a failed listing of n's parent in a wait: an error to
+// return (the parent vanished, the error is not transient, or ctx ended),
+// or nil after a pause, and the wait lists again.
+func (d *Driver) listFailed(ctx context.Context, err error, n *lockNode, b *backend.Backoff) error {
+	if errors.Is(err, zk.ErrNoNode) {
+		return fmt.Errorf("%w: %s vanished", errNoLockNode, n.parent)
+	}
+	if !transient(err) || ctx.Err() != nil {
+		return fmt.Errorf("list %s: %w", n.parent, err)
+	}
+	return d.pause(ctx, b, n.ses)
 }

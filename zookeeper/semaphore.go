@@ -289,13 +289,7 @@ func (d *Driver) waitPermit(ctx context.Context, req backend.AcquireRequest, n *
 			return listing{c, ch}, err
 		})
 		if err != nil {
-			if errors.Is(err, zk.ErrNoNode) {
-				return nil, fmt.Errorf("%w: %s vanished", errNoLockNode, n.parent)
-			}
-			if !transient(err) || ctx.Err() != nil {
-				return nil, fmt.Errorf("list %s: %w", n.parent, err)
-			}
-			if err := d.pause(ctx, &b, n.ses); err != nil {
+			if err := d.listFailed(ctx, err, n, &b); err != nil {
 				return nil, err
 			}
 			continue

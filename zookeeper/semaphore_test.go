@@ -3,6 +3,7 @@ package zookeeper_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"regexp"
 	"slices"
 	"strconv"
@@ -32,43 +33,27 @@ func leasesPath(name string) string {
 func waitLeases(t *testing.T, h *harness, name string, n int) map[string]string {
 	t.Helper()
 	path := leasesPath(name)
-	timeout := time.After(waitBound)
-	for {
-		children, _, ch, err := h.admin.ChildrenW(path)
-		if errors.Is(err, zk.ErrNoNode) {
-			var ok bool
-			if ok, _, ch, err = h.admin.ExistsW(path); err == nil && ok {
-				continue // created since: list it
-			}
-			if err == nil && n == 0 {
-				return nil
-			}
+	var seen []string
+	var nodes map[string]string
+	watchChildren(t, h, path, func(children []string, _ *zk.Stat) bool {
+		seen, nodes = children, nil
+		if len(children) != n {
+			return false
 		}
-		if err != nil {
-			t.Fatalf("watch %s: %v", path, err)
-		}
-		if len(children) == n {
-			nodes := map[string]string{}
-			for _, c := range children {
-				data, _, err := h.admin.Get(path + "/" + c)
-				if errors.Is(err, zk.ErrNoNode) {
-					break // gone since the listing: the watch fires
-				}
-				if err != nil {
-					t.Fatalf("read %s/%s: %v", path, c, err)
-				}
-				nodes[c] = string(data)
+		nodes = map[string]string{}
+		for _, c := range children {
+			data, _, err := h.admin.Get(path + "/" + c)
+			if errors.Is(err, zk.ErrNoNode) {
+				return false // gone since the listing: the watch fires
 			}
-			if len(nodes) == n {
-				return nodes
+			if err != nil {
+				t.Fatalf("read %s/%s: %v", path, c, err)
 			}
+			nodes[c] = string(data)
 		}
-		select {
-		case <-ch:
-		case <-timeout:
-			t.Fatalf("%s: %d lease nodes (%q) after %v, want %d", path, len(children), children, waitBound, n)
-		}
-	}
+		return true
+	}, func() string { return fmt.Sprintf("%d lease nodes (%q), want %d", len(seen), seen, n) })
+	return nodes
 }
 
 func newSemaphore(t *testing.T, l dlock.Locker, name string, n int) *semaphore.Semaphore {

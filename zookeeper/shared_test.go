@@ -3,6 +3,7 @@ package zookeeper_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"regexp"
 	"strings"
 	"testing"
@@ -18,11 +19,12 @@ import (
 // waitBound bounds every wait for something the test expects to happen.
 const waitBound = 10 * time.Second
 
-// waitQueue waits, on a children watch of key's node, until key's queue
-// holds n lock nodes, and returns them in queue order.
-func waitQueue(t *testing.T, h *harness, key string, n int) []string {
+// watchChildren lists path's children on a children watch (an exists
+// watch while path is missing: children nil) until settled reports true for
+// a listing, or fails the test after waitBound, describing what it saw by
+// what settled's caller last said (see waitQueue).
+func watchChildren(t *testing.T, h *harness, path string, settled func(children []string, st *zk.Stat) bool, want func() string) {
 	t.Helper()
-	path := zookeeper.LockPath(zookeeper.DefaultRoot, key)
 	timeout := time.After(waitBound)
 	for {
 		children, st, ch, err := h.admin.ChildrenW(path)
@@ -31,26 +33,36 @@ func waitQueue(t *testing.T, h *harness, key string, n int) []string {
 			if ok, _, ch, err = h.admin.ExistsW(path); err == nil && ok {
 				continue // created since: list it
 			}
-			if err == nil && n == 0 {
-				return nil
-			}
+			children, st = nil, nil
 		}
 		if err != nil {
 			t.Fatalf("watch %s: %v", path, err)
 		}
-		var locks []string
-		if st != nil {
-			locks = zookeeper.SortedLocks(children, st.Cversion)
-			if len(locks) == n {
-				return locks
-			}
+		if settled(children, st) {
+			return
 		}
 		select {
 		case <-ch:
 		case <-timeout:
-			t.Fatalf("%s: %d lock nodes (%q) after %v, want %d", path, len(locks), locks, waitBound, n)
+			t.Fatalf("%s after %v: %s", path, waitBound, want())
 		}
 	}
+}
+
+// waitQueue waits, on a children watch of key's node, until key's queue
+// holds n lock nodes, and returns them in queue order.
+func waitQueue(t *testing.T, h *harness, key string, n int) []string {
+	t.Helper()
+	path := zookeeper.LockPath(zookeeper.DefaultRoot, key)
+	var locks []string
+	watchChildren(t, h, path, func(children []string, st *zk.Stat) bool {
+		locks = nil
+		if st != nil {
+			locks = zookeeper.SortedLocks(children, st.Cversion)
+		}
+		return len(locks) == n
+	}, func() string { return fmt.Sprintf("%d lock nodes (%q), want %d", len(locks), locks, n) })
+	return locks
 }
 
 // waitWatched waits until the server lists a watch on key's lock node: a
