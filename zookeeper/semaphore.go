@@ -160,30 +160,44 @@ func (d *Driver) acquirePermit(ctx context.Context, req backend.AcquireRequest, 
 }
 
 // tryPermitRead returns an error wrapping ErrHeld if the semaphore sem's
-// mutex has a lock node or its leases number permits or more, as this
-// client's server has them (a follower may lag: a try may then fail that
-// would have succeeded a moment later, or go on to find the same under the
-// mutex).
+// mutex has a lock node or its leases number permits or more. The first
+// reads are answered by this client's server, which may lag behind the
+// leader (an ensemble's follower): a verdict to fail is only given after a
+// sync and a second read, so a try does not fail on a holder that has
+// already gone (CI saw it on an ensemble: a refused acquirer's mutex node,
+// deleted before its Acquire returned, still listed). A try may still go on
+// to find the same under the mutex.
 func (d *Driver) tryPermitRead(ctx context.Context, sem string, permits int) error {
 	type counts struct{ locks, leases int }
-	c, err := call(ctx, d, func() (counts, error) {
-		var c counts
-		locks, _, err := d.conn.Children(sem + "/" + semLocks)
-		if err != nil && !errors.Is(err, zk.ErrNoNode) {
-			return c, err
-		}
-		for _, l := range locks {
-			if _, ok := sequence(l); ok {
-				c.locks++
+	read := func(sync bool) (counts, error) {
+		return call(ctx, d, func() (counts, error) {
+			var c counts
+			if sync {
+				if _, err := d.conn.Sync(sem); err != nil && !errors.Is(err, zk.ErrNoNode) {
+					return c, err
+				}
 			}
-		}
-		leases, _, err := d.conn.Children(sem + "/" + semLeases)
-		if err != nil && !errors.Is(err, zk.ErrNoNode) {
-			return c, err
-		}
-		c.leases = len(leases)
-		return c, nil
-	})
+			locks, _, err := d.conn.Children(sem + "/" + semLocks)
+			if err != nil && !errors.Is(err, zk.ErrNoNode) {
+				return c, err
+			}
+			for _, l := range locks {
+				if _, ok := sequence(l); ok {
+					c.locks++
+				}
+			}
+			leases, _, err := d.conn.Children(sem + "/" + semLeases)
+			if err != nil && !errors.Is(err, zk.ErrNoNode) {
+				return c, err
+			}
+			c.leases = len(leases)
+			return c, nil
+		})
+	}
+	c, err := read(false)
+	if err == nil && (c.locks > 0 || c.leases >= permits) {
+		c, err = read(true)
+	}
 	switch {
 	case err != nil:
 		return fmt.Errorf("list %s: %w", sem, err)
