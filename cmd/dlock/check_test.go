@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"regexp"
 	"strconv"
 	"strings"
@@ -37,13 +38,35 @@ func TestCheckRedis(t *testing.T) {
 		`^Shortest TTL the suite uses: 1s; keys under the prefix "dlock:check-[0-9a-f]{8}:"$`,
 		`^Cleanup: deleted \d+ keys`,
 		`^shared +no +no shared locks`,
-		`^PASS: \d+ passed, 5 skipped, 0 failed in `,
+		`^counted +no +no semaphore layout of its own`,
+		`^PASS: \d+ passed, \d+ skipped, 0 failed in `,
 	} {
 		if !regexp.MustCompile(`(?m)` + want).MatchString(r.stdout) {
 			t.Errorf("output does not match %s:\n%s", want, r.stdout)
 		}
 	}
 	rows := checkRows(r.stdout)
+	// The summary counts the table's rows. Skipped on Redis, with their
+	// reasons: FIFO, the three Shared groups and Counted (checked below),
+	// and ErrorsHideSecrets (check does not log in with a wrong password).
+	var passed, skipped int
+	for _, row := range rows {
+		switch row[0] {
+		case "PASS":
+			passed++
+		case "SKIP":
+			skipped++
+		}
+	}
+	if want := fmt.Sprintf("PASS: %d passed, %d skipped, 0 failed in ", passed, skipped); !strings.Contains(r.stdout, want) {
+		t.Errorf("the summary does not count the table's %d PASS and %d SKIP rows (%q):\n%s", passed, skipped, want, r.stdout)
+	}
+	if skipped != 6 {
+		t.Errorf("%d groups skipped, want 6: FIFO, the three Shared groups, Counted and ErrorsHideSecrets:\n%s", skipped, r.stdout)
+	}
+	if rows["Counted"] != [2]string{"SKIP", "the backend claims no semaphore layout of its own (Capabilities().Counted = false)"} {
+		t.Errorf("Counted: %q, want a skip with its reason", rows["Counted"])
+	}
 	// On Redis the tests that make the server forget a holder run too.
 	for _, name := range []string{"MutualExclusion", "TokensIncrease", "StaleLeaseCannotTouchNewHolder", "ExpireEndsLease", "PausedHolderFenced"} {
 		if rows[name][0] != "PASS" {
