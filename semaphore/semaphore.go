@@ -4,13 +4,14 @@
 //
 // In its portable layout, a semaphore of n permits is n locks, its slots:
 // the keys NAME/permits/0 to NAME/permits/(n-1). A permit is the lease on
-// one slot, so it is everything a lock is: renewed by the Locker's keepalive, lost loudly (Done, Err), ended
-// by the server when its holder vanishes (its TTL, or its session's end), so a
-// crashed holder's permit comes back instead of leaking, and fenced: a permit
-// names its slot (Key) and carries that slot's token, which is strictly
-// greater than every earlier holder's of that slot on the backends whose
-// tokens are strict. A resource that must reject a stale permit holder keeps
-// one fencing.Guard per slot:
+// one slot, so it is everything a lock is: renewed by the Locker's
+// keepalive, lost loudly (Done, Err), ended by the server when its holder
+// vanishes (its TTL, or its session's end), so a crashed holder's permit
+// comes back instead of leaking, and fenced: a permit names its slot (Key)
+// and carries that slot's token, which is strictly greater than every
+// earlier holder's of that slot on the backends whose tokens are strict. A
+// resource that must reject a stale permit holder keeps one fencing.Guard
+// per slot:
 //
 //	sem, err := semaphore.New(locker, "gpu", 4)
 //	permit, err := sem.Acquire(ctx)
@@ -39,12 +40,13 @@
 // and WithSizeCheck has no effect. Do not mix the two layouts on one name.
 //
 // In the portable layout every permit's label is "permits=N HOLDER", so
-// Inspect and List show the count the holder uses. All holders must agree on n. After each grant the
-// permit reads the semaphore's slots (dlock.List) and, if any holder uses
-// another count (or holds a slot past n), it gives its permit back and
-// returns ErrSizeMismatch: of two callers that disagree, the later one is
-// refused. The check costs one List per grant (on Redis a SCAN of the
-// keyspace; see WithSizeCheck). A backend that cannot list is not checked.
+// Inspect and List show the count the holder uses. All holders must agree
+// on n. After each grant the permit reads the semaphore's slots (dlock.List)
+// and, if any holder uses another count (or holds a slot past n), it gives
+// its permit back and returns ErrSizeMismatch: of two callers that
+// disagree, the later one is refused. The check costs one List per grant
+// (on Redis a SCAN of the keyspace; see WithSizeCheck). A backend that
+// cannot list is not checked.
 package semaphore
 
 import (
@@ -97,9 +99,9 @@ func WithLeaseOptions(opts ...dlock.Option) Option {
 
 // WithSizeCheck turns the check that every holder uses the same number of
 // permits on or off (on by default), in the portable layout; in a backend's
-// own (Native) the driver checks, and this option has no effect. Off, a grant costs no List, and
-// callers that disagree on n are not told: the semaphore then admits up to
-// the largest n any caller uses.
+// own (Native) the driver checks, and this option has no effect. Off, a
+// grant costs no List, and callers that disagree on n are not told: the
+// semaphore then admits up to the largest n any caller uses.
 func WithSizeCheck(on bool) Option {
 	return func(c *config) { c.sizeCheck = on }
 }
