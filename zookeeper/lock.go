@@ -396,20 +396,7 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, n *lockNo
 		// is the leader's; so the uncontended grant, decided by the create,
 		// needs no sync.)
 		start := time.Now()
-		type listing struct {
-			children []string
-			cversion int32
-		}
-		ls, err := call(ctx, d, func() (listing, error) {
-			if _, err := d.conn.Sync(n.parent); err != nil {
-				return listing{}, err
-			}
-			c, st, err := d.conn.Children(n.parent)
-			if err != nil {
-				return listing{}, err
-			}
-			return listing{c, st.Cversion}, nil
-		})
+		ls, err := d.syncedChildren(ctx, n.parent, false)
 		if err != nil {
 			if err := d.listFailed(ctx, err, n, &b); err != nil {
 				return nil, err
@@ -675,4 +662,35 @@ func (d *Driver) listFailed(ctx context.Context, err error, n *lockNode, b *back
 		return fmt.Errorf("list %s: %w", n.parent, err)
 	}
 	return d.pause(ctx, b, n.ses)
+}
+
+// childList is a listing of a node's children: with its cversion, and the
+// children watch if one was asked for.
+type childList struct {
+	children []string
+	cversion int32
+	ch       <-chan zk.Event
+}
+
+// syncedChildren lists parent's children after a sync, which the leader
+// answers (see wait), with a children watch if watch.
+func (d *Driver) syncedChildren(ctx context.Context, parent string, watch bool) (childList, error) {
+	return call(ctx, d, func() (childList, error) {
+		if _, err := d.conn.Sync(parent); err != nil {
+			return childList{}, err
+		}
+		var l childList
+		var st *zk.Stat
+		var err error
+		if watch {
+			l.children, st, l.ch, err = d.conn.ChildrenW(parent)
+		} else {
+			l.children, st, err = d.conn.Children(parent)
+		}
+		if err != nil {
+			return childList{}, err
+		}
+		l.cversion = st.Cversion
+		return l, nil
+	})
 }

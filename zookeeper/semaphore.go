@@ -291,17 +291,7 @@ func (d *Driver) waitPermit(ctx context.Context, req backend.AcquireRequest, n *
 		// As in wait: the listing that grants follows a sync, which the
 		// leader answers, and the validity counts from it.
 		start := time.Now()
-		type listing struct {
-			children []string
-			ch       <-chan zk.Event
-		}
-		ls, err := call(ctx, d, func() (listing, error) {
-			if _, err := d.conn.Sync(n.parent); err != nil {
-				return listing{}, err
-			}
-			c, _, ch, err := d.conn.ChildrenW(n.parent)
-			return listing{c, ch}, err
-		})
+		ls, err := d.syncedChildren(ctx, n.parent, true)
 		if err != nil {
 			if err := d.listFailed(ctx, err, n, &b); err != nil {
 				return nil, err
