@@ -11,22 +11,13 @@ import (
 	"github.com/dlock-go/dlock/memlock"
 )
 
-// slotsOnly is a driver that does not claim a semaphore layout of its own.
-type slotsOnly struct{ backend.Driver }
-
-func (d slotsOnly) Capabilities() backend.Capabilities {
-	c := d.Driver.Capabilities()
-	c.Counted = false
-	return c
-}
-
 // WithPermits is refused on a backend that does not claim Counted (before
 // the driver sees it), with a count that is not > 0, beside WithShared, and
 // for a key whose slot keys would be too long; a counted acquire under a
 // re-entrant hold of the same key is not nested in it.
 func TestPermitsOptions(t *testing.T) {
 	ctx := context.Background()
-	plain, err := dlock.New(slotsOnly{memlock.NewStore().NewDriver()})
+	plain, err := dlock.New(unclaimed{memlock.NewStore().NewDriver(), func(c *backend.Capabilities) { c.Counted = false }})
 	if err != nil {
 		t.Fatal(err)
 	}

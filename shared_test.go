@@ -11,12 +11,17 @@ import (
 	"github.com/dlock-go/dlock/memlock"
 )
 
-// exclusiveOnly is a driver that does not claim shared locks.
-type exclusiveOnly struct{ backend.Driver }
+// unclaimed is a driver that claims less than it can: its Capabilities
+// pass through drop, so that a test sees what a Locker does for a backend
+// without them.
+type unclaimed struct {
+	backend.Driver
+	drop func(*backend.Capabilities)
+}
 
-func (d exclusiveOnly) Capabilities() backend.Capabilities {
+func (d unclaimed) Capabilities() backend.Capabilities {
 	c := d.Driver.Capabilities()
-	c.Shared = false
+	d.drop(&c)
 	return c
 }
 
@@ -24,7 +29,7 @@ func (d exclusiveOnly) Capabilities() backend.Capabilities {
 // the driver sees it, and says why.
 func TestSharedUnsupported(t *testing.T) {
 	ctx := context.Background()
-	l, err := dlock.New(exclusiveOnly{memlock.NewStore().NewDriver()})
+	l, err := dlock.New(unclaimed{memlock.NewStore().NewDriver(), func(c *backend.Capabilities) { c.Shared = false }})
 	if err != nil {
 		t.Fatal(err)
 	}
