@@ -199,9 +199,17 @@ func childOf(label string) int {
 // Acquire returned: the release, or the loss the holder saw (a driver gives
 // back what is left of a lost lock, Redlock's keys on the nodes that still
 // had them), is what let b in, and b's request may have been on its way (a
-// retry) meanwhile.
+// retry) meanwhile. So it is, too, after a lease lost at its Deadline whose
+// holder then called Release before b's Acquire returned: the release gives
+// back what is left of the lock (a key the server had not yet expired), and
+// b's request, sent before, may have waited for it (seen on a loaded host:
+// a Redis lease lost at its Deadline, released 300ms later, and a waiter's
+// request sent before the loss granted just after the release).
 func (b *soakLease) startAfter(a *soakLease, faults []soakFault) int64 {
 	if _, how := a.until(); !a.lost || how != "Deadline" || b.sent == 0 {
+		return b.grant
+	}
+	if a.released != 0 && a.released < b.grant {
 		return b.grant
 	}
 	for _, f := range faults {

@@ -94,6 +94,12 @@ func TestFindOverlaps(t *testing.T) {
 	// whose lease held that lock.
 	add(soakLease{label: "p0.g12#1", key: "x", lock: "x/permits/0", grant: 2000, deadline: 2100, done: 2051, released: 2050})
 	add(soakLease{label: "p1.g12#1", key: "x", lock: "x/permits/0", grant: 2030, deadline: 2130, done: 2101, released: 2100})
+	// A lease lost at its Deadline whose holder then released what was left
+	// of the lock, before b's Acquire returned: b's request, sent before the
+	// loss, may have waited for that release (a Redis soak on a loaded host,
+	// no fault). None.
+	add(soakLease{label: "p1.g13#1", key: "y", grant: 7045, deadline: 7059, done: 7060, released: 7359, lost: true})
+	add(soakLease{label: "p2.g13#1", key: "y", grant: 7398, sent: 6764, deadline: 8396, done: 7643, released: 7641})
 	faults := []soakFault{
 		{f: RestartEmpty, child: 0, start: 22, healed: 24},
 		{f: PauseHolder, child: 1, start: 500, healed: 590},
