@@ -173,7 +173,7 @@ func (h *harness) Residue(t testing.TB, key string) []string {
 		// A waiter that gave up takes itself out of the queue (an empty
 		// sorted set is no key at all); the arrival counter stays, as the
 		// fence counter does, until it expires.
-		names = append(names, lk+":queue", lk+":qexp")
+		names = append(names, lk+":queue", lk+":qexp", lk+":qttl")
 	}
 	var left []string
 	for _, name := range names {

@@ -57,11 +57,16 @@ func acquireLease(t testing.TB, l dlock.Locker, key string) *dlock.Lease {
 	return lease
 }
 
+// fairKeys are FairAcquire's KEYS for k.
+func fairKeys(k *rediscore.Keys) []string {
+	return []string{k.Lock, k.Fence, k.Queue(), k.QueueExpiry(), k.QueueSeq(), k.QueueTTL()}
+}
+
 // TestFairDropsCrashedWaiter: a waiter that crashed while first in the queue
 // (its entry written by the real script, then never renewed) holds the queue
-// up for its own TTL and no longer: the live waiter behind it is granted
-// after the entry expires — not before (the order is kept), and not only at a
-// poll (the poll is 30s).
+// up for its own TTL and no longer: the release hands it the lock, which
+// expires after that TTL, and the live waiter behind it is granted then —
+// not before (the order is kept), and not only at a poll (the poll is 30s).
 func TestFairDropsCrashedWaiter(t *testing.T) {
 	srv := testenv.StartRedis(t)
 	raw := rawClient(t, srv)
@@ -75,15 +80,16 @@ func TestFairDropsCrashedWaiter(t *testing.T) {
 	}
 	k := rediscore.KeysFor(redis.DefaultPrefix, key)
 	const crashedTTL = time.Second
-	res, err := rediscore.FairAcquire.Run(ctx, raw, []string{k.Lock, k.Fence, k.Queue(), k.QueueExpiry(), k.QueueSeq()},
-		"crashed-waiter", 60000, "1", crashedTTL.Milliseconds(), k.Channel).Int64Slice()
-	if err != nil || len(res) != 3 || res[0] != 0 || res[2] != 0 {
-		t.Fatalf("the crashed waiter's enqueue: %v %v, want [0 pttl 0]", res, err)
+	// As the driver calls it: the lease TTL and the waiter's TTL are one.
+	res, err := rediscore.FairAcquire.Run(ctx, raw, fairKeys(k),
+		"crashed-waiter", crashedTTL.Milliseconds(), "1", crashedTTL.Milliseconds(), k.Channel).Int64Slice()
+	if err != nil || len(res) != 4 || res[0] != 0 || res[2] != 0 {
+		t.Fatalf("the crashed waiter's enqueue: %v %v, want [0 pttl 0 now]", res, err)
 	}
 	enqueued := time.Now()
 	got := waitingAcquire(ctx, waiter, key, dlock.WithTTL(3*time.Second))
 	waitFor(t, 5*time.Second, "live waiter queued", func() bool { return queueLen(t, raw, key) == 2 })
-	release(t, lease) // names the crashed waiter, which never comes
+	release(t, lease) // hands the lock to the crashed waiter, which never comes
 	r := <-got
 	if r.err != nil {
 		t.Fatal(r.err)
@@ -103,9 +109,10 @@ func TestFairDropsCrashedWaiter(t *testing.T) {
 }
 
 // TestFairHandoffWakesOnlyTheHead: with ten clients waiting, a release costs
-// the server the release script and the next waiter's acquire — not an
-// attempt from every waiting client — and the waiters are granted in the
-// order they queued.
+// the server the release script alone — it hands the lock to the head of the
+// queue, which makes no request of its own, and no other waiting client makes
+// one either — the waiters are granted in the order they queued, and each
+// grant's token is above the one before.
 func TestFairHandoffWakesOnlyTheHead(t *testing.T) {
 	srv := testenv.StartRedis(t)
 	raw := rawClient(t, srv)
@@ -142,8 +149,11 @@ func TestFairHandoffWakesOnlyTheHead(t *testing.T) {
 		}
 		calls := scriptCalls(t, raw) - before
 		t.Logf("hand-off %d: %d script calls", i, calls)
-		if calls > 2 {
-			t.Errorf("hand-off %d to waiter %d cost %d script calls, want 2 (release, the head's acquire)", i, i, calls)
+		if calls != 1 {
+			t.Errorf("hand-off %d to waiter %d cost %d script calls, want 1 (the release, which hands the lock over)", i, i, calls)
+		}
+		if r.lease.Token() <= lease.Token() {
+			t.Errorf("hand-off %d: token %d, not above the releaser's %d", i, r.lease.Token(), lease.Token())
 		}
 		for j := i + 1; j < n; j++ {
 			select {
@@ -155,4 +165,114 @@ func TestFairHandoffWakesOnlyTheHead(t *testing.T) {
 		lease = r.lease
 	}
 	release(t, lease)
+}
+
+// TestFairHandedLockPassedOnByAWaiterThatLeaves: a release hands the lock to
+// the head of the queue; if that waiter gives up at the same moment (its
+// leave request runs after the hand-off), its leave passes the lock on to the
+// next waiter at once, rather than leaving it held for the lease TTL the
+// waiter asked for. The head here is a waiter written by the real scripts.
+func TestFairHandedLockPassedOnByAWaiterThatLeaves(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	raw := rawClient(t, srv)
+	ctx := testCtx(t)
+	const key = "fair/leaves"
+	holder := openLocker(t, srv, "fair=true")
+	waiter := openLocker(t, srv, "fair=true&poll=30s")
+	lease, err := holder.Acquire(ctx, key, dlock.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := rediscore.KeysFor(redis.DefaultPrefix, key)
+	const ghost = "leaving-waiter"
+	ttl := time.Minute.Milliseconds()
+	res, err := rediscore.FairAcquire.Run(ctx, raw, fairKeys(k), ghost, ttl, "1", ttl, k.Channel).Int64Slice()
+	if err != nil || len(res) != 4 || res[0] != 0 || res[2] != 0 {
+		t.Fatalf("the leaving waiter's enqueue: %v %v, want [0 pttl 0 now]", res, err)
+	}
+	got := waitingAcquire(ctx, waiter, key, dlock.WithTTL(time.Minute))
+	waitFor(t, 5*time.Second, "second waiter queued", func() bool { return queueLen(t, raw, key) == 2 })
+	release(t, lease)
+	if v, err := raw.Get(ctx, k.Lock).Result(); err != nil || v != ghost {
+		t.Fatalf("after the release the lock's value is %q (%v), want the head of the queue, %q", v, err, ghost)
+	}
+	if pttl, err := raw.PTTL(ctx, k.Lock).Result(); err != nil || pttl <= 50*time.Second {
+		t.Fatalf("the handed lock's TTL is %v (%v), want the head's lease TTL, 1m", pttl, err)
+	}
+	select {
+	case r := <-got:
+		t.Fatalf("the second waiter was granted (%v) while the lock was the head's", r.err)
+	default:
+	}
+	left, err := rediscore.FairRelease.Run(ctx, raw, []string{k.Lock, k.Queue(), k.QueueExpiry(), k.Fence, k.QueueTTL()},
+		ghost, k.Channel, "1", "1").Int64()
+	if err != nil || left != 1 {
+		t.Fatalf("the head's leave: %v %v, want 1", left, err)
+	}
+	select {
+	case r := <-got:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if r.lease.Token() <= lease.Token() {
+			t.Errorf("the second waiter's token %d is not above the first holder's %d", r.lease.Token(), lease.Token())
+		}
+		release(t, r.lease)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the second waiter was not granted within 10s of the head's leave (the lock's TTL is 1m)")
+	}
+	if n := queueLen(t, raw, key); n != 0 {
+		t.Errorf("%d waiters left in the queue", n)
+	}
+}
+
+// TestFairIgnoresAStaleHandoff: a hand-off message older than the waiter's
+// last refused attempt (by the server's clock) is not believed: the lock it
+// handed over was lost before that attempt ran, since the attempt found it
+// another's. The waiter makes an attempt instead, and keeps waiting. (The
+// message is forged here, as such a late one would read.)
+func TestFairIgnoresAStaleHandoff(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	raw := rawClient(t, srv)
+	ctx := testCtx(t)
+	const key = "fair/stale-handoff"
+	holder := openLocker(t, srv, "fair=true")
+	waiter := openLocker(t, srv, "fair=true&poll=30s")
+	// Load the scripts first (a first run costs a NOSCRIPT and an EVAL), so
+	// the waiter's attempts can be counted one by one.
+	release(t, acquireLease(t, holder, key+"/warm-up"))
+	lease, err := holder.Acquire(ctx, key, dlock.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := rediscore.KeysFor(redis.DefaultPrefix, key)
+	base := scriptCalls(t, raw)
+	got := waitingAcquire(ctx, waiter, key, dlock.WithTTL(time.Minute))
+	// Its first attempt, then one once its subscription is confirmed; then
+	// it waits 10–20s.
+	waitFor(t, 5*time.Second, "the waiter's two attempts", func() bool { return scriptCalls(t, raw)-base == 2 })
+	name, err := raw.ZRange(ctx, k.Queue(), 0, 0).Result()
+	if err != nil || len(name) != 1 {
+		t.Fatalf("the queue: %v %v, want the waiter", name, err)
+	}
+	if err := raw.Publish(ctx, k.Channel, "!999 1 "+name[0]).Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "the waiter's attempt or grant after the message", func() bool {
+		return scriptCalls(t, raw)-base == 3 || len(got) > 0
+	})
+	select {
+	case r := <-got:
+		t.Fatalf("the waiter believed a stale hand-off: granted %v, token %d", r.err, r.lease.Token())
+	default:
+	}
+	release(t, lease)
+	r := <-got
+	if r.err != nil {
+		t.Fatal(r.err)
+	}
+	if r.lease.Token() <= lease.Token() {
+		t.Errorf("the waiter's token %d is not above the holder's %d", r.lease.Token(), lease.Token())
+	}
+	release(t, r.lease)
 }

@@ -93,11 +93,12 @@ type Options struct {
 
 	// Fair grants waiting Acquires in the order they began waiting (FIFO):
 	// waiters queue in Redis, next to the lock (the keys :queue, :qexp and
-	// :qseq, with the lock's hash tag), and a release wakes only the waiter
-	// at the head of the queue, so a hand-off costs the server the same two
-	// requests however many clients wait. A waiter renews its place within
-	// its own TTL (the lease TTL it asked for), so one that crashed is
-	// dropped after that TTL and holds the queue up no longer. TryAcquire
+	// :qseq, :qttl, with the lock's hash tag), and a release hands the lock
+	// to the waiter at the head of the queue in the same script, so a
+	// hand-off costs the server one request however many clients wait. A
+	// waiter renews its place within its own TTL (the lease TTL it asked
+	// for), so one that crashed is dropped after that TTL, or, handed the
+	// lock, loses it after that TTL, and holds the queue up no longer. TryAcquire
 	// takes a free lock only when nobody is queued. Every client of a key
 	// must use the same mode: the modes exclude each other, but a client
 	// without Fair ignores the queue and its waiters fall back to polling.
@@ -337,16 +338,28 @@ func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 	// space (see Inspect). Every script compares the whole value.
 	req.Owner = rediscore.HolderValue(req.Owner, req.Label)
 	k := rediscore.KeysFor(d.prefix, req.Key)
-	g, pttl, err := d.attempt(ctx, req, k, ms, validity)
+	g, ref, err := d.attempt(ctx, req, k, ms, validity)
 	switch {
 	case g != nil:
 		return g, nil
 	case err != nil && (!req.Wait || !rediscore.Transient(err) || ctx.Err() != nil):
 		return nil, waitEnded(ctx, err)
 	case !req.Wait:
-		return nil, heldError(pttl)
+		return nil, heldError(ref.pttl)
 	}
-	return d.wait(ctx, req, k, ms, validity, pttl, err)
+	return d.wait(ctx, req, k, ms, validity, ref, err)
+}
+
+// refusal is what an attempt that was not granted learnt.
+type refusal struct {
+	pttl time.Duration // the holder's remaining TTL; -1 if unknown
+	rank int64         // the caller's place in the fair queue (0: next, or not fair)
+	// In fair mode, when the attempt was sent (local time) and when the
+	// server ran it (its clock, µs): a lock handed to the caller later was
+	// handed over after this attempt ran if its hand-off time is not
+	// earlier, and then its TTL counts from after sent.
+	sent     time.Time
+	serverUS int64
 }
 
 // heldError is ErrHeld, with the holder's remaining TTL when known.
@@ -357,9 +370,9 @@ func heldError(pttl time.Duration) error {
 	return fmt.Errorf("%w (its TTL ends in %v unless renewed)", backend.ErrHeld, pttl)
 }
 
-// wait is Acquire's waiting loop; lastErr is the first attempt's error, if it
-// was transient.
-func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *rediscore.Keys, ms int64, validity, pttl time.Duration, lastErr error) (*backend.Grant, error) {
+// wait is Acquire's waiting loop; ref is the first attempt's refusal, and
+// lastErr its error, if it was transient.
+func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *rediscore.Keys, ms int64, validity time.Duration, ref refusal, lastErr error) (*backend.Grant, error) {
 	wake, ready := make(chan struct{}, 1), make(chan struct{}, 1)
 	id := ""
 	if d.opts.Fair {
@@ -381,11 +394,13 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *redisc
 	// the attempt and the subscription cannot go unnoticed; but never wait
 	// for the confirmation longer than a poll.
 	backoff := backend.Backoff{Min: 10 * time.Millisecond, Max: d.poll}
-	rank := int64(0)
-	next := d.nextWaitAt(pttl, rank, req.TTL)
+	next := d.nextWaitAt(ref.pttl, ref.rank, req.TTL)
 	if lastErr != nil {
 		next = backoff.Next()
 	}
+	// before is the last refusal that the server ran: a hand-off counts from
+	// it (see handedOver).
+	before := ref
 	timer := time.NewTimer(next)
 	defer timer.Stop()
 	select {
@@ -397,8 +412,12 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *redisc
 		return nil, errClosed
 	}
 	for {
+		if g := d.handedOver(ctx, w, req, k, validity, before); g != nil {
+			granted = true
+			return g, nil
+		}
 		var g *backend.Grant
-		g, pttl, rank, err = d.attemptRank(ctx, req, k, ms, validity)
+		g, ref, err = d.attempt(ctx, req, k, ms, validity)
 		switch {
 		case g != nil:
 			granted = true
@@ -406,7 +425,8 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *redisc
 		case err == nil:
 			lastErr = nil
 			backoff.Reset()
-			next = d.nextWaitAt(pttl, rank, req.TTL)
+			before = ref
+			next = d.nextWaitAt(ref.pttl, ref.rank, req.TTL)
 		case ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
 			// ctx is ending (the attempt saw its deadline a moment before
 			// ctx.Err does): report that, with the outage if there was one.
@@ -430,6 +450,35 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *redisc
 		case <-d.mux.Done():
 			return nil, errClosed
 		}
+	}
+}
+
+// handedOver returns the grant a fair-mode release handed to the waiter w,
+// if one did and the waiter may count on it; else nil, and the waiter
+// makes an attempt (which finds the lock its own if it was handed over, and
+// is granted again).
+//
+// The lock's TTL was set when the server handed it over. The grant counts
+// its validity from before: the last attempt of the waiter that the server
+// refused. That attempt ran before the hand-off — after it, the lock is the
+// waiter's and an attempt is granted — so the lease ends no later than the
+// lock, provided the hand-off is not older than that attempt: one that is
+// (its message arrived late, and the lock it handed over was lost before
+// the attempt ran) is ignored. With MinReplicas the waiter always makes its
+// own attempt, whose WAIT the grant needs.
+func (d *Driver) handedOver(ctx context.Context, w *rediscore.Waiter, req backend.AcquireRequest, k *rediscore.Keys, validity time.Duration, before refusal) *backend.Grant {
+	h, ok := w.TakeHandoff()
+	if !ok || d.opts.MinReplicas > 0 || before.sent.IsZero() || h.ServerUS < before.serverUS || ctx.Err() != nil {
+		// On ctx's end the wait's cleanup passes a handed lock on.
+		return nil
+	}
+	return &backend.Grant{
+		Key:      req.Key,
+		Owner:    req.Owner,
+		Token:    h.Token,
+		Start:    before.sent,
+		Validity: validity,
+		Data:     k,
 	}
 }
 
@@ -475,29 +524,36 @@ func (d *Driver) nextWaitAt(pttl time.Duration, rank int64, ttl time.Duration) t
 }
 
 // leaveQueue takes a fair-mode waiter that gives up out of the queue (and
-// names the next waiter if the lock is free), on a context detached from the
-// caller's and bounded by cleanupTimeout. If it fails, the entry expires
-// after the waiter's TTL.
+// hands the lock to the next waiter if it is free, or was handed to this
+// one meanwhile), on a context detached from the caller's and bounded by
+// cleanupTimeout. If it fails, the entry expires after the waiter's TTL (and
+// a lock handed to it, after its lease TTL).
 func (d *Driver) leaveQueue(ctx context.Context, owner string, k *rediscore.Keys) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	_ = rediscore.FairRelease.Run(ctx, d.client, []string{k.Lock, k.Queue(), k.QueueExpiry()}, owner, k.Channel, "1").Err()
+	_ = d.fairRelease(ctx, owner, k, "1").Err()
 }
 
-// attempt runs the acquire script once. It returns the grant, or the holder's
-// remaining TTL (-1 if unknown) when the lock is held. It leaves nothing
-// behind when it fails or when ctx ends while the grant is in flight.
-func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, k *rediscore.Keys, ms int64, validity time.Duration) (*backend.Grant, time.Duration, error) {
-	g, pttl, _, err := d.attemptRank(ctx, req, k, ms, validity)
-	return g, pttl, err
+// fairRelease runs the fair mode's release script: leave "1" takes a waiter
+// out of the queue, "0" releases a held lock. Either hands the lock to the
+// head of the queue, unless grants must wait for replicas (MinReplicas),
+// which only the head's own acquire can do: then it names the head.
+func (d *Driver) fairRelease(ctx context.Context, owner string, k *rediscore.Keys, leave string) *goredis.Cmd {
+	handOff := "1"
+	if d.opts.MinReplicas > 0 {
+		handOff = "0"
+	}
+	return rediscore.FairRelease.Run(ctx, d.client, []string{k.Lock, k.Queue(), k.QueueExpiry(), k.Fence, k.QueueTTL()},
+		owner, k.Channel, leave, handOff)
 }
 
-// attemptRank is attempt, also returning the caller's place in the fair
-// queue (0 outside fair mode). A waiting Acquire in fair mode joins the
-// queue.
-func (d *Driver) attemptRank(ctx context.Context, req backend.AcquireRequest, k *rediscore.Keys, ms int64, validity time.Duration) (*backend.Grant, time.Duration, int64, error) {
+// attempt runs the acquire script once. It returns the grant, or what the
+// refusal said when the lock is held (in fair mode, a waiting Acquire joins
+// the queue, and the refusal says where it stands). It leaves nothing behind
+// when it fails or when ctx ends while the grant is in flight.
+func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, k *rediscore.Keys, ms int64, validity time.Duration) (*backend.Grant, refusal, error) {
 	if err := ctx.Err(); err != nil {
-		return nil, 0, 0, err
+		return nil, refusal{}, err
 	}
 	start := time.Now()
 	// The grant is announced on the release channel for followers (Watch).
@@ -508,7 +564,7 @@ func (d *Driver) attemptRank(ctx context.Context, req backend.AcquireRequest, k 
 			join = "1"
 		}
 		script = rediscore.FairAcquire
-		keys = []string{k.Lock, k.Fence, k.Queue(), k.QueueExpiry(), k.QueueSeq()}
+		keys = []string{k.Lock, k.Fence, k.Queue(), k.QueueExpiry(), k.QueueSeq(), k.QueueTTL()}
 		args = []any{req.Owner, ms, join, req.TTL.Milliseconds(), k.Channel}
 	}
 	var (
@@ -526,11 +582,11 @@ func (d *Driver) attemptRank(ctx context.Context, req backend.AcquireRequest, k 
 				// failed) may not survive a failover: give it back.
 				if werr != nil {
 					d.cleanup(ctx, req.Owner, k)
-					return nil, 0, 0, fmt.Errorf("acquire: %w", werr)
+					return nil, refusal{}, fmt.Errorf("acquire: %w", werr)
 				}
 				if acks < int64(d.opts.MinReplicas) {
 					d.cleanup(ctx, req.Owner, k)
-					return nil, 0, 0, d.tooFew(acks)
+					return nil, refusal{}, d.tooFew(acks)
 				}
 			}
 		}
@@ -546,30 +602,29 @@ func (d *Driver) attemptRank(ctx context.Context, req backend.AcquireRequest, k 
 		if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
 			err = fmt.Errorf("%w (%w)", ctx.Err(), err)
 		}
-		return nil, 0, 0, fmt.Errorf("acquire script: %w", err)
+		return nil, refusal{}, fmt.Errorf("acquire script: %w", err)
 	}
 	refusedLen := 2
 	if d.opts.Fair {
-		refusedLen = 3 // with the caller's place in the queue
+		refusedLen = 4 // with the caller's place in the queue and the server's time
 	}
 	if !(len(res) == 2 && res[0] == 1) && !(len(res) == refusedLen && res[0] == 0) {
-		return nil, 0, 0, fmt.Errorf("acquire script: unexpected reply %v", res)
+		return nil, refusal{}, fmt.Errorf("acquire script: unexpected reply %v", res)
 	}
 	if res[0] == 0 {
-		pttl := time.Duration(-1)
+		ref := refusal{pttl: -1}
 		if res[1] >= 0 {
-			pttl = time.Duration(res[1]) * time.Millisecond
+			ref.pttl = time.Duration(res[1]) * time.Millisecond
 		}
-		var rank int64
-		if len(res) == 3 {
-			rank = res[2]
+		if len(res) == 4 {
+			ref.rank, ref.sent, ref.serverUS = res[2], start, res[3]
 		}
-		return nil, pttl, rank, nil
+		return nil, ref, nil
 	}
 	if ctx.Err() != nil {
 		// The grant raced the caller's cancellation: give it back.
 		d.cleanup(ctx, req.Owner, k)
-		return nil, 0, 0, ctx.Err()
+		return nil, refusal{}, ctx.Err()
 	}
 	return &backend.Grant{
 		Key:      req.Key,
@@ -578,7 +633,7 @@ func (d *Driver) attemptRank(ctx context.Context, req backend.AcquireRequest, k 
 		Start:    start,
 		Validity: validity,
 		Data:     k,
-	}, 0, 0, nil
+	}, refusal{}, nil
 }
 
 // cleanup releases owner's lock, if it holds it, on a context detached from
@@ -590,10 +645,10 @@ func (d *Driver) cleanup(ctx context.Context, owner string, k *rediscore.Keys) {
 }
 
 // release runs the release script for owner's lock: in fair mode, the one
-// that names the next waiter.
+// that hands it to the next waiter.
 func (d *Driver) release(ctx context.Context, owner string, k *rediscore.Keys) *goredis.Cmd {
 	if d.opts.Fair {
-		return rediscore.FairRelease.Run(ctx, d.client, []string{k.Lock, k.Queue(), k.QueueExpiry()}, owner, k.Channel, "0")
+		return d.fairRelease(ctx, owner, k, "0")
 	}
 	return rediscore.Release.Run(ctx, d.client, []string{k.Lock}, owner, k.Channel)
 }

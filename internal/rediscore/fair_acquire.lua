@@ -5,6 +5,7 @@
 -- KEYS[3]  the queue               <prefix>{<tag>}:queue   zset: waiter → arrival number
 -- KEYS[4]  the waiters' expiries   <prefix>{<tag>}:qexp    zset: waiter → expiry (server ms)
 -- KEYS[5]  the arrival counter     <prefix>{<tag>}:qseq
+-- KEYS[6]  the waiters' lease TTLs <prefix>{<tag>}:qttl    hash: waiter → TTL in ms
 -- ARGV[1]  the owner id (the lock's value; a waiter's name in the queue)
 -- ARGV[2]  the TTL in milliseconds
 -- ARGV[3]  '1': join (or stay in) the queue if not granted; '0': a try
@@ -18,10 +19,16 @@
 -- crashed waiter holds the queue up for at most its TTL. If the lock is free
 -- but another waiter heads the queue, the head is named on the release
 -- channel (its wake-up may have been lost, or the waiter before it dropped).
+-- A waiter records the lease TTL it asks for (KEYS[6]): a release hands the
+-- lock to the head of the queue with that TTL (fair_release.lua), and the
+-- head's next call finds the lock its own and is granted again (its hand-off
+-- message may have been lost).
 --
--- Returns {1, token} when granted, else {0, pttl, rank}: the holder's
--- remaining TTL in ms (-1 if none or not held), and the caller's place in the
--- queue (0 = next; -1 if not queued).
+-- Returns {1, token} when granted, else {0, pttl, rank, now}: the holder's
+-- remaining TTL in ms (-1 if none or not held), the caller's place in the
+-- queue (0 = next; -1 if not queued), and the server's time in µs (a waiter
+-- handed the lock later counts its lease from a call that ran before the
+-- hand-off, which it tells by this time).
 
 if redis.replicate_commands then redis.replicate_commands() end
 
@@ -34,6 +41,7 @@ for i = 1, #dead, 500 do
   local part = {unpack(dead, i, math.min(i + 499, #dead))}
   redis.call('ZREM', KEYS[4], unpack(part))
   redis.call('ZREM', KEYS[3], unpack(part))
+  redis.call('HDEL', KEYS[6], unpack(part))
 end
 
 local holder = redis.call('GET', KEYS[1])
@@ -42,6 +50,7 @@ local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
 local function grant()
   redis.call('ZREM', KEYS[3], ARGV[1])
   redis.call('ZREM', KEYS[4], ARGV[1])
+  redis.call('HDEL', KEYS[6], ARGV[1])
   -- As in acquire.lua: the counter, floored at the server's clock in µs.
   local token = redis.call('INCR', KEYS[2])
   if token < nowus then
@@ -53,7 +62,8 @@ local function grant()
 end
 
 if holder == ARGV[1] then
-  -- A retry of a grant whose reply was lost: grant it again.
+  -- A retry of a grant whose reply was lost, or a hand-off whose message
+  -- was: grant it again.
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return grant()
 end
@@ -69,8 +79,9 @@ if ARGV[3] == '1' then
   end
   local wttl = tonumber(ARGV[4])
   redis.call('ZADD', KEYS[4], nowms + wttl, ARGV[1])
+  redis.call('HSET', KEYS[6], ARGV[1], ARGV[2])
   -- The queue's keys outlive their last waiter by a little, then go.
-  for i = 3, 5 do redis.call('PEXPIRE', KEYS[i], 2 * wttl) end
+  for i = 3, 6 do redis.call('PEXPIRE', KEYS[i], 2 * wttl) end
 end
 if not holder and head and head ~= ARGV[1] then
   redis.call('PUBLISH', ARGV[5], head)
@@ -79,4 +90,4 @@ local rank = redis.call('ZRANK', KEYS[3], ARGV[1])
 if not rank then rank = -1 end
 local pttl = -1
 if holder then pttl = redis.call('PTTL', KEYS[1]) end
-return {0, pttl, rank}
+return {0, pttl, rank, nowus}

@@ -1,28 +1,43 @@
--- fair_release: delete the lock if this owner holds it, and wake the next
--- waiter (the Redis driver's fair mode; see fair_acquire.lua). Also what a
--- waiter that gives up runs (ARGV[3] = '1'): it leaves the queue, and if the
--- lock is free, wakes the waiter now at its head.
+-- fair_release: delete the lock if this owner holds it, and hand it to the
+-- next waiter (the Redis driver's fair mode; see fair_acquire.lua). Also what
+-- a waiter that gives up runs (ARGV[3] = '1'): it leaves the queue, and if
+-- the lock is free, or was handed to it meanwhile, passes it on the same way.
 --
 -- KEYS[1]  the lock key            <prefix>{<tag>}
 -- KEYS[2]  the queue               <prefix>{<tag>}:queue
 -- KEYS[3]  the waiters' expiries   <prefix>{<tag>}:qexp
+-- KEYS[4]  the fencing counter     <prefix>{<tag>}:fence
+-- KEYS[5]  the waiters' lease TTLs <prefix>{<tag>}:qttl
 -- ARGV[1]  the owner id
 -- ARGV[2]  the release channel     <prefix>{<tag>}:released
 -- ARGV[3]  '1': leave the queue rather than release the lock
+-- ARGV[4]  '1': hand the lock to the head of the queue; '0': only name the
+--          head on the channel, which then takes the lock with its own
+--          acquire (a driver whose grants must be acknowledged by replicas,
+--          which only the grantee's own request can wait for)
 --
--- The message names the waiter at the head of the queue (its TTL not yet
--- passed), or is empty if none waits: waiters of other modes treat any
--- message as a wake-up.
+-- The head is the first waiter whose TTL has not passed. Handed the lock,
+-- it becomes the holder at once, with the lease TTL it asked for and the
+-- next token, and the message "!<token> <now> <head>" tells it so (now: the
+-- server's time in µs); it needs no request of its own. Otherwise the
+-- message names the head, or is empty if none waits: waiters of other modes
+-- treat any message as a wake-up.
 --
--- Returns 1 if the lock was this owner's and is now deleted (or, leaving,
--- if the caller was queued), else 0.
+-- Returns 1 if the lock was this owner's and is now released (or, leaving,
+-- if the caller was queued or handed the lock), else 0.
 if redis.replicate_commands then redis.replicate_commands() end
 
 local done = 0
 if ARGV[3] == '1' then
   done = redis.call('ZREM', KEYS[2], ARGV[1])
   redis.call('ZREM', KEYS[3], ARGV[1])
-  if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('HDEL', KEYS[5], ARGV[1])
+  local holder = redis.call('GET', KEYS[1])
+  if holder == ARGV[1] then
+    -- Handed the lock as it gave up: pass it on.
+    redis.call('DEL', KEYS[1])
+    done = 1
+  elseif holder then
     return done
   end
 elseif redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -32,7 +47,8 @@ else
   return 0
 end
 local t = redis.call('TIME')
-local nowms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local nowms = math.floor(nowus / 1000)
 local head = ''
 for _, w in ipairs(redis.call('ZRANGE', KEYS[2], 0, 9)) do
   local exp = redis.call('ZSCORE', KEYS[3], w)
@@ -41,5 +57,23 @@ for _, w in ipairs(redis.call('ZRANGE', KEYS[2], 0, 9)) do
     break
   end
 end
-redis.call('PUBLISH', ARGV[2], head)
+local ttl = nil
+if head ~= '' and ARGV[4] == '1' then
+  ttl = redis.call('HGET', KEYS[5], head)
+end
+if not ttl then
+  redis.call('PUBLISH', ARGV[2], head)
+  return done
+end
+redis.call('SET', KEYS[1], head, 'PX', ttl)
+redis.call('ZREM', KEYS[2], head)
+redis.call('ZREM', KEYS[3], head)
+redis.call('HDEL', KEYS[5], head)
+-- As in acquire.lua: the counter, floored at the server's clock in µs.
+local token = redis.call('INCR', KEYS[4])
+if token < nowus then
+  token = nowus
+  redis.call('SET', KEYS[4], string.format('%.0f', nowus))
+end
+redis.call('PUBLISH', ARGV[2], '!' .. string.format('%.0f', token) .. ' ' .. string.format('%.0f', nowus) .. ' ' .. head)
 return done

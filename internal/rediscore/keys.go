@@ -31,7 +31,8 @@ func FenceKey(prefix, key string) string { return LockKey(prefix, key) + ":fence
 func ReleaseChannel(prefix, key string) string { return LockKey(prefix, key) + ":released" }
 
 // Keys are the Redis names of one dlock key. A held lease keeps its Keys, so
-// the fair mode's names are made when needed (Queue, QueueExpiry, QueueSeq).
+// the fair mode's names are made when needed (Queue, QueueExpiry, QueueSeq,
+// QueueTTL).
 type Keys struct {
 	Lock, Fence, Channel string
 }
@@ -51,6 +52,10 @@ func (k *Keys) QueueExpiry() string { return k.Lock + ":qexp" }
 
 // QueueSeq is the fair mode's arrival counter.
 func (k *Keys) QueueSeq() string { return k.Lock + ":qseq" }
+
+// QueueTTL is the fair mode's waiters' lease TTLs, in ms: what a release
+// that hands the lock to the head of the queue sets as its TTL.
+func (k *Keys) QueueTTL() string { return k.Lock + ":qttl" }
 
 // CheckPrefix reports why prefix cannot prefix the drivers' keys.
 func CheckPrefix(prefix string) error {

@@ -6,7 +6,9 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -69,6 +71,41 @@ type Waiter struct {
 	observer bool   // woken by every message, and never takes one from a waiter
 	wake     chan<- struct{}
 	ready    chan<- struct{}
+	handoff  atomic.Pointer[Handoff] // set by a hand-off message naming id
+}
+
+// Handoff is what a fair-mode release tells the waiter it handed the lock
+// to (package redis, fair_release.lua): the lock is the waiter's already,
+// with the lease TTL it asked for.
+type Handoff struct {
+	Token    uint64 // the grant's fencing token
+	ServerUS int64  // the server's time when it handed the lock over, in µs
+}
+
+// ParseHandoff reads a hand-off message, "!<token> <server µs> <waiter>".
+func ParseHandoff(payload string) (h Handoff, waiter string, ok bool) {
+	rest, found := strings.CutPrefix(payload, "!")
+	if !found {
+		return h, "", false
+	}
+	tok, rest, _ := strings.Cut(rest, " ")
+	now, waiter, _ := strings.Cut(rest, " ")
+	var err1, err2 error
+	h.Token, err1 = strconv.ParseUint(tok, 10, 64)
+	h.ServerUS, err2 = strconv.ParseInt(now, 10, 64)
+	if err1 != nil || err2 != nil || waiter == "" {
+		return Handoff{}, "", false
+	}
+	return h, waiter, true
+}
+
+// TakeHandoff returns the hand-off made to w since the last call, if any.
+func (w *Waiter) TakeHandoff() (Handoff, bool) {
+	h := w.handoff.Swap(nil)
+	if h == nil {
+		return Handoff{}, false
+	}
+	return *h, true
 }
 
 type opKind int
@@ -338,7 +375,7 @@ func (m *Mux) requestPing() {
 }
 
 // dispatch wakes the first waiter on channel, or, if the message names a
-// waiter (fair mode), that waiter if it is here. One waiter per process is
+// waiter or hands it the lock (fair mode), that waiter if it is here. One waiter per process is
 // enough: if it takes the lock, its release wakes the next; if it leaves
 // without it, unsubscribe passes the wake-up on. Waiters in other processes
 // get the message on their own connections.
@@ -363,8 +400,16 @@ func (m *Mux) dispatch(channel, payload string) {
 		}
 		return
 	}
+	id := payload
+	h, handedTo, handed := ParseHandoff(payload)
+	if handed {
+		id = handedTo
+	}
 	for _, w := range st.waiters {
-		if !w.observer && w.id == payload {
+		if !w.observer && w.id == id {
+			if handed {
+				w.handoff.Store(&h)
+			}
 			signal(w.wake)
 			return
 		}
