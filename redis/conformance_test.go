@@ -136,12 +136,23 @@ func BenchmarkConformance(b *testing.B) {
 	conformance.RunBenchmarks(b, newHarness(b))
 }
 
-// Waiters counts the subscribers to key's release channel: the waiters.
+// Waiters counts the waiters: in fair mode the queue, else the subscribers
+// to key's release channel.
 func (h *harness) Waiters(t testing.TB, key string) int {
 	t.Helper()
 	prefix := redis.DefaultPrefix
 	if h.opts != nil && h.opts.Prefix != "" {
 		prefix = h.opts.Prefix
+	}
+	if h.opts != nil && h.opts.Fair {
+		// Fair waiters listen on their clients' own channels; the queue
+		// counts them.
+		q := redis.LockKey(prefix, key) + ":queue"
+		n, err := h.raw.ZCard(context.Background(), q).Result()
+		if err != nil {
+			t.Fatalf("ZCARD %s: %v", q, err)
+		}
+		return int(n)
 	}
 	ch := redis.ReleaseChannel(prefix, key)
 	m, err := h.raw.PubSubNumSub(context.Background(), ch).Result()
@@ -173,7 +184,7 @@ func (h *harness) Residue(t testing.TB, key string) []string {
 		// A waiter that gave up takes itself out of the queue (an empty
 		// sorted set is no key at all); the arrival counter stays, as the
 		// fence counter does, until it expires.
-		names = append(names, lk+":queue", lk+":qexp", lk+":qttl")
+		names = append(names, lk+":queue", lk+":qexp", lk+":qwait")
 	}
 	var left []string
 	for _, name := range names {

@@ -57,9 +57,20 @@ func acquireLease(t testing.TB, l dlock.Locker, key string) *dlock.Lease {
 	return lease
 }
 
+// waiterChannels are the fair-mode clients' wake-up channels that have
+// subscribers.
+func waiterChannels(t testing.TB, c *goredis.Client) []string {
+	t.Helper()
+	chans, err := c.PubSubChannels(context.Background(), redis.DefaultPrefix+"waiters:*").Result()
+	if err != nil {
+		t.Fatalf("PUBSUB CHANNELS: %v", err)
+	}
+	return chans
+}
+
 // fairKeys are FairAcquire's KEYS for k.
 func fairKeys(k *rediscore.Keys) []string {
-	return []string{k.Lock, k.Fence, k.Queue(), k.QueueExpiry(), k.QueueSeq(), k.QueueTTL()}
+	return []string{k.Lock, k.Fence, k.Queue(), k.QueueExpiry(), k.QueueSeq(), k.QueueWait()}
 }
 
 // TestFairDropsCrashedWaiter: a waiter that crashed while first in the queue
@@ -82,7 +93,7 @@ func TestFairDropsCrashedWaiter(t *testing.T) {
 	const crashedTTL = time.Second
 	// As the driver calls it: the lease TTL and the waiter's TTL are one.
 	res, err := rediscore.FairAcquire.Run(ctx, raw, fairKeys(k),
-		"crashed-waiter", crashedTTL.Milliseconds(), "1", crashedTTL.Milliseconds(), k.Channel).Int64Slice()
+		"crashed-waiter", crashedTTL.Milliseconds(), "1", crashedTTL.Milliseconds(), k.Channel, "crashed-waiter's channel").Int64Slice()
 	if err != nil || len(res) != 4 || res[0] != 0 || res[2] != 0 {
 		t.Fatalf("the crashed waiter's enqueue: %v %v, want [0 pttl 0 now]", res, err)
 	}
@@ -133,12 +144,15 @@ func TestFairHandoffWakesOnlyTheHead(t *testing.T) {
 		waits[i] = waitingAcquire(ctx, l, key, dlock.WithTTL(time.Minute))
 		waitFor(t, 5*time.Second, "waiter queued", func() bool { return queueLen(t, raw, key) == int64(i+1) })
 	}
-	// Every waiter has subscribed and made its attempt after the
-	// confirmation: nothing more until a release (renewals come every
-	// 10–20s at TTL 1m).
+	// Every waiter has subscribed to its client's own channel, not the
+	// key's, and made its attempt after the confirmation: nothing more until
+	// a release (renewals come every 10–20s at TTL 1m).
 	waitFor(t, 5*time.Second, "waiters subscribed", func() bool {
-		return numSub(t, raw, redis.ReleaseChannel(redis.DefaultPrefix, key)) == n
+		return len(waiterChannels(t, raw)) == n
 	})
+	if subs := numSub(t, raw, redis.ReleaseChannel(redis.DefaultPrefix, key)); subs != 0 {
+		t.Errorf("%d clients subscribed to the key's release channel, want 0 (fair waiters hear only their own channel)", subs)
+	}
 	time.Sleep(100 * time.Millisecond)
 	for i := range n {
 		before := scriptCalls(t, raw)
@@ -186,7 +200,7 @@ func TestFairHandedLockPassedOnByAWaiterThatLeaves(t *testing.T) {
 	k := rediscore.KeysFor(redis.DefaultPrefix, key)
 	const ghost = "leaving-waiter"
 	ttl := time.Minute.Milliseconds()
-	res, err := rediscore.FairAcquire.Run(ctx, raw, fairKeys(k), ghost, ttl, "1", ttl, k.Channel).Int64Slice()
+	res, err := rediscore.FairAcquire.Run(ctx, raw, fairKeys(k), ghost, ttl, "1", ttl, k.Channel, "leaving waiter's channel").Int64Slice()
 	if err != nil || len(res) != 4 || res[0] != 0 || res[2] != 0 {
 		t.Fatalf("the leaving waiter's enqueue: %v %v, want [0 pttl 0 now]", res, err)
 	}
@@ -204,7 +218,7 @@ func TestFairHandedLockPassedOnByAWaiterThatLeaves(t *testing.T) {
 		t.Fatalf("the second waiter was granted (%v) while the lock was the head's", r.err)
 	default:
 	}
-	left, err := rediscore.FairRelease.Run(ctx, raw, []string{k.Lock, k.Queue(), k.QueueExpiry(), k.Fence, k.QueueTTL()},
+	left, err := rediscore.FairRelease.Run(ctx, raw, []string{k.Lock, k.Queue(), k.QueueExpiry(), k.Fence, k.QueueWait()},
 		ghost, k.Channel, "1", "1").Int64()
 	if err != nil || left != 1 {
 		t.Fatalf("the head's leave: %v %v, want 1", left, err)
@@ -255,7 +269,11 @@ func TestFairIgnoresAStaleHandoff(t *testing.T) {
 	if err != nil || len(name) != 1 {
 		t.Fatalf("the queue: %v %v, want the waiter", name, err)
 	}
-	if err := raw.Publish(ctx, k.Channel, "!999 1 "+name[0]).Err(); err != nil {
+	chans := waiterChannels(t, raw)
+	if len(chans) != 1 {
+		t.Fatalf("waiter channels %q, want the waiter's", chans)
+	}
+	if err := raw.Publish(ctx, chans[0], "!999 1 "+name[0]).Err(); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 5*time.Second, "the waiter's attempt or grant after the message", func() bool {

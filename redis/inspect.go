@@ -123,7 +123,8 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, e
 // Break implements backend.Breaker: it deletes the lock key if it still
 // holds the holder Inspect read (so a holder that changed meanwhile is not
 // touched), keeps the fencing counter, and publishes the release so that
-// waiters try at once. The broken holder learns it at its next renewal.
+// waiters try at once (in fair mode, it hands the lock to the head of the
+// queue, as a release does). The broken holder learns it at its next renewal.
 func (d *Driver) Break(ctx context.Context, key string) (backend.LockInfo, error) {
 	if d.closed.Load() {
 		return backend.LockInfo{}, errClosed
@@ -136,7 +137,14 @@ func (d *Driver) Break(ctx context.Context, key string) (backend.LockInfo, error
 	if !info.Held {
 		return info, fmt.Errorf("key %q: %w", key, backend.ErrNotHeld)
 	}
-	n, err := rediscore.Break.Run(ctx, d.client, []string{k.Lock}, rediscore.HolderValue(info.Owner, info.Label), k.Channel).Int64()
+	holder := rediscore.HolderValue(info.Owner, info.Label)
+	var n int64
+	if d.opts.Fair {
+		// As a release: the lock goes to the head of the queue.
+		n, err = d.fairRelease(ctx, holder, k, "0").Int64()
+	} else {
+		n, err = rediscore.Break.Run(ctx, d.client, []string{k.Lock}, holder, k.Channel).Int64()
+	}
 	if err != nil {
 		return info, fmt.Errorf("break %s: %w", k.Lock, err)
 	}

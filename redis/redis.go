@@ -93,9 +93,11 @@ type Options struct {
 
 	// Fair grants waiting Acquires in the order they began waiting (FIFO):
 	// waiters queue in Redis, next to the lock (the keys :queue, :qexp and
-	// :qseq, :qttl, with the lock's hash tag), and a release hands the lock
-	// to the waiter at the head of the queue in the same script, so a
-	// hand-off costs the server one request however many clients wait. A
+	// :qseq, :qwait, with the lock's hash tag), and a release hands the lock
+	// to the waiter at the head of the queue in the same script and tells
+	// that waiter's client alone (on the driver's own channel,
+	// <prefix>waiters:<id>), so a hand-off costs the server one request and
+	// one message however many clients wait. A
 	// waiter renews its place within its own TTL (the lease TTL it asked
 	// for), so one that crashed is dropped after that TTL, or, handed the
 	// lock, loses it after that TTL, and holds the queue up no longer. TryAcquire
@@ -159,6 +161,11 @@ type Driver struct {
 	mux    *rediscore.Mux
 	closed atomic.Bool
 
+	// wakeChannel is the driver's own pub/sub channel in fair mode: a
+	// release hands the lock to one of its waiters, or names it, there, so
+	// no other client hears of it (see Options.Fair).
+	wakeChannel string
+
 	watches sync.WaitGroup // Watch's goroutines
 }
 
@@ -187,11 +194,12 @@ func NewDriver(client goredis.UniversalClient, opts *Options) (*Driver, error) {
 		return nil, fmt.Errorf("%w: %w", dlock.ErrInvalidOption, err)
 	}
 	return &Driver{
-		client: client,
-		prefix: o.Prefix,
-		poll:   o.PollInterval,
-		opts:   o,
-		mux:    rediscore.NewMux(client, errClosed),
+		client:      client,
+		prefix:      o.Prefix,
+		poll:        o.PollInterval,
+		opts:        o,
+		mux:         rediscore.NewMux(client, errClosed),
+		wakeChannel: rediscore.WaiterChannel(o.Prefix, backend.NewOwnerID()),
 	}, nil
 }
 
@@ -374,11 +382,13 @@ func heldError(pttl time.Duration) error {
 // lastErr its error, if it was transient.
 func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *rediscore.Keys, ms int64, validity time.Duration, ref refusal, lastErr error) (*backend.Grant, error) {
 	wake, ready := make(chan struct{}, 1), make(chan struct{}, 1)
-	id := ""
+	channel, id := k.Channel, ""
 	if d.opts.Fair {
-		id = req.Owner
+		// The driver's own channel: a release tells the waiter it hands the
+		// lock to, by name, and nobody else.
+		channel, id = d.wakeChannel, req.Owner
 	}
-	w, err := d.mux.SubscribeAs(k.Channel, id, wake, ready)
+	w, err := d.mux.SubscribeAs(channel, id, wake, ready)
 	if err != nil {
 		return nil, err
 	}
@@ -543,7 +553,7 @@ func (d *Driver) fairRelease(ctx context.Context, owner string, k *rediscore.Key
 	if d.opts.MinReplicas > 0 {
 		handOff = "0"
 	}
-	return rediscore.FairRelease.Run(ctx, d.client, []string{k.Lock, k.Queue(), k.QueueExpiry(), k.Fence, k.QueueTTL()},
+	return rediscore.FairRelease.Run(ctx, d.client, []string{k.Lock, k.Queue(), k.QueueExpiry(), k.Fence, k.QueueWait()},
 		owner, k.Channel, leave, handOff)
 }
 
@@ -564,8 +574,8 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, k *red
 			join = "1"
 		}
 		script = rediscore.FairAcquire
-		keys = []string{k.Lock, k.Fence, k.Queue(), k.QueueExpiry(), k.QueueSeq(), k.QueueTTL()}
-		args = []any{req.Owner, ms, join, req.TTL.Milliseconds(), k.Channel}
+		keys = []string{k.Lock, k.Fence, k.Queue(), k.QueueExpiry(), k.QueueSeq(), k.QueueWait()}
+		args = []any{req.Owner, ms, join, req.TTL.Milliseconds(), k.Channel, d.wakeChannel}
 	}
 	var (
 		res []int64

@@ -58,13 +58,19 @@ func TestClusterConformance(t *testing.T) {
 // TestClusterDSNAndWakeUp opens redis+cluster:// DSNs and checks, for keys
 // on each of the three masters, that a waiter is woken by the release's
 // PUBLISH (which Redis Cluster broadcasts to every node) well before its 10s
-// poll.
+// poll; in fair mode, that the release hands the lock to the waiter on its
+// client's own channel, which need not live on the key's master.
 func TestClusterDSNAndWakeUp(t *testing.T) {
 	t.Parallel()
 	cl := testenv.StartCluster(t)
+	t.Run("default", func(t *testing.T) { testClusterWakeUp(t, cl, "") })
+	t.Run("fair", func(t *testing.T) { testClusterWakeUp(t, cl, "&fair=true") })
+}
+
+func testClusterWakeUp(t *testing.T, cl *testenv.Cluster, mode string) {
 	ctx := testCtx(t)
-	a := openDSN(t, cl.URL()+"?poll=10s")
-	b := openDSN(t, cl.URL()+"?poll=10s")
+	a := openDSN(t, cl.URL()+"?poll=10s"+mode)
+	b := openDSN(t, cl.URL()+"?poll=10s"+mode)
 	cc := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cl.Addrs()})
 	t.Cleanup(func() { _ = cc.Close() })
 	var nodes []*goredis.Client
@@ -104,7 +110,11 @@ func TestClusterDSNAndWakeUp(t *testing.T) {
 		waitFor(t, 5*time.Second, "waiter subscribed", func() bool {
 			var n int64
 			for _, c := range nodes {
-				n += numSub(t, c, ch)
+				if mode == "" {
+					n += numSub(t, c, ch)
+				} else {
+					n += int64(len(waiterChannels(t, c)))
+				}
 			}
 			return n > 0
 		})

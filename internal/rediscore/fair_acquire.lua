@@ -5,7 +5,7 @@
 -- KEYS[3]  the queue               <prefix>{<tag>}:queue   zset: waiter → arrival number
 -- KEYS[4]  the waiters' expiries   <prefix>{<tag>}:qexp    zset: waiter → expiry (server ms)
 -- KEYS[5]  the arrival counter     <prefix>{<tag>}:qseq
--- KEYS[6]  the waiters' lease TTLs <prefix>{<tag>}:qttl    hash: waiter → TTL in ms
+-- KEYS[6]  the waiters' records    <prefix>{<tag>}:qwait   hash: waiter → "<ttl ms> <channel>"
 -- ARGV[1]  the owner id (the lock's value; a waiter's name in the queue)
 -- ARGV[2]  the TTL in milliseconds
 -- ARGV[3]  '1': join (or stay in) the queue if not granted; '0': a try
@@ -13,16 +13,19 @@
 --          queue unless it calls again within it
 -- ARGV[5]  the release channel     <prefix>{<tag>}:released, on which a
 --          grant is announced with the message "+" (for followers)
+-- ARGV[6]  with ARGV[3] '1': the waiter's wake-up channel, one per client
+--          (<prefix>waiters:<id>), on which the lock is handed to it or it
+--          is named when it heads the queue of a free lock
 --
 -- The lock is granted when it is free and the caller heads the queue (or the
 -- queue is empty). Waiters whose TTL has passed are dropped first, so a
 -- crashed waiter holds the queue up for at most its TTL. If the lock is free
--- but another waiter heads the queue, the head is named on the release
--- channel (its wake-up may have been lost, or the waiter before it dropped).
--- A waiter records the lease TTL it asks for (KEYS[6]): a release hands the
--- lock to the head of the queue with that TTL (fair_release.lua), and the
--- head's next call finds the lock its own and is granted again (its hand-off
--- message may have been lost).
+-- but another waiter heads the queue, the head is named on its wake-up
+-- channel (its message may have been lost, or the waiter before it dropped).
+-- A waiter records the lease TTL it asks for and its channel (KEYS[6]): a
+-- release hands the lock to the head of the queue with that TTL
+-- (fair_release.lua), and the head's next call finds the lock its own and is
+-- granted again (its hand-off message may have been lost).
 --
 -- Returns {1, token} when granted, else {0, pttl, rank, now}: the holder's
 -- remaining TTL in ms (-1 if none or not held), the caller's place in the
@@ -79,12 +82,14 @@ if ARGV[3] == '1' then
   end
   local wttl = tonumber(ARGV[4])
   redis.call('ZADD', KEYS[4], nowms + wttl, ARGV[1])
-  redis.call('HSET', KEYS[6], ARGV[1], ARGV[2])
+  redis.call('HSET', KEYS[6], ARGV[1], ARGV[2] .. ' ' .. ARGV[6])
   -- The queue's keys outlive their last waiter by a little, then go.
   for i = 3, 6 do redis.call('PEXPIRE', KEYS[i], 2 * wttl) end
 end
 if not holder and head and head ~= ARGV[1] then
-  redis.call('PUBLISH', ARGV[5], head)
+  local rec = redis.call('HGET', KEYS[6], head)
+  local ch = rec and string.match(rec, '^%d+ (.+)$')
+  redis.call('PUBLISH', ch or ARGV[5], head)
 end
 local rank = redis.call('ZRANK', KEYS[3], ARGV[1])
 if not rank then rank = -1 end

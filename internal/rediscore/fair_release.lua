@@ -7,7 +7,7 @@
 -- KEYS[2]  the queue               <prefix>{<tag>}:queue
 -- KEYS[3]  the waiters' expiries   <prefix>{<tag>}:qexp
 -- KEYS[4]  the fencing counter     <prefix>{<tag>}:fence
--- KEYS[5]  the waiters' lease TTLs <prefix>{<tag>}:qttl
+-- KEYS[5]  the waiters' records    <prefix>{<tag>}:qwait   hash: waiter → "<ttl ms> <channel>"
 -- ARGV[1]  the owner id
 -- ARGV[2]  the release channel     <prefix>{<tag>}:released
 -- ARGV[3]  '1': leave the queue rather than release the lock
@@ -18,10 +18,13 @@
 --
 -- The head is the first waiter whose TTL has not passed. Handed the lock,
 -- it becomes the holder at once, with the lease TTL it asked for and the
--- next token, and the message "!<token> <now> <head>" tells it so (now: the
--- server's time in µs); it needs no request of its own. Otherwise the
--- message names the head, or is empty if none waits: waiters of other modes
--- treat any message as a wake-up.
+-- next token, and the message "!<token> <now> <head>" on its wake-up channel
+-- tells it so (now: the server's time in µs); it needs no request of its
+-- own, and no other waiting client hears of it. Followers hear "+" on the
+-- release channel, as for any grant. Otherwise the head is named on its
+-- wake-up channel, or, if none waits, the release channel gets an empty
+-- message (waiters of the default mode treat any message but "+" as a
+-- wake-up).
 --
 -- Returns 1 if the lock was this owner's and is now released (or, leaving,
 -- if the caller was queued or handed the lock), else 0.
@@ -57,12 +60,17 @@ for _, w in ipairs(redis.call('ZRANGE', KEYS[2], 0, 9)) do
     break
   end
 end
-local ttl = nil
-if head ~= '' and ARGV[4] == '1' then
-  ttl = redis.call('HGET', KEYS[5], head)
+local ttl, ch = nil, nil
+if head ~= '' then
+  local rec = redis.call('HGET', KEYS[5], head)
+  if rec then ttl, ch = string.match(rec, '^(%d+) (.+)$') end
 end
-if not ttl then
+if not ch then
   redis.call('PUBLISH', ARGV[2], head)
+  return done
+end
+if ARGV[4] ~= '1' then
+  redis.call('PUBLISH', ch, head)
   return done
 end
 redis.call('SET', KEYS[1], head, 'PX', ttl)
@@ -75,5 +83,6 @@ if token < nowus then
   token = nowus
   redis.call('SET', KEYS[4], string.format('%.0f', nowus))
 end
-redis.call('PUBLISH', ARGV[2], '!' .. string.format('%.0f', token) .. ' ' .. string.format('%.0f', nowus) .. ' ' .. head)
+redis.call('PUBLISH', ch, '!' .. string.format('%.0f', token) .. ' ' .. string.format('%.0f', nowus) .. ' ' .. head)
+redis.call('PUBLISH', ARGV[2], '+')
 return done

@@ -30,9 +30,14 @@ func FenceKey(prefix, key string) string { return LockKey(prefix, key) + ":fence
 // announcing that key was released.
 func ReleaseChannel(prefix, key string) string { return LockKey(prefix, key) + ":released" }
 
+// WaiterChannel returns "<prefix>waiters:<id>", the pub/sub channel of one
+// client's fair-mode waiters (package redis, Options.Fair): a release that
+// hands the lock to one of them, or names it, publishes there.
+func WaiterChannel(prefix, id string) string { return prefix + "waiters:" + id }
+
 // Keys are the Redis names of one dlock key. A held lease keeps its Keys, so
 // the fair mode's names are made when needed (Queue, QueueExpiry, QueueSeq,
-// QueueTTL).
+// QueueWait).
 type Keys struct {
 	Lock, Fence, Channel string
 }
@@ -53,9 +58,10 @@ func (k *Keys) QueueExpiry() string { return k.Lock + ":qexp" }
 // QueueSeq is the fair mode's arrival counter.
 func (k *Keys) QueueSeq() string { return k.Lock + ":qseq" }
 
-// QueueTTL is the fair mode's waiters' lease TTLs, in ms: what a release
-// that hands the lock to the head of the queue sets as its TTL.
-func (k *Keys) QueueTTL() string { return k.Lock + ":qttl" }
+// QueueWait is the fair mode's record of each waiter's lease TTL (ms) and
+// wake-up channel, "<ttl> <channel>": a release that hands the lock to the
+// head of the queue sets that TTL and tells that channel.
+func (k *Keys) QueueWait() string { return k.Lock + ":qwait" }
 
 // CheckPrefix reports why prefix cannot prefix the drivers' keys.
 func CheckPrefix(prefix string) error {

@@ -53,16 +53,18 @@ var (
 
 	// FairAcquire is Acquire in FIFO order, with a queue of waiters whose
 	// entries expire unless renewed. KEYS: lock, fence, queue, qexp, qseq,
-	// qttl. ARGV: owner, TTL in ms, join ('1') or try ('0'), waiter TTL in
-	// ms, channel. Reply: {1, token} or {0, pttl, rank, server time in µs}.
+	// qwait. ARGV: owner, TTL in ms, join ('1') or try ('0'), waiter TTL in
+	// ms, channel, the waiter's wake-up channel. Reply: {1, token} or {0,
+	// pttl, rank, server time in µs}.
 	FairAcquire = goredis.NewScript(fairAcquireSrc)
 
 	// FairRelease deletes the lock if it is this owner's (or, with ARGV[3]
 	// '1', takes the caller out of the queue, releasing the lock if it was
 	// handed to the caller meanwhile) and hands it to the head of the queue
-	// (ARGV[4] '1', announced as ParseHandoff reads it) or names the head on
-	// the channel. KEYS: lock, queue, qexp, fence, qttl. ARGV: owner,
-	// channel, leave, hand off. Reply: 1 if released (or dequeued), else 0.
+	// (ARGV[4] '1', announced on the head's wake-up channel as ParseHandoff
+	// reads it) or names the head there. KEYS: lock, queue, qexp, fence,
+	// qwait. ARGV: owner, channel, leave, hand off. Reply: 1 if released (or
+	// dequeued), else 0.
 	FairRelease = goredis.NewScript(fairReleaseSrc)
 
 	// Relabel changes the lock's value (owner and label) if it is this
