@@ -29,7 +29,10 @@ var (
 // (the youngest of them). It reads after a sync, so it
 // sees every grant and release the ensemble committed before it was
 // called. A lock lasts as long as its holder's session, so Expires is zero;
-// ZooKeeper records no grant time.
+// ZooKeeper records no grant time. A slot key of a counted semaphore,
+// NAME/permits/i, reads the dlock lease node that holds slot i (token its
+// czxid, label its label; Waiters the dlock lease nodes that wait for a
+// slot).
 func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, error) {
 	if d.closed.Load() {
 		return backend.LockInfo{}, errClosed
@@ -47,7 +50,17 @@ func (d *Driver) inspect(ctx context.Context, key string) (backend.LockInfo, []s
 	if _, err := d.sharedSync(ctx); err != nil {
 		return backend.LockInfo{Key: key}, nil, fmt.Errorf("sync: %w", err)
 	}
-	return d.readHolder(ctx, key)
+	info, paths, err := d.readHolder(ctx, key)
+	if err != nil || info.Held {
+		return info, paths, err
+	}
+	// A slot key of a counted semaphore (NAME/permits/i) is held by a lease
+	// node of the semaphore, not by a lock node of its own.
+	pinfo, path, err := d.inspectPermit(key)
+	if err != nil || !pinfo.Held {
+		return info, nil, err
+	}
+	return pinfo, []string{path}, nil
 }
 
 // readHolder is inspect without the sync.
@@ -111,8 +124,9 @@ func ownerOf(child string) string {
 }
 
 // List implements backend.Inspector: the key nodes under the root whose keys
-// start with prefix, each read as Inspect does; key nodes nobody holds are
-// left out.
+// start with prefix, each read as Inspect does, and the held slots of the
+// counted semaphores whose slot keys start with prefix; key nodes nobody
+// holds are left out.
 func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, error) {
 	if d.closed.Load() {
 		return nil, errClosed
@@ -133,12 +147,19 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, e
 	}
 	var infos []backend.LockInfo
 	for _, name := range names {
-		if !strings.HasPrefix(name, esc) {
-			continue
-		}
 		key, err := unescapeKey(name)
 		if err != nil {
 			continue // not a node of dlock's layout
+		}
+		if !strings.HasPrefix(name, esc) {
+			if sp := key + "/permits/"; strings.HasPrefix(sp, prefix) || strings.HasPrefix(prefix, sp) {
+				// The slot keys of a counted semaphore key are
+				// key/permits/i: some may start with prefix.
+				if infos, err = d.listPermits(infos, key, prefix); err != nil {
+					return nil, err
+				}
+			}
+			continue
 		}
 		info, _, err := d.readHolder(ctx, key)
 		if err != nil {
@@ -146,6 +167,8 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, e
 		}
 		if info.Held {
 			infos = append(infos, info)
+		} else if infos, err = d.listPermits(infos, key, prefix); err != nil { // a counted semaphore's node holds no lock
+			return nil, err
 		}
 	}
 	slices.SortFunc(infos, func(a, b backend.LockInfo) int { return strings.Compare(a.Key, b.Key) })
@@ -157,7 +180,8 @@ func unescapeKey(name string) (string, error) { return url.PathUnescape(name) }
 
 // Break implements backend.Breaker: it deletes the holder's lock node, the
 // one it read (a node's sequential name is never used again), or, if the
-// lock is held shared, every shared holder's node it read.
+// lock is held shared, every shared holder's node it read, or, for a
+// semaphore's slot key, the lease node that holds the slot.
 // The key's node, whose mzxid the tokens come from, stays: the next grant's
 // token is higher. A broken holder learns it at its next renewal, from its
 // node's watch; the first waiter is woken by its own watch of that node.

@@ -342,6 +342,76 @@ func TestSemaphore(t *testing.T) {
 		waitLeases(t, h, name, 0)
 	})
 
+	t.Run("InspectListBreakSlots", func(t *testing.T) {
+		// A permit's slot key reads as the lease node that holds it: Inspect
+		// and List show its token and label, Break deletes that node, the
+		// holder learns of it, and the slot's next token is higher.
+		name := testKey(t)
+		ctx := testCtx(t)
+		l := h.NewLocker(t)
+		sem := newSemaphore(t, l, name, 3)
+		ps, err := sem.AcquireN(ctx, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waiter := newSemaphore(t, h.NewLocker(t), name, 3)
+		third, err := waiter.TryAcquire(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := acquirePermitAsync(ctx, waiter)
+		waitLeases(t, h, name, 4)
+		for _, p := range ps {
+			info, err := dlock.Inspect(ctx, l, p.Key())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !info.Held || info.Key != p.Key() || info.Token != uint64(p.Token()) || info.Label != dlock.DefaultLabel || info.Waiters != 1 {
+				t.Errorf("Inspect(%q) = %+v, want held, token %d, label %q, 1 waiter", p.Key(), info, p.Token(), dlock.DefaultLabel)
+			}
+		}
+		if info, err := dlock.Inspect(ctx, l, semaphore.SlotKey(name, 7)); err != nil || info.Held {
+			t.Errorf("Inspect of a slot nobody holds: %+v, %v", info, err)
+		}
+		for _, prefix := range []string{name + "/", name + "/permits/", semaphore.SlotKey(name, 1)} {
+			infos, err := dlock.List(ctx, l, prefix)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var keys []string
+			for _, info := range infos {
+				keys = append(keys, info.Key)
+			}
+			// The waiter holds the semaphore's queue lock while it waits.
+			want := []string{semaphore.SlotKey(name, 0), semaphore.SlotKey(name, 1), semaphore.SlotKey(name, 2), name + "/permits/queue"}
+			if prefix == semaphore.SlotKey(name, 1) {
+				want = want[1:2]
+			}
+			if !slices.Equal(keys, want) {
+				t.Errorf("List(%q) = %q, want %q", prefix, keys, want)
+			}
+		}
+		broken := ps[1]
+		if _, err := dlock.Break(ctx, l, broken.Key()); err != nil {
+			t.Fatalf("Break(%q): %v", broken.Key(), err)
+		}
+		waitDone(t, broken.Lease(), 5*time.Second, "the broken permit")
+		if err := broken.Err(); !errors.Is(err, dlock.ErrLeaseLost) {
+			t.Errorf("the broken permit's Err: %v, want ErrLeaseLost", err)
+		}
+		q := permitGranted(t, got, "the waiter after the break")
+		if q.Key() != broken.Key() || q.Token() <= broken.Token() {
+			t.Errorf("after the break: %q token %d, want the broken slot %q with a token above %d", q.Key(), q.Token(), broken.Key(), broken.Token())
+		}
+		if _, err := dlock.Break(ctx, l, semaphore.SlotKey(name, 7)); !errors.Is(err, dlock.ErrNotHeld) {
+			t.Errorf("Break of a slot nobody holds: %v, want ErrNotHeld", err)
+		}
+		for _, p := range []*semaphore.Permit{ps[0], third, q} {
+			mustReturn(t, p)
+		}
+		waitLeases(t, h, name, 0)
+	})
+
 	t.Run("ForeignLeaseCountsWithoutSlot", func(t *testing.T) {
 		// A lease node dlock cannot read (another client's; Curator's
 		// carries its holder's address) counts toward n and holds no slot.
