@@ -47,10 +47,14 @@ type pin struct {
 	// Test hook: called by refresh with mu held, before the ping.
 	refreshing func()
 
+	// watchArmed is set while watchTimer is armed (see startWatchLater).
+	watchArmed atomic.Bool
+
 	// Guarded by mu.
 	pc         *pgxpool.Conn // nil once released to the pool or closed
 	watch      chan error    // result of the idle watcher; nil when none runs
-	watchTimer *time.Timer   // starts the idle watcher of a new lease
+	watchTimer *time.Timer   // starts the idle watcher; made on first use, then reset
+	watchDue   time.Time     // when the idle watcher should start
 }
 
 // watchDelay is how long a new lease goes before its idle watcher starts: a
@@ -131,28 +135,64 @@ func (p *pin) startWatch() {
 // startWatchLater starts the idle watcher after watchDelay, unless the
 // connection is in use then (its user restarts the watcher) or gone. mu must
 // be held.
+//
+// One timer per pin serves every call: while it is armed, a call only moves
+// the watcher's start (watchDue), and the timer, when it fires early, is armed
+// again for the rest. A connection used again and again (an acquire and a
+// release every few hundred µs) thus arms a timer once per watchDelay, not
+// once per use: arming one that fires before anything else the runtime waits
+// for wakes its network poller, a syscall each time.
 func (p *pin) startWatchLater() {
-	p.watchTimer = time.AfterFunc(watchDelay, func() {
-		select {
-		case p.mu <- struct{}{}:
-		default:
-			return // busy: a refresh starts the watcher when it is done
-		}
-		defer p.unlock()
-		if p.watchTimer != nil && p.pc != nil && p.watch == nil {
-			p.startWatch()
-		}
-		p.watchTimer = nil
-	})
+	p.watchDue = time.Now().Add(watchDelay)
+	if !p.watchArmed.CompareAndSwap(false, true) {
+		return // armed: it fires by watchDue, and looks again
+	}
+	if p.watchTimer == nil {
+		p.watchTimer = time.AfterFunc(watchDelay, p.watchTimerFired)
+	} else {
+		p.watchTimer.Reset(watchDelay)
+	}
 }
 
-// stopWatch ends the idle watcher, or cancels its start, and reports the
-// error that ended the session, if it ended. mu must be held.
-func (p *pin) stopWatch() error {
+// watchTimerFired is watchTimer's function: it starts the idle watcher if
+// the connection has been idle until watchDue, or arms the timer for the
+// rest of the time.
+func (p *pin) watchTimerFired() {
+	// Disarmed before mu is tried: a user that holds mu now arms the timer
+	// again when it is done.
+	p.watchArmed.Store(false)
+	select {
+	case p.mu <- struct{}{}:
+	default:
+		return // busy: its user calls startWatchLater when it is done
+	}
+	defer p.unlock()
+	if p.pc == nil || p.watch != nil {
+		return
+	}
+	if rest := time.Until(p.watchDue); rest > 0 {
+		if p.watchArmed.CompareAndSwap(false, true) {
+			p.watchTimer.Reset(rest)
+		}
+		return
+	}
+	p.startWatch()
+}
+
+// stopWatchTimer disarms watchTimer for good: the connection leaves the pin.
+// mu must be held.
+func (p *pin) stopWatchTimer() {
 	if p.watchTimer != nil {
 		p.watchTimer.Stop()
-		p.watchTimer = nil
 	}
+}
+
+// stopWatch ends the idle watcher and reports the error that ended the
+// session, if it ended. mu must be held.
+func (p *pin) stopWatch() error {
+	// The timer stays armed (see startWatchLater): when it fires, it finds
+	// the connection in use, or starts the watcher only once watchDue has
+	// come.
 	if p.watch == nil {
 		return nil
 	}
@@ -180,6 +220,7 @@ func (p *pin) destroy() {
 		return
 	}
 	_ = p.stopWatch()
+	p.stopWatchTimer()
 	p.markLost()
 	conn := p.pc.Hijack()
 	p.pc = nil
@@ -190,6 +231,7 @@ func (p *pin) destroy() {
 // giveBack returns the connection to the pool: only for a session that holds
 // no lock and has its settings as the pool gave them. mu must be held.
 func (p *pin) giveBack() {
+	p.stopWatchTimer()
 	p.d.untrack(p)
 	p.pc.Release()
 	p.pc = nil

@@ -242,7 +242,7 @@ func (d *Driver) acquireShared(ctx context.Context, req backend.AcquireRequest, 
 	// of the session. pg_try_advisory_lock does not wait; ctx is checked
 	// after.
 	var r grantRow
-	qctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	qctx, cancel := d.bound.Context(context.WithoutCancel(ctx))
 	start := time.Now()
 	err = d.runAcquire(qctx, p.pc, d.sql.mode(req.Shared).tryLock, key, req.Key, req.Label, ms, &r)
 	cancel()
@@ -312,7 +312,7 @@ func (d *Driver) acquireShared(ctx context.Context, req backend.AcquireRequest, 
 // leases end).
 func (s *shared) unlock(key AdvisoryKey, share bool) error {
 	p := s.p
-	ctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
+	ctx, cancel := s.d.bound.Context(context.Background())
 	defer cancel()
 	var pid uint32
 	var held bool
