@@ -571,3 +571,58 @@ func TestPermitTokenFloor(t *testing.T) {
 		t.Fatalf("after the counter was lost: %q token %v, before %q token %v", q.Key(), q.Token(), p.Key(), p.Token())
 	}
 }
+
+// TestPermitReleasesWakeEveryLocalWaiter: two waiters in one process share
+// one subscription, and each release message wakes one waiter there; when
+// two permits are released back to back, the second message can reach the
+// first waiter while it is being granted, so a granted waiter must wake the
+// next. Over 20 rounds, with the waiters polling once an hour and the
+// holders' TTLs a minute, both are granted within 5s each time.
+func TestPermitReleasesWakeEveryLocalWaiter(t *testing.T) {
+	ctx := testCtx(t)
+	srv := testenv.StartRedis(t)
+	raw := rawClient(t, srv)
+	holder := openLocker(t, srv, "")
+	waiters := openLocker(t, srv, "poll=1h")
+	k := permitKeys(redis.DefaultPrefix, "wake-all")
+	opts := []dlock.Option{dlock.WithPermits(2), dlock.WithTTL(time.Minute)}
+	for round := range 20 {
+		var held []*dlock.Lease
+		for range 2 {
+			p, err := holder.TryAcquire(ctx, "wake-all", opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			held = append(held, p)
+		}
+		got := make(chan *dlock.Lease, 2)
+		var wg sync.WaitGroup
+		for range 2 {
+			wg.Go(func() {
+				p, err := waiters.Acquire(ctx, "wake-all", opts...)
+				if err != nil {
+					t.Errorf("waiter: %v", err)
+					return
+				}
+				got <- p
+			})
+		}
+		waitFor(t, 10*time.Second, "the waiters' subscription", func() bool { return numSub(t, raw, k.channel) == 1 })
+		release(t, held[0])
+		release(t, held[1])
+		var granted []*dlock.Lease
+		for range 2 {
+			select {
+			case p := <-got:
+				granted = append(granted, p)
+			case <-time.After(5 * time.Second):
+				t.Fatalf("round %d: a waiter was not granted a released permit within 5s (it polls once an hour)", round)
+			}
+		}
+		wg.Wait()
+		for _, p := range granted {
+			release(t, p)
+		}
+		waitFor(t, 10*time.Second, "the waiters' unsubscribe", func() bool { return numSub(t, raw, k.channel) == 0 })
+	}
+}
