@@ -626,3 +626,57 @@ func TestPermitReleasesWakeEveryLocalWaiter(t *testing.T) {
 		waitFor(t, 10*time.Second, "the waiters' unsubscribe", func() bool { return numSub(t, raw, k.channel) == 0 })
 	}
 }
+
+// TestPermitCluster: on a three-master Cluster, permits of semaphores whose
+// keys hash to different masters are granted in one script (no CROSSSLOT:
+// every key has the semaphore's hash tag), List finds them on every master,
+// Break frees one, and min_replicas (no replicas here) refuses a permit and
+// gives it back: the WAIT reached the semaphore's own master.
+func TestPermitCluster(t *testing.T) {
+	t.Parallel()
+	cl := testenv.StartCluster(t)
+	ctx := testCtx(t)
+	l := openDSN(t, cl.URL())
+	cc := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: cl.Addrs()})
+	t.Cleanup(func() { _ = cc.Close() })
+	names := []string{"a", "b", "c", "d", "e", "f"}
+	masters := map[string]bool{}
+	var held []*dlock.Lease
+	for _, name := range names {
+		p, err := l.TryAcquire(ctx, name, dlock.WithPermits(2), dlock.WithTTL(time.Minute))
+		if err != nil {
+			t.Fatalf("TryAcquire(%q) with permits on a cluster: %v", name, err)
+		}
+		held = append(held, p)
+		m, err := cc.MasterForKey(ctx, permitKeys(redis.DefaultPrefix, name).permits)
+		if err != nil {
+			t.Fatal(err)
+		}
+		masters[m.Options().Addr] = true
+	}
+	if len(masters) < 2 {
+		t.Fatalf("the semaphores all live on %v: the test proves nothing about List on every master", masters)
+	}
+	ls, err := dlock.List(ctx, l, "")
+	if err != nil || len(ls) != len(names) {
+		t.Fatalf("List on a cluster: %d permits, %v; want %d", len(ls), err, len(names))
+	}
+	if _, err := dlock.Break(ctx, l, held[0].Key()); err != nil {
+		t.Fatalf("Break(%q) on a cluster: %v", held[0].Key(), err)
+	}
+	if err := held[0].Refresh(ctx); !errors.Is(err, dlock.ErrLeaseLost) {
+		t.Errorf("the broken permit's refresh: %v, want ErrLeaseLost", err)
+	}
+	for _, p := range held[1:] {
+		release(t, p)
+	}
+	strict := openDSN(t, cl.URL()+"?min_replicas=1&wait_timeout=50ms")
+	for _, name := range names {
+		if _, err := strict.TryAcquire(ctx, name, dlock.WithPermits(2)); !errors.Is(err, redis.ErrTooFewReplicas) {
+			t.Fatalf("TryAcquire(%q) with permits, min_replicas=1 and no replicas: %v, want ErrTooFewReplicas", name, err)
+		}
+		if n, err := cc.Exists(ctx, permitKeys(redis.DefaultPrefix, name).permits).Result(); err != nil || n != 0 {
+			t.Errorf("the refused permit of %q left behind: exists=%d err=%v", name, n, err)
+		}
+	}
+}
