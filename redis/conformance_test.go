@@ -2,6 +2,8 @@ package redis_test
 
 import (
 	"context"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -109,11 +111,29 @@ func (h *harness) Crash(t testing.TB, l dlock.Locker) {
 	}
 }
 
+// Expire deletes key's lock key or, for the key of a permit's slot
+// (NAME/permits/i) held in a counted semaphore, that slot's entries in the
+// semaphore's sorted set and holders hash, as the next script's sweep would
+// once the permit's expiry passed. The counter stays.
 func (h *harness) Expire(t testing.TB, key string) {
 	t.Helper()
 	n, err := h.raw.Del(context.Background(), redis.LockKey(redis.DefaultPrefix, key)).Result()
 	if err != nil {
 		t.Fatalf("Expire(%q): DEL: %v", key, err)
+	}
+	if name, slot, ok := splitPermitKey(key); ok && n == 0 {
+		k := permitKeys(redis.DefaultPrefix, name)
+		s := strconv.Itoa(slot)
+		pipe := h.raw.TxPipeline()
+		zrem := pipe.ZRem(context.Background(), k.permits, s)
+		hdel := pipe.HDel(context.Background(), k.holders, s)
+		if _, err := pipe.Exec(context.Background()); err != nil {
+			t.Fatalf("Expire(%q): ZREM, HDEL: %v", key, err)
+		}
+		if zrem.Val() != 1 || hdel.Val() != 1 {
+			t.Fatalf("Expire(%q): slot %d of %q was not held (ZREM %d, HDEL %d)", key, slot, k.permits, zrem.Val(), hdel.Val())
+		}
+		return
 	}
 	if n != 1 {
 		t.Fatalf("Expire(%q): the lock key %q did not exist", key, redis.LockKey(redis.DefaultPrefix, key))
@@ -186,6 +206,12 @@ func (h *harness) Residue(t testing.TB, key string) []string {
 		// fence counter does, until it expires.
 		names = append(names, lk+":queue", lk+":qexp", lk+":qwait")
 	}
+	if name, _, ok := splitPermitKey(key); ok {
+		// A permit's slot: the semaphore's keys, which go with its last
+		// permit (its counter stays).
+		k := permitKeys(redis.DefaultPrefix, name)
+		names = append(names, k.permits, k.holders, k.size)
+	}
 	var left []string
 	for _, name := range names {
 		n, err := h.raw.Exists(context.Background(), name).Result()
@@ -207,3 +233,21 @@ var (
 	_ conformance.Inspector = (*harness)(nil)
 	_ conformance.DSNer     = (*harness)(nil)
 )
+
+// semKeys are the Redis names of a counted semaphore (docs/redis.md).
+type semKeys struct{ permits, holders, size, fence, channel string }
+
+func permitKeys(prefix, name string) semKeys {
+	p := redis.LockKey(prefix, name) + ":permits"
+	return semKeys{permits: p, holders: p + ":holders", size: p + ":size", fence: p + ":fence", channel: p + ":released"}
+}
+
+// splitPermitKey splits the key of a permit's slot, NAME/permits/i.
+func splitPermitKey(key string) (name string, slot int, ok bool) {
+	i := strings.LastIndex(key, "/permits/")
+	if i <= 0 {
+		return "", 0, false
+	}
+	slot, err := strconv.Atoi(key[i+len("/permits/"):])
+	return key[:i], slot, err == nil
+}

@@ -19,5 +19,13 @@
 // jittered poll as fallback, and ride out an outage until their ctx ends. A
 // single server is a single point of failure, and a failover can lose a
 // lock (min_replicas narrows, does not close, that window): check tokens at
-// the resource. docs/redis.md in the repository has the whole write-up.
+// the resource.
+//
+// Counted semaphores (dlock.WithPermits, and package semaphore) are the
+// driver's own layout, in the spirit of Redisson's
+// RPermitExpirableSemaphore: under the semaphore's hash tag, a sorted set of
+// slot → expiry on the server's clock, a hash of slot → token and holder, a
+// key recording n and a fencing counter floored at the server's clock. One
+// script per step sweeps the expired permits first; waiters are woken by a
+// release message. docs/redis.md in the repository has the whole write-up.
 package redis

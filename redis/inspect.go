@@ -6,7 +6,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,11 +31,22 @@ var (
 // on Redis Cluster, where subscriptions are counted per node) or, in fair
 // mode, the number of waiters queued (a crashed one counts until its TTL
 // has passed and a later acquire drops it). Redis records no grant time.
+//
+// A key that names a permit's slot, NAME/permits/i, and is not held as a
+// lock shows the holder of that permit of the counted semaphore NAME, if
+// any (see inspectPermit).
 func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, error) {
 	if d.closed.Load() {
 		return backend.LockInfo{}, errClosed
 	}
-	return d.inspect(ctx, key, rediscore.KeysFor(d.prefix, key))
+	info, err := d.inspect(ctx, key, rediscore.KeysFor(d.prefix, key))
+	if err != nil || info.Held {
+		return info, err
+	}
+	if name, slot, ok := rediscore.SplitPermitKey(key); ok {
+		return d.inspectPermit(ctx, name, slot)
+	}
+	return info, nil
 }
 
 func (d *Driver) inspect(ctx context.Context, key string, k *rediscore.Keys) (backend.LockInfo, error) {
@@ -81,12 +94,41 @@ func (d *Driver) inspect(ctx context.Context, key string, k *rediscore.Keys) (ba
 
 // List implements backend.Inspector: SCAN for the lock keys under the
 // driver's prefix whose keys start with prefix (on every master of a
-// Cluster), each read as Inspect does.
+// Cluster), each read as Inspect does; then a second SCAN for the counted
+// semaphores' holders hashes, whose permits are listed under their slots'
+// keys (NAME/permits/i) where those start with prefix.
 func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, error) {
 	if d.closed.Load() {
 		return nil, errClosed
 	}
-	pattern := rediscore.LockPattern(d.prefix, prefix)
+	locks, err := d.scanList(ctx, rediscore.LockPattern(d.prefix, prefix), func(ctx context.Context, names []string) ([]backend.LockInfo, error) {
+		return rediscore.HeldLocks(ctx, d.prefix, prefix, names, func(ctx context.Context, key string) (backend.LockInfo, error) {
+			return d.inspect(ctx, key, rediscore.KeysFor(d.prefix, key))
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	// A permit's key, NAME/permits/i, starts with a prefix without '/' only
+	// if NAME does; otherwise NAME may be shorter than the prefix.
+	pattern := rediscore.GlobEscape(d.prefix+"{") + "*" + rediscore.SemHoldersSuffix
+	if !strings.Contains(prefix, "/") {
+		pattern = rediscore.GlobEscape(d.prefix+"{"+rediscore.HashTag(prefix)) + "*" + rediscore.SemHoldersSuffix
+	}
+	permits, err := d.scanList(ctx, pattern, func(ctx context.Context, names []string) ([]backend.LockInfo, error) {
+		return d.listPermits(ctx, prefix, names)
+	})
+	if err != nil || len(permits) == 0 {
+		return locks, err
+	}
+	all := append(locks, permits...)
+	slices.SortFunc(all, func(a, b backend.LockInfo) int { return strings.Compare(a.Key, b.Key) })
+	return all, nil
+}
+
+// scanList SCANs for the names matching pattern (on every master of a
+// Cluster) and reads them with read.
+func (d *Driver) scanList(ctx context.Context, pattern string, read func(ctx context.Context, names []string) ([]backend.LockInfo, error)) ([]backend.LockInfo, error) {
 	var names []string
 	scan := func(ctx context.Context, c goredis.UniversalClient) error {
 		it := c.Scan(ctx, 0, pattern, 1000).Iterator()
@@ -115,9 +157,7 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, e
 	if err != nil {
 		return nil, fmt.Errorf("scan %s: %w", pattern, err)
 	}
-	return rediscore.HeldLocks(ctx, d.prefix, prefix, names, func(ctx context.Context, key string) (backend.LockInfo, error) {
-		return d.inspect(ctx, key, rediscore.KeysFor(d.prefix, key))
-	})
+	return read(ctx, names)
 }
 
 // Break implements backend.Breaker: it deletes the lock key if it still
@@ -133,6 +173,9 @@ func (d *Driver) Break(ctx context.Context, key string) (backend.LockInfo, error
 	info, err := d.inspect(ctx, key, k)
 	if err != nil {
 		return info, err
+	}
+	if name, slot, ok := rediscore.SplitPermitKey(key); ok && !info.Held {
+		return d.breakPermit(ctx, key, name, slot)
 	}
 	if !info.Held {
 		return info, fmt.Errorf("key %q: %w", key, backend.ErrNotHeld)

@@ -21,3 +21,15 @@ func FenceKey(prefix, key string) string { return rediscore.FenceKey(prefix, key
 // ReleaseChannel returns the pub/sub channel on which the driver announces
 // that key was released, "<prefix>{<tag>}:released".
 func ReleaseChannel(prefix, key string) string { return rediscore.ReleaseChannel(prefix, key) }
+
+// PermitsKey returns the sorted set of the counted semaphore key
+// (dlock.WithPermits): "<prefix>{<tag>}:permits", each held slot scored by
+// its expiry in ms on the server's clock. The semaphore's other keys add a
+// suffix to it: PermitHoldersKey, ":size" (the number of permits its
+// holders use) and ":fence" (its fencing counter, no TTL); its channel is
+// ":released". All share key's hash tag.
+func PermitsKey(prefix, key string) string { return rediscore.SemKeysFor(prefix, key).Permits }
+
+// PermitHoldersKey returns the hash of the counted semaphore key's holders,
+// "<prefix>{<tag>}:permits:holders": slot → "<token> <owner id>[ <label>]".
+func PermitHoldersKey(prefix, key string) string { return rediscore.SemKeysFor(prefix, key).Holders }

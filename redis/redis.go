@@ -278,8 +278,9 @@ func (d *Driver) Prefix() string { return d.prefix }
 
 // Capabilities reports strict fencing, server-side expiry and push-based
 // waiting; FIFO order only with Options.Fair; no fault tolerance and no
-// immediate loss notification (a lost lock is noticed at the next refresh).
-// See the package doc for the assumptions behind each.
+// immediate loss notification (a lost lock is noticed at the next refresh);
+// counted semaphores in the driver's own layout (see semaphore.go). See the
+// package doc for the assumptions behind each.
 func (d *Driver) Capabilities() backend.Capabilities {
 	return backend.Capabilities{
 		Fencing:       backend.FencingStrict,
@@ -288,6 +289,7 @@ func (d *Driver) Capabilities() backend.Capabilities {
 		TimeAuthority: backend.TimeServer,
 		PushWait:      true,
 		LossNotify:    false,
+		Counted:       true,
 	}
 }
 
@@ -337,6 +339,9 @@ func (d *Driver) keys(g *backend.Grant) *rediscore.Keys {
 func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*backend.Grant, error) {
 	if d.closed.Load() {
 		return nil, errClosed
+	}
+	if req.Permits > 0 {
+		return d.acquirePermit(ctx, req) // semaphore.go
 	}
 	ms, validity, err := ttlMillis(req.TTL)
 	if err != nil {
@@ -670,6 +675,9 @@ func (d *Driver) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duratio
 	if d.closed.Load() {
 		return 0, errClosed
 	}
+	if sg, ok := g.Data.(*semGrant); ok {
+		return d.refreshPermit(ctx, g, sg, ttl) // semaphore.go
+	}
 	ms, validity, err := ttlMillis(ttl)
 	if err != nil {
 		return 0, err
@@ -713,6 +721,9 @@ func (d *Driver) Relabel(ctx context.Context, g *backend.Grant, label string) er
 	if d.closed.Load() {
 		return errClosed
 	}
+	if sg, ok := g.Data.(*semGrant); ok {
+		return d.relabelPermit(ctx, g, sg, label) // semaphore.go
+	}
 	owner, _ := rediscore.SplitHolder(g.Owner)
 	value := rediscore.HolderValue(owner, label)
 	k := d.keys(g)
@@ -750,6 +761,9 @@ func (d *Driver) Relabel(ctx context.Context, g *backend.Grant, label string) er
 func (d *Driver) Release(ctx context.Context, g *backend.Grant) error {
 	if d.closed.Load() {
 		return errClosed
+	}
+	if sg, ok := g.Data.(*semGrant); ok {
+		return d.releasePermit(ctx, g, sg) // semaphore.go
 	}
 	k := d.keys(g)
 	n, err := d.release(ctx, g.Owner, k).Int64()

@@ -65,12 +65,27 @@ func newRedisAdmin(dsn string) (*redisAdmin, error) {
 
 func (a *redisAdmin) Close() error { return a.client.Close() }
 
-// forget deletes the lock on key, as the server does when it expires.
+// forget deletes the lock on key, as the server does when it expires; for
+// the key of a permit's slot (NAME/permits/i) held in the semaphore NAME, it
+// removes that slot's permit, as the next script's sweep does once the
+// permit's expiry has passed.
 func (a *redisAdmin) forget(ctx context.Context, key string) error {
 	k := redis.LockKey(a.prefix, key)
 	n, err := a.client.Del(ctx, k).Result()
 	if err != nil {
 		return fmt.Errorf("DEL %s: %w", k, err)
+	}
+	if i := strings.LastIndex(key, "/permits/"); n == 0 && i > 0 {
+		name, slot := key[:i], key[i+len("/permits/"):]
+		pipe := a.client.TxPipeline()
+		zrem := pipe.ZRem(ctx, redis.PermitsKey(a.prefix, name), slot)
+		pipe.HDel(ctx, redis.PermitHoldersKey(a.prefix, name), slot)
+		if _, err := pipe.Exec(ctx); err != nil {
+			return fmt.Errorf("remove slot %s of %s: %w", slot, redis.PermitsKey(a.prefix, name), err)
+		}
+		if zrem.Val() == 1 {
+			return nil
+		}
 	}
 	if n != 1 {
 		return fmt.Errorf("the lock key %s did not exist", k)
