@@ -329,7 +329,9 @@ func TestSemaphoreSizeMismatch(t *testing.T) {
 
 // TestSemaphoreFIFO: waiters for a full semaphore are granted in the order
 // they queued, each when a permit is released, and a cancelled waiter
-// leaves the room empty behind it.
+// leaves the room empty behind it. With a slot free and a waiter in the
+// room (another client's key), a try fails and a wait queues behind it
+// until it leaves.
 func TestSemaphoreFIFO(t *testing.T) {
 	srv := testenv.StartEtcd(t)
 	raw := rawClient(t, []string{srv.Endpoint()})
@@ -394,5 +396,36 @@ func TestSemaphoreFIFO(t *testing.T) {
 	}
 	if resp, err := raw.Get(ctx, etcd.LockName(testPrefix, "fifo/permits/"), clientv3.WithPrefix(), clientv3.WithCountOnly()); err != nil || resp.Count != 0 {
 		t.Fatalf("%v keys left under the semaphore (%v)", resp.Count, err)
+	}
+
+	// Nobody overtakes a waiter, even with a slot free: behind another
+	// client's key in the room, a try fails and a wait queues.
+	foreign := etcd.LockName(testPrefix, "fifo/permits/") + "/foreign-1"
+	if _, err := raw.Put(ctx, foreign, "permits=1 foreign"); err != nil {
+		t.Fatal(err)
+	}
+	l := openLocker(t, srv.URL()+testPrefix)
+	if p, err := l.TryAcquire(ctx, "fifo", dlock.WithPermits(1)); !errors.Is(err, dlock.ErrNotAcquired) {
+		if err == nil {
+			_ = p.Release(ctx)
+		}
+		t.Fatalf("a try with the slot free and a waiter in the room: %v, want ErrNotAcquired", err)
+	}
+	got := make(chan *dlock.Lease, 1)
+	go func() {
+		p, err := l.Acquire(ctx, "fifo", dlock.WithPermits(1))
+		if err != nil {
+			t.Error(err)
+		}
+		got <- p
+	}()
+	waitRoom(t, raw, "fifo", 2)
+	if _, err := raw.Delete(ctx, foreign); err != nil {
+		t.Fatal(err)
+	}
+	if p := <-got; p != nil {
+		if err := p.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
