@@ -300,8 +300,8 @@ type Capabilities struct {
 
 	// Counted is true if the driver honours AcquireRequest.Permits in the
 	// backend's own semaphore layout (ZooKeeper: Apache Curator's
-	// InterProcessSemaphoreV2), so that other clients of that layout count
-	// toward the permits. A Locker whose driver does not refuses
+	// InterProcessSemaphoreV2; etcd: a waiting room and one lock name per
+	// slot), so that other clients of that layout count toward the permits. A Locker whose driver does not refuses
 	// dlock.WithPermits with an error matching errors.ErrUnsupported, and
 	// package semaphore uses its portable layout of slot locks there.
 	Counted bool

@@ -29,7 +29,8 @@
 //
 // Where the backend has a counted semaphore of its own that dlock drives
 // (dlock.Capabilities().Counted: ZooKeeper, in the layout of Apache
-// Curator's InterProcessSemaphoreV2, and mem://), the semaphore is that one
+// Curator's InterProcessSemaphoreV2; etcd, in a waiting room and one lock
+// name per slot; and mem://), the semaphore is that one
 // instead (Native): each permit is one counted acquire of the key NAME
 // (dlock.WithPermits), so other clients of the backend's layout count toward
 // the same n. A permit is still a lease whose Key names a slot,
