@@ -128,6 +128,7 @@ func isWaitingRoom(key, name string, kvs []*mvccpb.KeyValue) bool {
 type semState struct {
 	rev     int64              // the revision read at
 	waiters []*mvccpb.KeyValue // in create-revision order
+	slots   []*mvccpb.KeyValue // the keys under the slots' lock names
 	taken   []bool             // slots in [0, n) with a key under their lock name
 	other   int                // a number of permits another holder or waiter uses; 0 if none
 	otherAt string             // that key
@@ -138,16 +139,24 @@ func (s semKeys) state(rev int64, kvs []*mvccpb.KeyValue) semState {
 	for _, kv := range kvs {
 		k := string(kv.Key)
 		rest := k[len(s.base):]
-		if n, _, ok := parsePermitValue(kv.Value); ok && n != s.n && st.other == 0 {
-			st.other, st.otherAt = n, k
-		}
 		if strings.HasPrefix(rest, "/") {
 			st.waiters = append(st.waiters, kv)
-			continue
+		} else {
+			// Under a slot's lock name: "<i>/…". Anything else in the range
+			// (the keys of a semaphore or lock named KEY/permits/1x…) is
+			// not this semaphore's.
+			num, _, _ := strings.Cut(rest, "/")
+			i, err := strconv.Atoi(num)
+			if err != nil || i < 0 || strconv.Itoa(i) != num {
+				continue
+			}
+			st.slots = append(st.slots, kv)
+			if i < s.n {
+				st.taken[i] = true
+			}
 		}
-		num, _, _ := strings.Cut(rest, "/")
-		if i, err := strconv.Atoi(num); err == nil && i >= 0 && i < s.n {
-			st.taken[i] = true
+		if n, _, ok := parsePermitValue(kv.Value); ok && n != s.n && st.other == 0 {
+			st.other, st.otherAt = n, k
 		}
 	}
 	slices.SortFunc(st.waiters, func(a, b *mvccpb.KeyValue) int { return cmp.Compare(a.CreateRevision, b.CreateRevision) })
@@ -262,14 +271,14 @@ func (d *Driver) claimFirst(ctx context.Context, a *acquirer) (int, semState, *c
 	if !resp.Succeeded {
 		return -1, s.stateOf(resp.Header.Revision, resp.Responses), resp, nil
 	}
-	t := resp.Responses[0].GetResponseTxn() // empty
-	if t.Succeeded {
+	t := firstTxn(resp.Responses) // empty
+	if t.GetSucceeded() {
 		return 0, semState{}, resp, nil
 	}
-	if t = t.Responses[0].GetResponseTxn(); t.Succeeded { // agreed
+	if t = firstTxn(t.GetResponses()); t.GetSucceeded() { // agreed
 		for i := range k {
-			t = t.Responses[0].GetResponseTxn() // slot i's
-			if t.Succeeded {
+			t = firstTxn(t.GetResponses()) // slot i's
+			if t.GetSucceeded() {
 				return i, semState{}, resp, nil
 			}
 		}
@@ -295,6 +304,15 @@ func (d *Driver) claim(ctx context.Context, a *acquirer, i int, seen int64) (boo
 		return true, semState{}, resp, nil
 	}
 	return false, a.s.stateOf(resp.Header.Revision, resp.Responses), resp, nil
+}
+
+// firstTxn is the answer of the nested transaction that rs begins with, nil
+// if there is none.
+func firstTxn(rs []*etcdserverpb.ResponseOp) *etcdserverpb.TxnResponse {
+	if len(rs) == 0 {
+		return nil
+	}
+	return rs[0].GetResponseTxn()
 }
 
 // commit sends a transaction that may write. It is not cancelled the moment
@@ -505,7 +523,7 @@ func (d *Driver) waitPermit(ctx context.Context, a *acquirer, g *grant, st semSt
 			err = d.awaitDelete(ctx, g, string(pred.Key), pred.CreateRevision, st.rev)
 		} else {
 			// Head of the room, every slot held: wait for a slot's key to go.
-			err = d.awaitSlot(ctx, g, a.s, st.rev)
+			err = d.awaitSlot(ctx, g, a.s, st)
 		}
 		if err := d.waitFailed(ctx, err, &bo); err != nil {
 			return -1, 0, err
@@ -543,12 +561,13 @@ func (d *Driver) waitFailed(ctx context.Context, err error, bo *backend.Backoff)
 	return backend.Sleep(ctx, bo.Next())
 }
 
-// awaitSlot waits until a key of the slots of s is deleted after revision
-// seen, renewing g's lease meanwhile. The watch starts at the current
+// awaitSlot waits until a key of the slots of s is deleted after st was
+// read, renewing g's lease meanwhile. The watch starts at the current
 // revision, so that the server serves it from its synced watchers (see
-// awaitDelete); if that is past seen, it returns at once: the caller
-// looks again.
-func (d *Driver) awaitSlot(ctx context.Context, g *grant, s semKeys, seen int64) error {
+// awaitDelete); if that is past st's (any write to the cluster moves it),
+// the slots are read once the watch is in place, and it returns at once if
+// a key st saw is gone.
+func (d *Driver) awaitSlot(ctx context.Context, g *grant, s semKeys, st semState) error {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	defer cancel()
 	wch := d.cli.Watch(wctx, s.slotsFrom(), clientv3.WithRange(s.end()), clientv3.WithCreatedNotify(), clientv3.WithFilterPut())
@@ -577,8 +596,10 @@ func (d *Driver) awaitSlot(ctx context.Context, g *grant, s semKeys, seen int64)
 				return fmt.Errorf("watch %s: %w", s.base, err)
 			}
 			if wr.Created {
-				if wr.Header.Revision > seen {
-					return nil // something changed before the watch was in place
+				if wr.Header.Revision > st.rev {
+					if gone, err := d.slotGone(ctx, s, st); err != nil || gone {
+						return err
+					}
 				}
 				continue
 			}
@@ -589,6 +610,27 @@ func (d *Driver) awaitSlot(ctx context.Context, g *grant, s semKeys, seen int64)
 			}
 		}
 	}
+}
+
+// slotGone reports whether a key of the slots that st saw is gone (or was
+// created again).
+func (d *Driver) slotGone(ctx context.Context, s semKeys, st semState) (bool, error) {
+	rctx, cancel := d.reqCtx(ctx)
+	defer cancel()
+	resp, err := d.cli.Get(rctx, s.slotsFrom(), clientv3.WithRange(s.end()), clientv3.WithKeysOnly())
+	if err != nil {
+		return false, err
+	}
+	now := make(map[string]int64, len(resp.Kvs))
+	for _, kv := range resp.Kvs {
+		now[string(kv.Key)] = kv.CreateRevision
+	}
+	for _, kv := range st.slots {
+		if now[string(kv.Key)] != kv.CreateRevision {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 // unkeyAll deletes the keys of ls among keys (each if it is still ls's),

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -421,6 +422,68 @@ func TestSemaphoreFIFO(t *testing.T) {
 	}()
 	waitRoom(t, raw, "fifo", 2)
 	if _, err := raw.Delete(ctx, foreign); err != nil {
+		t.Fatal(err)
+	}
+	if p := <-got; p != nil {
+		if err := p.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestSemaphoreWaiterIgnoresOtherWrites: the head of the waiting room waits
+// on a watch of the slots, not on the cluster's revision: writes elsewhere
+// while it waits (and while its watch starts) cost it no request beyond one
+// read of the slots per watch started.
+func TestSemaphoreWaiterIgnoresOtherWrites(t *testing.T) {
+	srv := testenv.StartEtcd(t)
+	raw := rawClient(t, []string{srv.Endpoint()})
+	ctx := testCtx(t)
+	holder := openLocker(t, srv.URL()+testPrefix)
+	h, err := holder.Acquire(ctx, "busy", dlock.WithPermits(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Writes elsewhere, from before the waiter comes until well after.
+	puts := make(chan int, 1)
+	stop := make(chan struct{})
+	go func() {
+		n := 0
+		defer func() { puts <- n }()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := raw.Put(ctx, "/elsewhere/k", strconv.Itoa(n)); err != nil {
+				t.Error(err)
+				return
+			}
+			n++
+		}
+	}()
+	l, c := countingLocker(t, srv)
+	got := make(chan *dlock.Lease, 1)
+	go func() {
+		p, err := l.Acquire(ctx, "busy", dlock.WithPermits(1))
+		if err != nil {
+			t.Error(err)
+		}
+		got <- p
+	}()
+	waitRoom(t, raw, "busy", 1)
+	for range 100 { // a hundred more writes elsewhere, seen by the waiter's watch's server
+		if _, err := raw.Put(ctx, "/elsewhere/sync", "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	t.Logf("%d writes elsewhere while the waiter queued and waited: it sent %d transactions, %d reads", <-puts+100, c.get(rpcTxn), c.get("/etcdserverpb.KV/Range"))
+	if got := c.get(rpcTxn); got != 2 {
+		t.Errorf("the waiter sent %d transactions while writes went on elsewhere, want 2 (its try and its key in the room)", got)
+	}
+	if err := h.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if p := <-got; p != nil {
