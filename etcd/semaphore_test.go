@@ -92,6 +92,9 @@ func TestSemaphoreLayout(t *testing.T) {
 	if err := held[1].SetLabel(ctx, "relabelled"); err != nil {
 		t.Fatal(err)
 	}
+	if resp, err := raw.Get(ctx, etcd.LockName(testPrefix, held[1].Key())+"/", clientv3.WithPrefix()); err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "permits=3 relabelled" {
+		t.Fatalf("after SetLabel, slot 1's keys: %v (%v), want one valued %q", resp.Kvs, err, "permits=3 relabelled")
+	}
 	infos, err := dlock.List(ctx, l, "layout")
 	if err != nil {
 		t.Fatal(err)
@@ -487,6 +490,60 @@ func TestSemaphoreWaiterIgnoresOtherWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	if p := <-got; p != nil {
+		if err := p.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestSemaphoreManySlots: beyond the eight slots the first transaction
+// names, a free slot is found from what it read and claimed by a second;
+// every slot is granted once, the lowest free first, and a permit too many
+// is refused.
+func TestSemaphoreManySlots(t *testing.T) {
+	srv := testenv.StartEtcd(t)
+	l, c := countingLocker(t, srv)
+	ctx := testCtx(t)
+	const n = 11
+	held := make([]*dlock.Lease, n)
+	for i := range n {
+		c.reset()
+		p, err := l.TryAcquire(ctx, "many", dlock.WithPermits(n))
+		if err != nil {
+			t.Fatalf("permit %d of %d: %v", i, n, err)
+		}
+		if want := backend.PermitKey("many", i); p.Key() != want {
+			t.Fatalf("permit %d on %q, want %q", i, p.Key(), want)
+		}
+		want := 1
+		if i >= 8 {
+			want = 2
+		}
+		if got := c.get(rpcTxn); got != want {
+			t.Errorf("permit of slot %d: %d transactions, want %d", i, got, want)
+		}
+		held[i] = p
+	}
+	if p, err := l.TryAcquire(ctx, "many", dlock.WithPermits(n)); !errors.Is(err, dlock.ErrNotAcquired) {
+		if err == nil {
+			_ = p.Release(ctx)
+		}
+		t.Fatalf("permit %d of %d: %v, want ErrNotAcquired", n+1, n, err)
+	}
+	for _, i := range []int{9, 3} { // freed beyond the first eight, then among them
+		if err := held[i].Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		p, err := l.TryAcquire(ctx, "many", dlock.WithPermits(n))
+		if err != nil {
+			t.Fatalf("after slot %d was released: %v", i, err)
+		}
+		if p.Key() != held[i].Key() || p.Token() <= held[i].Token() {
+			t.Errorf("after slot %d (token %v) was released, the permit took %q with token %v", i, held[i].Token(), p.Key(), p.Token())
+		}
+		held[i] = p
+	}
+	for _, p := range held {
 		if err := p.Release(ctx); err != nil {
 			t.Fatal(err)
 		}
