@@ -463,6 +463,8 @@ func (d *Driver) enqueuePermit(ctx context.Context, req backend.AcquireRequest, 
 		return granted(i, rev)
 	case !req.Wait && len(st.waiters) > 0:
 		return nothing(fmt.Errorf("%w: %d waiting for a permit", backend.ErrHeld, len(st.waiters)))
+	case !req.Wait && st.free() >= 0:
+		return nothing(fmt.Errorf("%w: other acquirers took or changed the free slots of %d permits meanwhile", backend.ErrHeld, a.s.n))
 	case !req.Wait:
 		return nothing(fmt.Errorf("%w: all %d permits are held", backend.ErrHeld, a.s.n))
 	}
