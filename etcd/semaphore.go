@@ -523,6 +523,11 @@ func (d *Driver) waitPermit(ctx context.Context, a *acquirer, g *grant, st semSt
 			// Wait for the waiter before ours.
 			pred := st.waiters[pos-1]
 			err = d.awaitDelete(ctx, g, string(pred.Key), pred.CreateRevision, st.rev)
+		} else if st.free() >= 0 {
+			// Head of the room with a slot free, but its claims failed:
+			// others changed the slots meanwhile. Pause, then look again
+			// (no deletion may come to wake it).
+			err = backend.Sleep(ctx, bo.Next())
 		} else {
 			// Head of the room, every slot held: wait for a slot's key to go.
 			err = d.awaitSlot(ctx, g, a.s, st)
