@@ -3,7 +3,8 @@ package dlock
 // WithPermits makes an Acquire, TryAcquire or Do take one of n permits of the
 // semaphore key, in the backend's own semaphore layout, rather than the lock
 // key: up to n holders at once, counting other clients of that layout (on
-// ZooKeeper, Apache Curator's InterProcessSemaphoreV2 on the key's path).
+// ZooKeeper, Apache Curator's InterProcessSemaphoreV2 on the key's path; on
+// etcd, a waiting room and one lock name per slot, see package etcd).
 // The lease is a permit: renewed, lost loudly and ended by the backend when
 // its holder vanishes, like any lease. Its Key is the key of the slot the
 // backend gave it, key + "/permits/" + i with 0 ≤ i < n, no other holder's

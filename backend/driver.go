@@ -300,11 +300,11 @@ type Capabilities struct {
 
 	// Counted is true if the driver honours AcquireRequest.Permits in the
 	// backend's own semaphore layout (ZooKeeper: Apache Curator's
-	// InterProcessSemaphoreV2; Redis: a sorted set of expiring permits), so
-	// that other clients of that layout count toward the permits. A Locker
-	// whose driver does not refuses dlock.WithPermits with an error matching
-	// errors.ErrUnsupported, and package semaphore uses its portable layout
-	// of slot locks there.
+	// InterProcessSemaphoreV2; Redis: a sorted set of expiring permits; etcd:
+	// a waiting room and one lock name per slot), so that other clients of
+	// that layout count toward the permits. A Locker whose driver does not
+	// refuses dlock.WithPermits with an error matching errors.ErrUnsupported,
+	// and package semaphore uses its portable layout of slot locks there.
 	Counted bool
 }
 

@@ -24,10 +24,21 @@
 // The lock survives the loss of a minority of members; keep the TTL at 5s
 // or more (default 15s) so that a lease survives a leader election.
 //
+// Counted semaphores (dlock.WithPermits; package semaphore uses them) are in
+// a layout of dlock's own, etcd's recipes having none: a permit of slot i is
+// the one key under the lock name of the slot key KEY/permits/i, and
+// waiters queue by create revision in a waiting room, the keys under the
+// lock name of KEY/permits/; each key's value records n ("permits=<n>
+// <label>"), so a request with another n fails with dlock.ErrSizeMismatch.
+// An uncontended permit is one transaction, a hand-off to a waiter one
+// transaction after the release, and the token is the slot key's create
+// revision. A concurrency.Mutex or `etcdctl lock` on a slot's lock name
+// holds that slot.
+//
 // DSN: etcd://[user:password@]host[:port][,host[:port]...][/prefix], with the
 // parameters dial-timeout and request-timeout (5s each), and ca, cert and key
 // (PEM files) for etcds. docs/etcd.md in the repository has the whole
 // write-up: guarantees, TTLs, key layout and interoperability (recipes order
-// keys by mod revision: a relabelled hold hides from recipes waiters), and
-// the DSN in detail.
+// keys by mod revision: a relabelled hold hides from recipes waiters),
+// semaphores, and the DSN in detail.
 package etcd

@@ -102,6 +102,8 @@ type Driver struct {
 
 	granting chan struct{} // one shared lease grant at a time (shared.go)
 
+	permitSeq atomic.Uint64 // numbers a permit's keys and names (semaphore.go)
+
 	mu     sync.Mutex
 	closed bool
 	shared map[int64]*lease   // the shared lease in use, by the TTL asked for in seconds (shared.go)
@@ -192,8 +194,10 @@ func LockName(prefix, key string) string {
 }
 
 // Capabilities reports strict fencing (create revisions), FIFO push-based
-// waiting, fault tolerance, server-side expiry, immediate loss notification
-// and shared locks (in the layout of etcd's recipes RWMutex).
+// waiting, fault tolerance, server-side expiry, immediate loss notification,
+// shared locks (in the layout of etcd's recipes RWMutex) and counted
+// semaphores (a waiting room and a lock name per slot; see semaphore.go and
+// docs/etcd.md).
 func (d *Driver) Capabilities() backend.Capabilities {
 	return backend.Capabilities{
 		Fencing:       backend.FencingStrict,
@@ -203,6 +207,7 @@ func (d *Driver) Capabilities() backend.Capabilities {
 		PushWait:      true,
 		LossNotify:    true,
 		Shared:        true,
+		Counted:       true,
 	}
 }
 

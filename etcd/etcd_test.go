@@ -655,18 +655,26 @@ func (h *harness) Waiters(t testing.TB, key string) int {
 }
 
 // Residue lists the keys left under key's lock prefix: the holders' and
-// waiters' keys, each attached to its lease.
+// waiters' keys, each attached to its lease. For a permit's slot key,
+// NAME/permits/i, it lists the semaphore's waiting room too (the keys
+// under the lock name of NAME/permits/).
 func (h *harness) Residue(t testing.TB, key string) []string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	resp, err := h.raw.Get(ctx, etcd.LockName(testPrefix, key)+"/", clientv3.WithPrefix(), clientv3.WithKeysOnly())
-	if err != nil {
-		t.Fatalf("Residue(%q): %v", key, err)
+	prefixes := []string{etcd.LockName(testPrefix, key) + "/"}
+	if sem, slot, ok := strings.Cut(key, "/permits/"); ok && slot != "" && strings.Trim(slot, "0123456789") == "" {
+		prefixes = append(prefixes, etcd.LockName(testPrefix, sem+"/permits/")+"/")
 	}
 	var left []string
-	for _, kv := range resp.Kvs {
-		left = append(left, string(kv.Key))
+	for _, p := range prefixes {
+		resp, err := h.raw.Get(ctx, p, clientv3.WithPrefix(), clientv3.WithKeysOnly())
+		if err != nil {
+			t.Fatalf("Residue(%q): %v", key, err)
+		}
+		for _, kv := range resp.Kvs {
+			left = append(left, string(kv.Key))
+		}
 	}
 	return left
 }

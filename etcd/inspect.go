@@ -74,6 +74,9 @@ func describe(key, name string, kvs []*mvccpb.KeyValue) (backend.LockInfo, []*mv
 			holders = append(holders, kv)
 		}
 	}
+	if isWaitingRoom(key, name, kvs) {
+		return backend.LockInfo{Key: key, Waiters: len(kvs)}, nil
+	}
 	shared := len(holders)
 	switch {
 	case shared == 0 && first == nil:
@@ -83,7 +86,11 @@ func describe(key, name string, kvs []*mvccpb.KeyValue) (backend.LockInfo, []*mv
 	}
 	slices.SortFunc(holders, func(a, b *mvccpb.KeyValue) int { return cmp.Compare(a.CreateRevision, b.CreateRevision) })
 	last := holders[len(holders)-1]
-	info := backend.LockInfo{Key: key, Held: true, Shared: shared, Token: uint64(last.CreateRevision), Label: string(last.Value)}
+	label := string(last.Value)
+	if _, l, ok := parsePermitValue(last.Value); ok && isPermitKey(name, string(last.Key)) {
+		label = l // a permit's: "permits=<n> <label>"
+	}
+	info := backend.LockInfo{Key: key, Held: true, Shared: shared, Token: uint64(last.CreateRevision), Label: label}
 	info.Waiters = len(kvs) - len(holders)
 	return info, holders
 }

@@ -33,6 +33,10 @@ type grant struct {
 	ls     *lease
 	shared bool // a shared hold: its key is under name + "read/"
 
+	// valuePrefix goes before the label in the key's value: a permit's
+	// "permits=<n> " (semaphore.go), empty for a lock.
+	valuePrefix string
+
 	lost   atomic.Bool       // the grant is known lost
 	onLost func(cause error) // dlock's AcquireRequest.OnLost
 
@@ -93,11 +97,18 @@ func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 // acquireOnce is one attempt of Acquire.
 func (d *Driver) acquireOnce(ctx context.Context, req backend.AcquireRequest) (*backend.Grant, error) {
 	name := LockName(d.prefix, req.Key) + "/"
+	enqueue := d.enqueue
+	if req.Permits > 0 {
+		// A permit's keys are named after the acquire (semaphore.go): the
+		// shared lease records a name of its own for each.
+		enqueue = d.enqueuePermit
+		name = fmt.Sprintf("%s#%d", d.semKeys(req.Key, req.Permits).room(), d.permitSeq.Add(1))
+	}
 	ls, err := d.takeLease(ctx, req.TTL, name)
 	if err != nil {
 		return nil, err
 	}
-	g, err := d.enqueue(ctx, req, name, ls)
+	g, err := enqueue(ctx, req, name, ls)
 	for notFound := 0; err != nil && ctx.Err() == nil; {
 		switch {
 		case isLeaseNotFound(err) && notFound < 3:
@@ -118,7 +129,7 @@ func (d *Driver) acquireOnce(ctx context.Context, req backend.AcquireRequest) (*
 		if ls, err = d.takeLease(ctx, req.TTL, name); err != nil {
 			return nil, err
 		}
-		g, err = d.enqueue(ctx, req, name, ls)
+		g, err = enqueue(ctx, req, name, ls)
 	}
 	return g, err
 }

@@ -274,7 +274,7 @@ func (d *Driver) Relabel(ctx context.Context, bg *backend.Grant, label string) e
 	err := d.retry(ctx, func(ctx context.Context) error {
 		resp, err := d.cli.Txn(ctx).
 			If(clientv3.Compare(clientv3.CreateRevision(g.key), "=", g.rev)).
-			Then(clientv3.OpPut(g.key, label, clientv3.WithIgnoreLease())).
+			Then(clientv3.OpPut(g.key, g.valuePrefix+label, clientv3.WithIgnoreLease())).
 			Commit()
 		if err == nil {
 			put = resp.Succeeded

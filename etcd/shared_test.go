@@ -35,6 +35,17 @@ func (c *rpcCounts) get(method string) int {
 	return c.n[method]
 }
 
+// total is the number of requests counted, of every method.
+func (c *rpcCounts) total() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, v := range c.n {
+		n += v
+	}
+	return n
+}
+
 func (c *rpcCounts) reset() {
 	c.mu.Lock()
 	defer c.mu.Unlock()

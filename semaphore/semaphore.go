@@ -30,9 +30,10 @@
 // Where the backend has a counted semaphore of its own that dlock drives
 // (dlock.Capabilities().Counted: ZooKeeper, in the layout of Apache
 // Curator's InterProcessSemaphoreV2; Redis, a sorted set of expiring
-// permits; and mem://), the semaphore is that one instead (Native): each
-// permit is one counted acquire of the key NAME (dlock.WithPermits), so
-// other clients of the backend's layout count toward the same n. A permit is still a lease whose Key names a slot,
+// permits; etcd, a waiting room and one lock name per slot; and mem://), the
+// semaphore is that one instead (Native): each permit is one counted acquire
+// of the key NAME (dlock.WithPermits), so other clients of the backend's
+// layout count toward the same n. A permit is still a lease whose Key names a slot,
 // NAME/permits/i, picked by the driver, and whose token increases per slot,
 // so guards are keyed as above. Acquire makes one try, then queues on
 // NAME/permits/queue and waits in the backend's own way; the driver refuses
