@@ -105,11 +105,12 @@ func open(ctx context.Context, u *url.URL) (_ backend.Driver, err error) {
 		return nil, fmt.Errorf("new backend: %w", inner(err))
 	}
 	d.caps = d.new.Capabilities()
-	// The inner locks are taken exclusive (AcquireRequest.Shared is not
-	// passed on): claim no shared locks, even where the new backend has them
-	// (etcd), so that dlock refuses WithShared and rwlock uses its portable
-	// layout.
-	d.caps.Shared = false
+	// The inner locks are taken exclusive and uncounted (neither
+	// AcquireRequest.Shared nor Permits is passed on): claim no shared locks
+	// and no counted semaphores, even where the new backend has them (etcd),
+	// so that dlock refuses WithShared and WithPermits, and rwlock and
+	// semaphore use their portable layouts.
+	d.caps.Shared, d.caps.Counted = false, false
 	if mode == ModeMigrate {
 		if d.old, err = dlock.Open(ctx, from.String()); err != nil {
 			return nil, fmt.Errorf("old backend: %w", inner(err))
