@@ -294,3 +294,55 @@ func TestFairIgnoresAStaleHandoff(t *testing.T) {
 	}
 	release(t, r.lease)
 }
+
+// TestFairHandedWaiterAttemptKeepsTheToken: a waiter whose attempt reaches
+// the server after a release handed it the lock (the hand-off message still
+// on its way, or lost) is granted the handed lock as it is: the same token,
+// nothing announced. A second token would show followers (Watch, election's
+// Observe) two grants where there was one.
+func TestFairHandedWaiterAttemptKeepsTheToken(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	raw := rawClient(t, srv)
+	ctx := testCtx(t)
+	const key = "fair/handed-attempt"
+	holder := openLocker(t, srv, "fair=true")
+	lease, err := holder.Acquire(ctx, key, dlock.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := rediscore.KeysFor(redis.DefaultPrefix, key)
+	const waiter = "handed-waiter"
+	ttl := time.Minute.Milliseconds()
+	if _, err := rediscore.FairAcquire.Run(ctx, raw, fairKeys(k), waiter, ttl, "1", ttl, k.Channel, "waiter's channel").Int64Slice(); err != nil {
+		t.Fatal(err)
+	}
+	follower := raw.Subscribe(ctx, k.Channel)
+	defer follower.Close()
+	if _, err := follower.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	release(t, lease)
+	handed, err := raw.Get(ctx, k.Fence).Int64()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if msg, err := follower.ReceiveMessage(ctx); err != nil || msg.Payload != rediscore.GrantMessage {
+		t.Fatalf("the hand-off's announcement: %v %v, want %q", msg, err, rediscore.GrantMessage)
+	}
+	res, err := rediscore.FairAcquire.Run(ctx, raw, fairKeys(k), waiter, ttl, "1", ttl, k.Channel, "waiter's channel").Int64Slice()
+	if err != nil || len(res) != 2 || res[0] != 1 || res[1] != handed {
+		t.Fatalf("the handed waiter's attempt: %v %v, want [1 %d] (the handed token)", res, err, handed)
+	}
+	if now, err := raw.Get(ctx, k.Fence).Int64(); err != nil || now != handed {
+		t.Errorf("the counter moved from %d to %d (%v)", handed, now, err)
+	}
+	if err := raw.Publish(ctx, k.Channel, "marker").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if msg, err := follower.ReceiveMessage(ctx); err != nil || msg.Payload != "marker" {
+		t.Errorf("after the attempt the follower heard %v (%v), want nothing before the marker", msg, err)
+	}
+	if n := queueLen(t, raw, key); n != 0 {
+		t.Errorf("%d waiters left in the queue", n)
+	}
+}

@@ -66,9 +66,19 @@ end
 
 if holder == ARGV[1] then
   -- A retry of a grant whose reply was lost, or a hand-off whose message
-  -- was: grant it again.
+  -- was lost or is still on its way: the same grant, with a new TTL. Its
+  -- token is the counter's value, which no grant has moved since (the lock
+  -- is this owner's); a second token, announced to followers, would make
+  -- one grant look like two.
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return grant()
+  redis.call('ZREM', KEYS[3], ARGV[1])
+  redis.call('ZREM', KEYS[4], ARGV[1])
+  redis.call('HDEL', KEYS[6], ARGV[1])
+  local token = tonumber(redis.call('GET', KEYS[2]) or '')
+  if token then
+    return {1, token}
+  end
+  return grant() -- the counter is gone: a new token, floored at the clock
 end
 if not holder and (head == nil or head == ARGV[1]) then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
