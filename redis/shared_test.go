@@ -10,6 +10,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/internal/testenv"
 	"github.com/dlock-go/dlock/redis"
 )
@@ -380,4 +381,40 @@ func TestSharedFairMode(t *testing.T) {
 		t.Fatalf("a fair exclusive TryAcquire after the shared holder left: %v", err)
 	}
 	release(t, x)
+}
+
+// TestSharedMinReplicas: with MinReplicas on a server without replicas, a
+// shared grant is refused with ErrTooFewReplicas and given back (no entry
+// left in :readers), and a refresh of a shared hold fails the same way.
+func TestSharedMinReplicas(t *testing.T) {
+	ctx := testCtx(t)
+	srv := testenv.StartRedis(t)
+	raw := rawClient(t, srv)
+	_, readers, _ := sharedNames("replicas")
+	strict := newSemDriver(t, srv, &redis.Options{MinReplicas: 1, WaitTimeout: 20 * time.Millisecond})
+	req := backend.AcquireRequest{Key: "replicas", Owner: "o1", TTL: time.Minute, Shared: true}
+	if _, err := strict.Acquire(ctx, req); !errors.Is(err, redis.ErrTooFewReplicas) {
+		t.Fatalf("shared acquire with MinReplicas 1 and no replica: %v, want ErrTooFewReplicas", err)
+	}
+	if exists(t, raw, readers) {
+		t.Fatalf("the refused shared grant was not given back: %v", zset(t, raw, readers))
+	}
+	d := newSemDriver(t, srv, nil)
+	req.Owner = "o2"
+	g, err := d.Acquire(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := strict.Refresh(ctx, g, time.Minute); !errors.Is(err, redis.ErrTooFewReplicas) {
+		t.Errorf("shared refresh with MinReplicas 1 and no replica: %v, want ErrTooFewReplicas", err)
+	}
+	if err := d.Release(ctx, g); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Release(ctx, g); !errors.Is(err, backend.ErrNotHeld) {
+		t.Errorf("a second Release of a shared hold: %v, want ErrNotHeld", err)
+	}
+	if _, err := d.Refresh(ctx, g, time.Minute); !errors.Is(err, backend.ErrNotHeld) {
+		t.Errorf("Refresh of a released shared hold: %v, want ErrNotHeld", err)
+	}
 }
