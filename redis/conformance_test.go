@@ -157,7 +157,7 @@ func BenchmarkConformance(b *testing.B) {
 }
 
 // Waiters counts the waiters: in fair mode the queue, else the subscribers
-// to key's release channel.
+// to key's release channel (on a Cluster, on every node).
 func (h *harness) Waiters(t testing.TB, key string) int {
 	t.Helper()
 	prefix := redis.DefaultPrefix
@@ -175,6 +175,23 @@ func (h *harness) Waiters(t testing.TB, key string) int {
 		return int(n)
 	}
 	ch := redis.ReleaseChannel(prefix, key)
+	if cc, ok := h.raw.(*goredis.ClusterClient); ok {
+		// Subscriptions are counted per node, and a client's pub/sub
+		// connection may be on any node: add them up.
+		var mu sync.Mutex
+		n := 0
+		err := cc.ForEachShard(context.Background(), func(ctx context.Context, c *goredis.Client) error {
+			m, err := c.PubSubNumSub(ctx, ch).Result()
+			mu.Lock()
+			n += int(m[ch])
+			mu.Unlock()
+			return err
+		})
+		if err != nil {
+			t.Fatalf("PUBSUB NUMSUB %s: %v", ch, err)
+		}
+		return n
+	}
 	m, err := h.raw.PubSubNumSub(context.Background(), ch).Result()
 	if err != nil {
 		t.Fatalf("PUBSUB NUMSUB %s: %v", ch, err)
@@ -194,12 +211,15 @@ func (h *harness) NewSlowPollLocker(t testing.TB) dlock.Locker {
 	return h.lockerWith(t, &o)
 }
 
-// Residue reports the lock key if it is still there; the fence counter stays
+// Residue reports the lock key, and the shared holders' and waiting
+// writers' sets, if they are still there; the fence counter stays
 // by design (it keeps tokens increasing).
 func (h *harness) Residue(t testing.TB, key string) []string {
 	t.Helper()
 	lk := redis.LockKey(redis.DefaultPrefix, key)
-	names := []string{lk}
+	// A key held shared: its shared holders and its waiting writers' marks
+	// (each set goes with its last entry).
+	names := []string{lk, lk + ":readers", lk + ":writers"}
 	if h.opts != nil && h.opts.Fair {
 		// A waiter that gave up takes itself out of the queue (an empty
 		// sorted set is no key at all); the arrival counter stays, as the

@@ -27,5 +27,14 @@
 // slot → expiry on the server's clock, a hash of slot → token and holder, a
 // key recording n and a fencing counter floored at the server's clock. One
 // script per step sweeps the expired permits first; waiters are woken by a
-// release message. docs/redis.md in the repository has the whole write-up.
+// release message.
+//
+// Shared locks (dlock.WithShared, and package rwlock) are the driver's own
+// layout too, in the default mode (not with Options.Fair, which refuses
+// them): beside the lock key, a sorted set of shared holder → expiry on the
+// server's clock, and one of waiting writers' marks, which keep new shared
+// holders out while a writer waits (a crashed writer's mark expires with its
+// TTL). The exclusive acquire refuses while a shared holder is live; tokens
+// of both modes come from the one counter. docs/redis.md in the repository
+// has the whole write-up.
 package redis

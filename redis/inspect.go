@@ -32,6 +32,11 @@ var (
 // mode, the number of waiters queued (a crashed one counts until its TTL
 // has passed and a later acquire drops it). Redis records no grant time.
 //
+// A key held shared reports Shared, the number of its shared holders (one
+// that vanished counts until the next script on the key sweeps it), and as
+// Owner, Label and Expires those of the holder whose expiry is the latest;
+// Token is 0 (the counter is the last grant's, whose holder may have left).
+//
 // A key that names a permit's slot, NAME/permits/i, and is not held as a
 // lock shows the holder of that permit of the counted semaphore NAME, if
 // any (see inspectPermit).
@@ -58,6 +63,9 @@ func (d *Driver) inspect(ctx context.Context, key string, k *rediscore.Keys) (ba
 	get := pipe.Get(ctx, k.Lock)
 	pttl := pipe.PTTL(ctx, k.Lock)
 	fence := pipe.Get(ctx, k.Fence)
+	readers := pipe.ZCard(ctx, k.Readers())
+	last := pipe.ZRangeWithScores(ctx, k.Readers(), -1, -1)
+	now := pipe.Time(ctx)
 	switch {
 	case d.opts.Fair:
 		queued = pipe.ZCard(ctx, k.Queue())
@@ -77,6 +85,15 @@ func (d *Driver) inspect(ctx context.Context, key string, k *rediscore.Keys) (ba
 	}
 	v, err := get.Result()
 	if errors.Is(err, goredis.Nil) {
+		if n := readers.Val(); n > 0 {
+			info.Held, info.Shared = true, int(n)
+			if zs := last.Val(); len(zs) == 1 {
+				if m, ok := zs[0].Member.(string); ok {
+					info.Owner, info.Label = rediscore.SplitHolder(m)
+				}
+				info.Expires = start.Add(time.Duration(int64(zs[0].Score)-now.Val().UnixMilli()) * time.Millisecond)
+			}
+		}
 		return info, nil
 	}
 	info.Held = true
@@ -109,6 +126,25 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, e
 	if err != nil {
 		return nil, err
 	}
+	// Keys held shared have no lock key: their shared holders' sets.
+	shared, err := d.scanList(ctx, rediscore.LockPattern(d.prefix, prefix)+rediscore.GlobEscape(readersSuffix), func(ctx context.Context, names []string) ([]backend.LockInfo, error) {
+		locks := make([]string, 0, len(names))
+		for _, n := range names {
+			locks = append(locks, strings.TrimSuffix(n, readersSuffix))
+		}
+		return rediscore.HeldLocks(ctx, d.prefix, prefix, locks, func(ctx context.Context, key string) (backend.LockInfo, error) {
+			return d.inspect(ctx, key, rediscore.KeysFor(d.prefix, key))
+		})
+	})
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range shared {
+		if s.Shared > 0 { // not one taken exclusively since the first SCAN
+			locks = append(locks, s)
+		}
+	}
+	slices.SortFunc(locks, func(a, b backend.LockInfo) int { return strings.Compare(a.Key, b.Key) })
 	// A permit's key, NAME/permits/i, starts with a prefix without '/' only
 	// if NAME does; otherwise NAME may be shorter than the prefix.
 	pattern := rediscore.GlobEscape(d.prefix+"{") + "*" + rediscore.SemHoldersSuffix
@@ -160,11 +196,15 @@ func (d *Driver) scanList(ctx context.Context, pattern string, read func(ctx con
 	return read(ctx, names)
 }
 
+// readersSuffix ends the name of a key's shared holders' set.
+const readersSuffix = ":readers"
+
 // Break implements backend.Breaker: it deletes the lock key if it still
 // holds the holder Inspect read (so a holder that changed meanwhile is not
 // touched), keeps the fencing counter, and publishes the release so that
 // waiters try at once (in fair mode, it hands the lock to the head of the
 // queue, as a release does). The broken holder learns it at its next renewal.
+// A key held shared loses every shared holder.
 func (d *Driver) Break(ctx context.Context, key string) (backend.LockInfo, error) {
 	if d.closed.Load() {
 		return backend.LockInfo{}, errClosed
@@ -179,6 +219,18 @@ func (d *Driver) Break(ctx context.Context, key string) (backend.LockInfo, error
 	}
 	if !info.Held {
 		return info, fmt.Errorf("key %q: %w", key, backend.ErrNotHeld)
+	}
+	if info.Shared > 0 {
+		// Every shared holder goes (as on the other backends), and every
+		// waiter is woken; each holder learns it at its next renewal.
+		n, err := d.runShared(ctx, k, "break", "", "").Int64()
+		if err != nil {
+			return info, fmt.Errorf("break %s: %w", k.Readers(), err)
+		}
+		if n == 0 {
+			return info, fmt.Errorf("key %q: its shared holders went before the break: %w", key, backend.ErrNotHeld)
+		}
+		return info, nil
 	}
 	holder := rediscore.HolderValue(info.Owner, info.Label)
 	var n int64

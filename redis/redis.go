@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -279,8 +280,10 @@ func (d *Driver) Prefix() string { return d.prefix }
 // Capabilities reports strict fencing, server-side expiry and push-based
 // waiting; FIFO order only with Options.Fair; no fault tolerance and no
 // immediate loss notification (a lost lock is noticed at the next refresh);
-// counted semaphores in the driver's own layout (see semaphore.go). See the
-// package doc for the assumptions behind each.
+// counted semaphores in the driver's own layout (see semaphore.go); shared
+// locks in the driver's own layout (see shared.go), except in fair mode,
+// whose queue does not order shared requests. See the package doc for the
+// assumptions behind each.
 func (d *Driver) Capabilities() backend.Capabilities {
 	return backend.Capabilities{
 		Fencing:       backend.FencingStrict,
@@ -290,6 +293,7 @@ func (d *Driver) Capabilities() backend.Capabilities {
 		PushWait:      true,
 		LossNotify:    false,
 		Counted:       true,
+		Shared:        !d.opts.Fair,
 	}
 }
 
@@ -343,6 +347,9 @@ func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 	if req.Permits > 0 {
 		return d.acquirePermit(ctx, req) // semaphore.go
 	}
+	if req.Shared && d.opts.Fair {
+		return nil, errSharedFair
+	}
 	ms, validity, err := ttlMillis(req.TTL)
 	if err != nil {
 		return nil, err
@@ -351,7 +358,7 @@ func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 	// space (see Inspect). Every script compares the whole value.
 	req.Owner = rediscore.HolderValue(req.Owner, req.Label)
 	k := rediscore.KeysFor(d.prefix, req.Key)
-	g, ref, err := d.attempt(ctx, req, k, ms, validity)
+	g, ref, err := d.attempt(ctx, req, k, ms, validity, false)
 	switch {
 	case g != nil:
 		return g, nil
@@ -399,17 +406,25 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *redisc
 	}
 	granted := false
 	defer func() {
-		if d.opts.Fair && !granted {
+		switch {
+		case granted:
+		case d.opts.Fair:
 			d.leaveQueue(ctx, req.Owner, k)
+		case !req.Shared:
+			// A waiting writer's mark keeps shared acquires out: take it
+			// away (else it expires after the writer's TTL).
+			d.leaveWriters(ctx, req.Owner, k)
 		}
-		d.mux.Unsubscribe(w, granted)
+		// A shared grant passes the wake-up on: the next waiter of this
+		// process may be granted beside it.
+		d.mux.Unsubscribe(w, granted && !req.Shared)
 	}()
 
 	// Try again only once the subscription is active, so a release between
 	// the attempt and the subscription cannot go unnoticed; but never wait
 	// for the confirmation longer than a poll.
 	backoff := backend.Backoff{Min: 10 * time.Millisecond, Max: d.poll}
-	next := d.nextWaitAt(ref.pttl, ref.rank, req.TTL)
+	next := d.nextWaitAt(ref.pttl, ref.rank, req)
 	if lastErr != nil {
 		next = backoff.Next()
 	}
@@ -432,7 +447,7 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *redisc
 			return g, nil
 		}
 		var g *backend.Grant
-		g, ref, err = d.attempt(ctx, req, k, ms, validity)
+		g, ref, err = d.attempt(ctx, req, k, ms, validity, true)
 		switch {
 		case g != nil:
 			granted = true
@@ -441,7 +456,7 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *redisc
 			lastErr = nil
 			backoff.Reset()
 			before = ref
-			next = d.nextWaitAt(ref.pttl, ref.rank, req.TTL)
+			next = d.nextWaitAt(ref.pttl, ref.rank, req)
 		case ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
 			// ctx is ending (the attempt saw its deadline a moment before
 			// ctx.Err does): report that, with the outage if there was one.
@@ -526,12 +541,16 @@ func (d *Driver) nextWait(pttl time.Duration) time.Duration {
 // next, or not in fair mode): a waiter behind another has no reason to try
 // when the holder's TTL runs out, only to renew its place, within its own
 // TTL; the head is woken by name. In fair mode no wait is longer than a
-// third of the waiter's TTL.
-func (d *Driver) nextWaitAt(pttl time.Duration, rank int64, ttl time.Duration) time.Duration {
+// third of the waiter's TTL, nor is an exclusive waiter's in the default mode
+// (it renews its mark as a waiting writer, see shared.go).
+func (d *Driver) nextWaitAt(pttl time.Duration, rank int64, req backend.AcquireRequest) time.Duration {
+	renew := backend.Jitter(req.TTL / 3)
 	if !d.opts.Fair {
-		return d.nextWait(pttl)
+		if req.Shared {
+			return d.nextWait(pttl)
+		}
+		return min(d.nextWait(pttl), renew)
 	}
-	renew := backend.Jitter(ttl / 3)
 	if rank > 0 {
 		return renew
 	}
@@ -558,28 +577,51 @@ func (d *Driver) fairRelease(ctx context.Context, owner string, k *rediscore.Key
 	if d.opts.MinReplicas > 0 {
 		handOff = "0"
 	}
-	return rediscore.FairRelease.Run(ctx, d.client, []string{k.Lock, k.Queue(), k.QueueExpiry(), k.Fence, k.QueueWait()},
+	return rediscore.FairRelease.Run(ctx, d.client, []string{k.Lock, k.Queue(), k.QueueExpiry(), k.Fence, k.QueueWait(), k.Readers()},
 		owner, k.Channel, leave, handOff)
 }
 
 // attempt runs the acquire script once. It returns the grant, or what the
 // refusal said when the lock is held (in fair mode, a waiting Acquire joins
 // the queue, and the refusal says where it stands). It leaves nothing behind
-// when it fails or when ctx ends while the grant is in flight.
-func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, k *rediscore.Keys, ms int64, validity time.Duration) (*backend.Grant, refusal, error) {
+// when it fails or when ctx ends while the grant is in flight. A refused
+// exclusive attempt of a waiting Acquire marks the caller as a waiting
+// writer; marked says an earlier attempt may have, so a grant removes the
+// mark.
+func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, k *rediscore.Keys, ms int64, validity time.Duration, marked bool) (*backend.Grant, refusal, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, refusal{}, err
 	}
 	start := time.Now()
 	// The grant is announced on the release channel for followers (Watch).
-	script, keys, args := rediscore.Acquire, []string{k.Lock, k.Fence}, []any{req.Owner, ms, "-", k.Channel}
-	if d.opts.Fair {
+	var (
+		script *goredis.Script
+		keys   []string
+		args   []any
+	)
+	switch {
+	case req.Shared:
+		script = rediscore.Shared
+		keys = []string{k.Lock, k.Fence, k.Readers(), k.Writers()}
+		args = []any{"acquire", req.Owner, ms, k.Channel}
+	case !d.opts.Fair:
+		mark, again := "", "0"
+		if req.Wait {
+			mark = strconv.FormatInt(req.TTL.Milliseconds(), 10)
+		}
+		if marked {
+			again = "1"
+		}
+		script = rediscore.Acquire
+		keys = []string{k.Lock, k.Fence, k.Readers(), k.Writers()}
+		args = []any{req.Owner, ms, "-", k.Channel, mark, again}
+	default:
 		join := "0"
 		if req.Wait {
 			join = "1"
 		}
 		script = rediscore.FairAcquire
-		keys = []string{k.Lock, k.Fence, k.Queue(), k.QueueExpiry(), k.QueueSeq(), k.QueueWait()}
+		keys = []string{k.Lock, k.Fence, k.Queue(), k.QueueExpiry(), k.QueueSeq(), k.QueueWait(), k.Readers()}
 		args = []any{req.Owner, ms, join, req.TTL.Milliseconds(), k.Channel, d.wakeChannel}
 	}
 	var (
@@ -596,11 +638,11 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, k *red
 				// A grant too few replicas acknowledged (or whose WAIT
 				// failed) may not survive a failover: give it back.
 				if werr != nil {
-					d.cleanup(ctx, req.Owner, k)
+					d.cleanup(ctx, req, k)
 					return nil, refusal{}, fmt.Errorf("acquire: %w", werr)
 				}
 				if acks < int64(d.opts.MinReplicas) {
-					d.cleanup(ctx, req.Owner, k)
+					d.cleanup(ctx, req, k)
 					return nil, refusal{}, d.tooFew(acks)
 				}
 			}
@@ -612,7 +654,7 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, k *red
 		if rediscore.MayHaveRun(err) {
 			// The script may have run and the reply been lost: free the
 			// lock if it is ours.
-			d.cleanup(ctx, req.Owner, k)
+			d.cleanup(ctx, req, k)
 		}
 		if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
 			err = fmt.Errorf("%w (%w)", ctx.Err(), err)
@@ -638,8 +680,12 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, k *red
 	}
 	if ctx.Err() != nil {
 		// The grant raced the caller's cancellation: give it back.
-		d.cleanup(ctx, req.Owner, k)
+		d.cleanup(ctx, req, k)
 		return nil, refusal{}, ctx.Err()
+	}
+	var data any = k
+	if req.Shared {
+		data = &sharedGrant{k: k}
 	}
 	return &backend.Grant{
 		Key:      req.Key,
@@ -647,16 +693,21 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, k *red
 		Token:    uint64(res[1]),
 		Start:    start,
 		Validity: validity,
-		Data:     k,
+		Data:     data,
 	}, refusal{}, nil
 }
 
-// cleanup releases owner's lock, if it holds it, on a context detached from
-// the caller's and bounded by cleanupTimeout.
-func (d *Driver) cleanup(ctx context.Context, owner string, k *rediscore.Keys) {
+// cleanup releases req.Owner's lock (or shared hold, for a shared req), if
+// it holds it, on a context detached from the caller's and bounded by
+// cleanupTimeout.
+func (d *Driver) cleanup(ctx context.Context, req backend.AcquireRequest, k *rediscore.Keys) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	_ = d.release(ctx, owner, k).Err()
+	if req.Shared {
+		_ = d.runShared(ctx, k, "release", req.Owner, "").Err()
+		return
+	}
+	_ = d.release(ctx, req.Owner, k).Err()
 }
 
 // release runs the release script for owner's lock: in fair mode, the one
@@ -677,6 +728,9 @@ func (d *Driver) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duratio
 	}
 	if sg, ok := g.Data.(*semGrant); ok {
 		return d.refreshPermit(ctx, g, sg, ttl) // semaphore.go
+	}
+	if sg, ok := g.Data.(*sharedGrant); ok {
+		return d.refreshShared(ctx, g, sg, ttl) // shared.go
 	}
 	ms, validity, err := ttlMillis(ttl)
 	if err != nil {
@@ -724,6 +778,9 @@ func (d *Driver) Relabel(ctx context.Context, g *backend.Grant, label string) er
 	if sg, ok := g.Data.(*semGrant); ok {
 		return d.relabelPermit(ctx, g, sg, label) // semaphore.go
 	}
+	if sg, ok := g.Data.(*sharedGrant); ok {
+		return d.relabelShared(ctx, g, sg, label) // shared.go
+	}
 	owner, _ := rediscore.SplitHolder(g.Owner)
 	value := rediscore.HolderValue(owner, label)
 	k := d.keys(g)
@@ -764,6 +821,9 @@ func (d *Driver) Release(ctx context.Context, g *backend.Grant) error {
 	}
 	if sg, ok := g.Data.(*semGrant); ok {
 		return d.releasePermit(ctx, g, sg) // semaphore.go
+	}
+	if sg, ok := g.Data.(*sharedGrant); ok {
+		return d.releaseShared(ctx, g, sg) // shared.go
 	}
 	k := d.keys(g)
 	n, err := d.release(ctx, g.Owner, k).Int64()

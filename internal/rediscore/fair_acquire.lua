@@ -16,6 +16,9 @@
 -- ARGV[6]  with ARGV[3] '1': the waiter's wake-up channel, one per client
 --          (<prefix>waiters:<id>), on which the lock is handed to it or it
 --          is named when it heads the queue of a free lock
+-- KEYS[7]  optional: the shared holders <prefix>{<tag>}:readers: while one
+--          is live (a client of the default mode holds the key shared; fair
+--          mode takes no shared holds) the lock is not granted
 --
 -- The lock is granted when it is free and the caller heads the queue (or the
 -- queue is empty). Waiters whose TTL has passed are dropped first, so a
@@ -49,6 +52,13 @@ end
 
 local holder = redis.call('GET', KEYS[1])
 local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+-- readers: how long until the first live shared holder's expiry, if any.
+local readers = nil
+if KEYS[7] and redis.call('EXISTS', KEYS[7]) == 1 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[7], '-inf', string.format('%.0f', nowms))
+  local first = redis.call('ZRANGE', KEYS[7], 0, 0, 'WITHSCORES')
+  if first[1] then readers = math.max(0, tonumber(first[2]) - nowms) end
+end
 
 local function grant()
   redis.call('ZREM', KEYS[3], ARGV[1])
@@ -80,7 +90,7 @@ if holder == ARGV[1] then
   end
   return grant() -- the counter is gone: a new token, floored at the clock
 end
-if not holder and (head == nil or head == ARGV[1]) then
+if not holder and not readers and (head == nil or head == ARGV[1]) then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
   return grant()
 end
@@ -96,7 +106,7 @@ if ARGV[3] == '1' then
   -- The queue's keys outlive their last waiter by a little, then go.
   for i = 3, 6 do redis.call('PEXPIRE', KEYS[i], 2 * wttl) end
 end
-if not holder and head and head ~= ARGV[1] then
+if not holder and not readers and head and head ~= ARGV[1] then
   local rec = redis.call('HGET', KEYS[6], head)
   local ch = rec and string.match(rec, '^%d+ (.+)$')
   redis.call('PUBLISH', ch or ARGV[5], head)
@@ -104,5 +114,5 @@ end
 local rank = redis.call('ZRANK', KEYS[3], ARGV[1])
 if not rank then rank = -1 end
 local pttl = -1
-if holder then pttl = redis.call('PTTL', KEYS[1]) end
+if holder then pttl = redis.call('PTTL', KEYS[1]) elseif readers then pttl = readers end
 return {0, pttl, rank, nowus}

@@ -8,6 +8,9 @@
 -- KEYS[3]  the waiters' expiries   <prefix>{<tag>}:qexp
 -- KEYS[4]  the fencing counter     <prefix>{<tag>}:fence
 -- KEYS[5]  the waiters' records    <prefix>{<tag>}:qwait   hash: waiter → "<ttl ms> <channel>"
+-- KEYS[6]  optional: the shared holders <prefix>{<tag>}:readers: while one
+--          is live (a client of the default mode), the lock is not handed
+--          over; the head is named instead, and takes it when it can
 -- ARGV[1]  the owner id
 -- ARGV[2]  the release channel     <prefix>{<tag>}:released
 -- ARGV[3]  '1': leave the queue rather than release the lock
@@ -69,7 +72,8 @@ if not ch then
   redis.call('PUBLISH', ARGV[2], head)
   return done
 end
-if ARGV[4] ~= '1' then
+local shared = KEYS[6] and redis.call('ZCOUNT', KEYS[6], string.format('%.0f', nowms + 1), '+inf') > 0
+if ARGV[4] ~= '1' or shared then
   redis.call('PUBLISH', ch, head)
   return done
 end

@@ -48,6 +48,14 @@ func KeysFor(prefix, key string) *Keys {
 	return &Keys{Lock: lock, Fence: lock + ":fence", Channel: lock + ":released"}
 }
 
+// Readers is the shared holders of the lock, a sorted set of holder →
+// expiry (server ms) (package redis, AcquireRequest.Shared).
+func (k *Keys) Readers() string { return k.Lock + ":readers" }
+
+// Writers is the waiting writers' marks, a sorted set of writer → expiry
+// (server ms): while one is live, shared acquires are refused.
+func (k *Keys) Writers() string { return k.Lock + ":writers" }
+
 // Queue is the fair mode's queue of waiters, in arrival order (package
 // redis, Options.Fair).
 func (k *Keys) Queue() string { return k.Lock + ":queue" }

@@ -394,6 +394,14 @@ func (m *Mux) dispatch(channel, payload string) {
 	if payload == GrantMessage {
 		return // for followers only
 	}
+	if payload == WakeAllMessage {
+		for _, w := range st.waiters {
+			if !w.observer {
+				signal(w.wake)
+			}
+		}
+		return
+	}
 	if payload == "" {
 		if first := firstWaiter(st.waiters); first != nil {
 			signal(first.wake)
@@ -419,6 +427,13 @@ func (m *Mux) dispatch(channel, payload string) {
 // GrantMessage is what the acquire scripts publish on the release channel when
 // they grant the lock: it wakes followers (Mux.Observe), never waiters.
 const GrantMessage = "+"
+
+// WakeAllMessage is what the shared-lock script publishes on the release
+// channel when the last shared holder leaves or a waiting writer gives up:
+// it wakes every waiter on the channel, not just the first (a waiting writer
+// and the shared waiters behind it may share a process, and each needs the
+// news).
+const WakeAllMessage = "*"
 
 // firstWaiter is the first of ws that waits for the lock (not an observer).
 func firstWaiter(ws []*Waiter) *Waiter {

@@ -29,6 +29,8 @@ var (
 	fairAcquireSrc string
 	//go:embed fair_release.lua
 	fairReleaseSrc string
+	//go:embed shared.lua
+	sharedSrc string
 	//go:embed relabel.lua
 	relabelSrc string
 )
@@ -39,8 +41,17 @@ var (
 var (
 	// Acquire takes the lock if it is free (or already this owner's) and bumps
 	// the fencing counter, floored at the server's clock in µs.
-	// KEYS: lock, fence. ARGV: owner, TTL in ms. Reply: {1, token} or {0, pttl}.
+	// KEYS: lock, fence [, readers, writers]. ARGV: owner, TTL in ms [,
+	// "holder", channel, mark TTL in ms, "1" if marked]. With readers it
+	// refuses while the key is held shared, and a refused waiting writer
+	// marks itself (see acquire.lua). Reply: {1, token} or {0, pttl}.
 	Acquire = goredis.NewScript(acquireSrc)
+
+	// Shared runs one operation on a lock's shared holds and its waiting
+	// writers' marks. KEYS: lock, fence, readers, writers. ARGV: operation
+	// (acquire, extend, release, relabel, leave, break), holder, TTL in ms or
+	// new value, channel. See shared.lua for the replies.
+	Shared = goredis.NewScript(sharedSrc)
 
 	// Release deletes the lock if it is this owner's and publishes on the
 	// release channel. KEYS: lock [, fence]. ARGV: owner, channel [, token].
