@@ -420,19 +420,45 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *redisc
 		d.mux.Unsubscribe(w, granted && !req.Shared)
 	}()
 
-	// Try again only once the subscription is active, so a release between
-	// the attempt and the subscription cannot go unnoticed; but never wait
-	// for the confirmation longer than a poll.
-	backoff := backend.Backoff{Min: 10 * time.Millisecond, Max: d.poll}
-	next := d.nextWaitAt(ref.pttl, ref.rank, req)
-	if lastErr != nil {
-		next = backoff.Next()
-	}
 	// before is the last refusal that the server ran: a hand-off counts from
 	// it (see handedOver).
 	before := ref
+	g, err := d.waitLoop(ctx, wake, ready, d.nextWaitAt(ref.pttl, ref.rank, req), lastErr,
+		func() (*backend.Grant, time.Duration, error) {
+			if g := d.handedOver(ctx, w, req, k, validity, before); g != nil {
+				return g, 0, nil
+			}
+			g, ref, err := d.attempt(ctx, req, k, ms, validity, true)
+			if g != nil || err != nil {
+				return g, 0, err
+			}
+			before = ref
+			return nil, d.nextWaitAt(ref.pttl, ref.rank, req), nil
+		})
+	granted = g != nil
+	return g, err
+}
+
+// waitLoop is the loop of every waiting Acquire (a lock's, a permit's), once
+// it has subscribed to its wake-ups: it calls try once the subscription is
+// confirmed (or after next, if that comes first), then after every wake-up
+// and whenever the wait try asked for runs out, until try grants, fails for
+// good, or ctx ends. next is the wait after the first, refused attempt;
+// lastErr is that attempt's error, if it was transient. Transient errors
+// (the server down, restarting, failing over) are ridden out with a backoff
+// of at most a poll interval, since a release message may be missed
+// meanwhile.
+func (d *Driver) waitLoop(ctx context.Context, wake, ready <-chan struct{}, next time.Duration, lastErr error,
+	try func() (*backend.Grant, time.Duration, error)) (*backend.Grant, error) {
+	backoff := backend.Backoff{Min: 10 * time.Millisecond, Max: d.poll}
+	if lastErr != nil {
+		next = backoff.Next()
+	}
 	timer := time.NewTimer(next)
 	defer timer.Stop()
+	// Try again only once the subscription is active, so a release between
+	// the attempt and the subscription cannot go unnoticed; but never wait
+	// for the confirmation longer than next.
 	select {
 	case <-ready:
 	case <-timer.C:
@@ -442,30 +468,20 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *redisc
 		return nil, errClosed
 	}
 	for {
-		if g := d.handedOver(ctx, w, req, k, validity, before); g != nil {
-			granted = true
-			return g, nil
-		}
-		var g *backend.Grant
-		g, ref, err = d.attempt(ctx, req, k, ms, validity, true)
+		g, wait, err := try()
 		switch {
 		case g != nil:
-			granted = true
 			return g, nil
 		case err == nil:
 			lastErr = nil
 			backoff.Reset()
-			before = ref
-			next = d.nextWaitAt(ref.pttl, ref.rank, req)
+			next = wait
 		case ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
 			// ctx is ending (the attempt saw its deadline a moment before
 			// ctx.Err does): report that, with the outage if there was one.
 			<-ctx.Done()
 			return nil, waitEnded(ctx, lastErr)
 		case rediscore.Transient(err):
-			// The server is down, restarting or failing over: keep waiting.
-			// (A release message may be missed meanwhile; the backoff, at
-			// most a poll interval, tries again regardless.)
 			lastErr = err
 			next = backoff.Next()
 		default:

@@ -83,52 +83,10 @@ func (d *Driver) acquirePermit(ctx context.Context, req backend.AcquireRequest) 
 	// wakes the next one of its process, which tries once.
 	defer d.mux.Unsubscribe(w, false)
 
-	backoff := backend.Backoff{Min: 10 * time.Millisecond, Max: d.poll}
-	next := d.permitWait(pttl)
-	lastErr := err
-	if lastErr != nil {
-		next = backoff.Next()
-	}
-	timer := time.NewTimer(next)
-	defer timer.Stop()
-	// Try again only once the subscription is active, so a release between
-	// the attempt and the subscription cannot go unnoticed.
-	select {
-	case <-ready:
-	case <-timer.C:
-	case <-ctx.Done():
-		return nil, waitEnded(ctx, lastErr)
-	case <-d.mux.Done():
-		return nil, errClosed
-	}
-	for {
-		g, pttl, err = d.attemptPermit(ctx, req, k, ms, validity)
-		switch {
-		case g != nil:
-			return g, nil
-		case err == nil:
-			lastErr = nil
-			backoff.Reset()
-			next = d.permitWait(pttl)
-		case ctx.Err() != nil || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
-			<-ctx.Done()
-			return nil, waitEnded(ctx, lastErr)
-		case rediscore.Transient(err):
-			lastErr = err
-			next = backoff.Next()
-		default:
-			return nil, waitEnded(ctx, err)
-		}
-		timer.Reset(next)
-		select {
-		case <-wake:
-		case <-timer.C:
-		case <-ctx.Done():
-			return nil, waitEnded(ctx, lastErr)
-		case <-d.mux.Done():
-			return nil, errClosed
-		}
-	}
+	return d.waitLoop(ctx, wake, ready, d.permitWait(pttl), err, func() (*backend.Grant, time.Duration, error) {
+		g, pttl, err := d.attemptPermit(ctx, req, k, ms, validity)
+		return g, d.permitWait(pttl), err
+	})
 }
 
 // permitWait is how long a permit's waiter waits for a release message: a
