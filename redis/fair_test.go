@@ -68,9 +68,28 @@ func waiterChannels(t testing.TB, c *goredis.Client) []string {
 	return chans
 }
 
-// fairKeys are FairAcquire's KEYS for k.
-func fairKeys(k *rediscore.Keys) []string {
-	return []string{k.Lock, k.Fence, k.Queue(), k.QueueExpiry(), k.QueueSeq(), k.QueueWait()}
+// fairAttempt runs the fair acquire script for a waiter written by the test
+// (a crashed or a leaving one), as the driver calls it: it joins the queue,
+// with one TTL for its lease and its place, and a wake-up channel of its own.
+func fairAttempt(t testing.TB, c *goredis.Client, k *rediscore.Keys, waiter string, ttl time.Duration) []int64 {
+	t.Helper()
+	ms := ttl.Milliseconds()
+	res, err := rediscore.FairAcquire.Run(context.Background(), c,
+		[]string{k.Lock, k.Fence, k.Queue(), k.QueueExpiry(), k.QueueSeq(), k.QueueWait()},
+		waiter, ms, "1", ms, k.Channel, waiter+"'s channel").Int64Slice()
+	if err != nil {
+		t.Fatalf("%s's attempt: %v", waiter, err)
+	}
+	return res
+}
+
+// fairEnqueue is fairAttempt for a waiter that must be refused and become
+// the head of the queue.
+func fairEnqueue(t testing.TB, c *goredis.Client, k *rediscore.Keys, waiter string, ttl time.Duration) {
+	t.Helper()
+	if res := fairAttempt(t, c, k, waiter, ttl); len(res) != 4 || res[0] != 0 || res[2] != 0 {
+		t.Fatalf("%s's enqueue: %v, want [0 pttl 0 now]", waiter, res)
+	}
 }
 
 // TestFairDropsCrashedWaiter: a waiter that crashed while first in the queue
@@ -91,12 +110,7 @@ func TestFairDropsCrashedWaiter(t *testing.T) {
 	}
 	k := rediscore.KeysFor(redis.DefaultPrefix, key)
 	const crashedTTL = time.Second
-	// As the driver calls it: the lease TTL and the waiter's TTL are one.
-	res, err := rediscore.FairAcquire.Run(ctx, raw, fairKeys(k),
-		"crashed-waiter", crashedTTL.Milliseconds(), "1", crashedTTL.Milliseconds(), k.Channel, "crashed-waiter's channel").Int64Slice()
-	if err != nil || len(res) != 4 || res[0] != 0 || res[2] != 0 {
-		t.Fatalf("the crashed waiter's enqueue: %v %v, want [0 pttl 0 now]", res, err)
-	}
+	fairEnqueue(t, raw, k, "crashed-waiter", crashedTTL)
 	enqueued := time.Now()
 	got := waitingAcquire(ctx, waiter, key, dlock.WithTTL(3*time.Second))
 	waitFor(t, 5*time.Second, "live waiter queued", func() bool { return queueLen(t, raw, key) == 2 })
@@ -199,11 +213,7 @@ func TestFairHandedLockPassedOnByAWaiterThatLeaves(t *testing.T) {
 	}
 	k := rediscore.KeysFor(redis.DefaultPrefix, key)
 	const ghost = "leaving-waiter"
-	ttl := time.Minute.Milliseconds()
-	res, err := rediscore.FairAcquire.Run(ctx, raw, fairKeys(k), ghost, ttl, "1", ttl, k.Channel, "leaving waiter's channel").Int64Slice()
-	if err != nil || len(res) != 4 || res[0] != 0 || res[2] != 0 {
-		t.Fatalf("the leaving waiter's enqueue: %v %v, want [0 pttl 0 now]", res, err)
-	}
+	fairEnqueue(t, raw, k, ghost, time.Minute)
 	got := waitingAcquire(ctx, waiter, key, dlock.WithTTL(time.Minute))
 	waitFor(t, 5*time.Second, "second waiter queued", func() bool { return queueLen(t, raw, key) == 2 })
 	release(t, lease)
@@ -312,10 +322,7 @@ func TestFairHandedWaiterAttemptKeepsTheToken(t *testing.T) {
 	}
 	k := rediscore.KeysFor(redis.DefaultPrefix, key)
 	const waiter = "handed-waiter"
-	ttl := time.Minute.Milliseconds()
-	if _, err := rediscore.FairAcquire.Run(ctx, raw, fairKeys(k), waiter, ttl, "1", ttl, k.Channel, "waiter's channel").Int64Slice(); err != nil {
-		t.Fatal(err)
-	}
+	fairEnqueue(t, raw, k, waiter, time.Minute)
 	follower := raw.Subscribe(ctx, k.Channel)
 	defer follower.Close()
 	if _, err := follower.Receive(ctx); err != nil {
@@ -329,9 +336,8 @@ func TestFairHandedWaiterAttemptKeepsTheToken(t *testing.T) {
 	if msg, err := follower.ReceiveMessage(ctx); err != nil || msg.Payload != rediscore.GrantMessage {
 		t.Fatalf("the hand-off's announcement: %v %v, want %q", msg, err, rediscore.GrantMessage)
 	}
-	res, err := rediscore.FairAcquire.Run(ctx, raw, fairKeys(k), waiter, ttl, "1", ttl, k.Channel, "waiter's channel").Int64Slice()
-	if err != nil || len(res) != 2 || res[0] != 1 || res[1] != handed {
-		t.Fatalf("the handed waiter's attempt: %v %v, want [1 %d] (the handed token)", res, err, handed)
+	if res := fairAttempt(t, raw, k, waiter, time.Minute); len(res) != 2 || res[0] != 1 || res[1] != handed {
+		t.Fatalf("the handed waiter's attempt: %v, want [1 %d] (the handed token)", res, handed)
 	}
 	if now, err := raw.Get(ctx, k.Fence).Int64(); err != nil || now != handed {
 		t.Errorf("the counter moved from %d to %d (%v)", handed, now, err)
