@@ -76,7 +76,7 @@ func TestRootModuleStaysLean(t *testing.T) {
 // TestImportRules enforces the import rules of docs/DESIGN.md with go list: the root
 // imports only backend, internal/clock and internal/sharedctx; backend only the
 // standard library; internal/clock and internal/sockstate only the standard library and x/sys;
-// internal/sharedctx only the standard library; drivers never import each other; conformance never imports a driver;
+// internal/sharedctx and internal/sqlstate only the standard library; drivers never import each other; conformance never imports a driver;
 // examples never import internal/.
 func TestImportRules(t *testing.T) {
 	const mod = "github.com/dlock-go/dlock"
@@ -97,8 +97,8 @@ func TestImportRules(t *testing.T) {
 			switch {
 			case pkg == mod && strings.HasPrefix(imp, mod) && imp != mod+"/backend" && imp != mod+"/internal/clock" && imp != mod+"/internal/sharedctx":
 				t.Errorf("%s imports %s: the root may import only backend, internal/clock and internal/sharedctx (mem:// is registered by importing memlock)", pkg, imp)
-			case pkg == mod+"/internal/sharedctx" && !stdlib:
-				t.Errorf("%s imports %s: internal/sharedctx may import only the standard library", pkg, imp)
+			case (pkg == mod+"/internal/sharedctx" || pkg == mod+"/internal/sqlstate") && !stdlib:
+				t.Errorf("%s imports %s: %s may import only the standard library", pkg, imp, pkg)
 			case (pkg == mod+"/internal/clock" || pkg == mod+"/internal/sockstate") && !stdlib && imp != "golang.org/x/sys/unix":
 				t.Errorf("%s imports %s: %s may import only the standard library and x/sys", pkg, imp, pkg)
 			case pkg == mod+"/backend" && !stdlib:

@@ -20,6 +20,7 @@ import (
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/internal/sharedctx"
+	"github.com/dlock-go/dlock/internal/sqlstate"
 )
 
 // Defaults for Options and the DSN parameters.
@@ -352,9 +353,8 @@ func ensureTokenMode(ctx context.Context, conn *pgxpool.Conn, o Options) error {
 		"CREATE SEQUENCE IF NOT EXISTS " + seq + " MAXVALUE " + strconv.FormatInt(epochUnit-1, 10) + " CACHE 1",
 	} {
 		if _, err := conn.Exec(ctx, stmt); err != nil {
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07" || pgErr.Code == "42710") {
-				continue // another client made it at the same moment
+			if sqlstate.CreatedMeanwhile(err) {
+				continue
 			}
 			return fmt.Errorf("creating the token objects (or create them yourself: %s): %w", stmt, err)
 		}
@@ -373,10 +373,7 @@ func ensureTable(ctx context.Context, conn *pgxpool.Conn, table string) error {
 	}
 	create := "CREATE TABLE IF NOT EXISTS " + table + " (key text PRIMARY KEY, token bigint NOT NULL)"
 	if _, err := conn.Exec(ctx, create); err != nil {
-		var pgErr *pgconn.PgError
-		// Another client created it at the same moment: IF NOT EXISTS does
-		// not cover a creation still in progress.
-		if errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07" || pgErr.Code == "42710") {
+		if sqlstate.CreatedMeanwhile(err) {
 			return nil
 		}
 		return fmt.Errorf("creating the fence table (or create it yourself: %s): %w", create, err)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/sqlstate"
 )
 
 // Defaults for Options and the DSN parameters.
@@ -136,7 +137,7 @@ func newDriver(ctx context.Context, db *sql.DB, dialectName string, opts *Option
 		return nil, fmt.Errorf("%w: dialect %q: want %q or %q", dlock.ErrInvalidOption, dialectName, PostgreSQL, MySQL)
 	}
 	for _, stmt := range d.create {
-		if _, err := db.ExecContext(ctx, stmt); err != nil && !createdMeanwhile(err) {
+		if _, err := db.ExecContext(ctx, stmt); err != nil && !sqlstate.CreatedMeanwhile(err) {
 			return nil, fmt.Errorf("create the lock table %s: %w", o.Table, err)
 		}
 	}
@@ -149,21 +150,6 @@ func newDriver(ctx context.Context, db *sql.DB, dialectName string, opts *Option
 			"and its token, and tokens would go backwards", ErrAsyncCommit, d.asyncAdvice)
 	}
 	return &Driver{db: db, owned: owned, opts: o, d: d, quit: make(chan struct{})}, nil
-}
-
-// createdMeanwhile reports whether a CREATE … IF NOT EXISTS failed because
-// another client created the object at the same moment (PostgreSQL checks
-// IF NOT EXISTS before it takes a lock: unique_violation on its catalog, or
-// duplicate_table).
-func createdMeanwhile(err error) bool {
-	var se interface{ SQLState() string }
-	if errors.As(err, &se) {
-		switch se.SQLState() {
-		case "23505", "42P07":
-			return true
-		}
-	}
-	return false
 }
 
 // New returns a dlock.Locker over db: dlock.New(NewDriver(ctx, db, dialect,

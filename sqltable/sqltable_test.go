@@ -3,6 +3,8 @@ package sqltable_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -71,5 +73,48 @@ func tokensSurviveARestart(t *testing.T, l dlock.Locker, crash func()) {
 	defer lease.Release(ctx)
 	if lease.Token() <= last {
 		t.Fatalf("token after the crash %d, not above the last before it %d", lease.Token(), last)
+	}
+}
+
+// TestOpenConcurrentlyOnAFreshDatabase: processes that start together on a
+// database without the lock table all open; PostgreSQL's CREATE TABLE IF NOT
+// EXISTS lets all but one fail on its catalog (duplicate type or key) while
+// the first is creating it.
+func TestOpenConcurrentlyOnAFreshDatabase(t *testing.T) {
+	srv := startPostgres(t)
+	ctx := testCtx(t)
+	const rounds, openers = 10, 8
+	for round := range rounds {
+		table := fmt.Sprintf("fresh_%d", round)
+		start := make(chan struct{})
+		errs := make(chan error, openers)
+		lockers := make(chan dlock.Locker, openers)
+		var wg sync.WaitGroup
+		for range openers {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start
+				l, err := dlock.Open(ctx, dsn(srv.URL())+"&table="+table)
+				if err != nil {
+					errs <- err
+					return
+				}
+				lockers <- l
+			}()
+		}
+		close(start)
+		wg.Wait()
+		close(errs)
+		close(lockers)
+		for l := range lockers {
+			_ = l.Close()
+		}
+		for err := range errs {
+			t.Errorf("round %d: Open on a database without table %s: %v", round, table, err)
+		}
+		if t.Failed() {
+			return
+		}
 	}
 }
