@@ -346,11 +346,24 @@ func (d *Driver) waitTurn(ctx context.Context, g *grant, pred string, predRev, s
 // awaitDelete returns nil once key (create revision rev), which existed at
 // revision seen, is deleted. While it waits it renews renew's lease, if renew
 // is not nil. An empty key returns nil at once.
+func (d *Driver) awaitDelete(ctx context.Context, renew *grant, key string, rev, seen int64) error {
+	if key == "" {
+		return nil
+	}
+	return d.awaitDeletion(ctx, renew, key, "", seen, func(ctx context.Context) (bool, error) {
+		return d.deleted(ctx, key, rev)
+	})
+}
+
+// awaitDeletion returns nil once a key is deleted from key (or from the
+// range [key, end) if end is not empty), whose keys the caller read at
+// revision seen. While it waits it renews renew's lease, if renew is not nil.
+// gone reads the keys again and reports whether one the caller saw is gone.
 //
 // The watch starts at the server's current revision, so that etcd serves it
 // from its synced watcher group (a watch from a past revision waits for a
 // catch-up loop that runs every 100ms). If the server's revision has moved
-// past seen by the time the watch is in place, the key is read again: a
+// past seen by the time the watch is in place, gone reads the keys again: a
 // deletion in between would not reach the watch.
 //
 // On etcd servers before 3.5, a waiter (renew != nil) also opens a second
@@ -362,10 +375,7 @@ func (d *Driver) waitTurn(ctx context.Context, g *grant, pred string, predRev, s
 // registered a round trip later, makes a hand-off that waits for that loop a
 // rare event (both must be hit). The first watch alone guarantees that no
 // deletion is missed.
-func (d *Driver) awaitDelete(ctx context.Context, renew *grant, key string, rev, seen int64) error {
-	if key == "" {
-		return nil
-	}
+func (d *Driver) awaitDeletion(ctx context.Context, renew *grant, key, end string, seen int64, gone func(context.Context) (bool, error)) error {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	if renew != nil {
@@ -375,6 +385,9 @@ func (d *Driver) awaitDelete(ctx context.Context, renew *grant, key string, rev,
 		wctx = clientv3.WithRequireLeader(wctx)
 	}
 	opts := []clientv3.OpOption{clientv3.WithCreatedNotify(), clientv3.WithFilterPut()}
+	if end != "" {
+		opts = append(opts, clientv3.WithRange(end))
+	}
 	wch := d.cli.Watch(wctx, key, opts...)
 	var second clientv3.WatchChan // nil until the first watch is in place
 
@@ -426,8 +439,7 @@ func (d *Driver) awaitDelete(ctx context.Context, renew *grant, key string, rev,
 				continue
 			}
 			if wr.Header.Revision > seen {
-				gone, err := d.deleted(ctx, key, rev)
-				if err != nil || gone {
+				if g, err := gone(ctx); err != nil || g {
 					return err
 				}
 			}

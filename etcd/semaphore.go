@@ -569,54 +569,13 @@ func (d *Driver) waitFailed(ctx context.Context, err error, bo *backend.Backoff)
 }
 
 // awaitSlot waits until a key of the slots of s is deleted after st was
-// read, renewing g's lease meanwhile. The watch starts at the current
-// revision, so that the server serves it from its synced watchers (see
-// awaitDelete); if that is past st's (any write to the cluster moves it),
-// the slots are read once the watch is in place, and it returns at once if
-// a key st saw is gone.
+// read, renewing g's lease meanwhile (awaitDeletion: if the server's revision
+// is past st's once the watch is in place, it returns at once when a key st
+// saw is gone).
 func (d *Driver) awaitSlot(ctx context.Context, g *grant, s semKeys, st semState) error {
-	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
-	defer cancel()
-	wch := d.cli.Watch(wctx, s.slotsFrom(), clientv3.WithRange(s.end()), clientv3.WithCreatedNotify(), clientv3.WithFilterPut())
-	timer := time.NewTimer(d.renewIn(g))
-	defer timer.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-timer.C:
-			if err := d.renewWaiting(ctx, g); err != nil {
-				return err
-			}
-			timer.Reset(d.renewIn(g))
-		case wr, ok := <-wch:
-			if !ok {
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				return errors.New("watch closed")
-			}
-			if err := wr.Err(); err != nil || wr.Canceled {
-				if err == nil {
-					err = errors.New("cancelled by the server")
-				}
-				return fmt.Errorf("watch %s: %w", s.base, err)
-			}
-			if wr.Created {
-				if wr.Header.Revision > st.rev {
-					if gone, err := d.slotGone(ctx, s, st); err != nil || gone {
-						return err
-					}
-				}
-				continue
-			}
-			for _, ev := range wr.Events {
-				if ev.Type == mvccpb.DELETE {
-					return nil
-				}
-			}
-		}
-	}
+	return d.awaitDeletion(ctx, g, s.slotsFrom(), s.end(), st.rev, func(ctx context.Context) (bool, error) {
+		return d.slotGone(ctx, s, st)
+	})
 }
 
 // slotGone reports whether a key of the slots that st saw is gone (or was

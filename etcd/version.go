@@ -18,7 +18,7 @@ const (
 )
 
 // legacyWatch reports whether a member of the cluster may run etcd before
-// 3.5 (see awaitDelete). The first call starts asking every endpoint in the
+// 3.5 (see awaitDeletion). The first call starts asking every endpoint in the
 // background; until every one has answered 3.5 or later, the answer is yes.
 func (d *Driver) legacyWatch() bool {
 	switch d.watchGen.Load() {
