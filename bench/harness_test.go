@@ -47,6 +47,9 @@ type impl struct {
 	reqs func() (float64, error)
 	// oneSessionPerWaiter: waiters on one key need a client each.
 	oneSessionPerWaiter bool
+	// handoffOnly: a floor of the hand-off (Handoff8), not a lock the other
+	// scenarios run.
+	handoffOnly bool
 }
 
 // dlockLocker adapts a dlock.Locker.

@@ -51,6 +51,7 @@ func startRedisEnv(tb testing.TB) *redisEnv {
 		{name: "redsync", newLocker: func(tb testing.TB) locker { return newRedsync(tb, e.single.Addr()) }, canWait: true, reqs: one},
 		{name: "redislock", newLocker: func(tb testing.TB) locker { return newRedislock(tb, e.single.Addr()) }, canWait: true, reqs: one},
 		{name: "floor", newLocker: func(tb testing.TB) locker { return newRedisFloor(tb, e.single.Addr()) }, reqs: one},
+		{name: "handoff-floor", newLocker: func(tb testing.TB) locker { return newRedisHandoffFloor(tb, e.single.Addr()) }, canWait: true, handoffOnly: true, reqs: one},
 		dlockImpl("dlock-redlock5", "redlock://"+strings.Join(addrs, ","), five),
 		{name: "redsync5", newLocker: func(tb testing.TB) locker { return newRedsync(tb, addrs...) }, canWait: true, reqs: five},
 	}
@@ -218,6 +219,99 @@ func (f redisFloor) lock(ctx context.Context, key string, wait bool) (func() err
 	}, nil
 }
 
+// redisHandoffFloor is the least a hand-off from one holder to the next
+// takes on Redis, with no token and no expiry of waiters (so not a lock to
+// use): a waiter that SET NX PX refuses queues its id (RPUSH, in the same
+// script) and waits for a message on a channel of its own; the release
+// script hands the lock to the head of the queue (SET, and PUBLISH on the
+// head's channel) or deletes it. A hand-off is one script and one message;
+// the waiter makes no request. It measures what a direct hand-off costs on
+// this machine, the reference of dlock's fair mode.
+type redisHandoffFloor struct {
+	c    *goredis.Client
+	id   string
+	msgs <-chan *goredis.Message
+}
+
+const handoffFloorChannel = "handoff-floor:"
+
+var (
+	handoffFloorAcquire = goredis.NewScript(`
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) or redis.call('GET', KEYS[1]) == ARGV[1] then
+  return 1
+end
+if ARGV[3] == '1' then
+  redis.call('RPUSH', KEYS[2], ARGV[1])
+end
+return 0`)
+	handoffFloorRelease = goredis.NewScript(`
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  redis.call('LREM', KEYS[2], 0, ARGV[1])
+  return 0
+end
+local head = redis.call('LPOP', KEYS[2])
+if head then
+  redis.call('SET', KEYS[1], head, 'PX', ARGV[2])
+  redis.call('PUBLISH', ARGV[3] .. head, KEYS[1])
+else
+  redis.call('DEL', KEYS[1])
+end
+return 1`)
+)
+
+func newRedisHandoffFloor(tb testing.TB, addr string) *redisHandoffFloor {
+	c := newRedisClient(tb, addr)
+	ctx := context.Background()
+	for _, sc := range []*goredis.Script{handoffFloorAcquire, handoffFloorRelease} {
+		if err := sc.Load(ctx, c).Err(); err != nil {
+			tb.Fatalf("handoff-floor: SCRIPT LOAD: %v", err)
+		}
+	}
+	id := backend.NewOwnerID()
+	ps := c.Subscribe(ctx, handoffFloorChannel+id)
+	tb.Cleanup(func() { _ = ps.Close() })
+	if _, err := ps.Receive(ctx); err != nil { // the subscription's confirmation
+		tb.Fatalf("handoff-floor: SUBSCRIBE: %v", err)
+	}
+	return &redisHandoffFloor{c: c, id: id, msgs: ps.Channel()}
+}
+
+func (f *redisHandoffFloor) lock(ctx context.Context, key string, wait bool) (func() error, error) {
+	keys := []string{key, key + ":queue"}
+	ms := benchTTL.Milliseconds()
+	join := "0"
+	if wait {
+		join = "1"
+	}
+	unlock := func() error {
+		n, err := handoffFloorRelease.EvalSha(context.Background(), f.c, keys, f.id, ms, handoffFloorChannel).Int()
+		if err == nil && n != 1 {
+			err = fmt.Errorf("handoff-floor: %q was not ours at release", key)
+		}
+		return err
+	}
+	n, err := handoffFloorAcquire.EvalSha(ctx, f.c, keys, f.id, ms, join).Int()
+	switch {
+	case err != nil:
+		return nil, err
+	case n == 1:
+		return unlock, nil
+	case !wait:
+		return nil, fmt.Errorf("handoff-floor: %q is held", key)
+	}
+	for {
+		select {
+		case m := <-f.msgs:
+			if m.Payload == key {
+				return unlock, nil
+			}
+		case <-ctx.Done():
+			_ = unlock() // leaves the queue, or passes on a lock handed over meanwhile
+			return nil, ctx.Err()
+		}
+	}
+}
+
 // BenchmarkRedis compares, against the same servers in one run, dlock's Redis
 // driver, redsync (1 pool), redislock and the raw floor on one redis-server,
 // and dlock's Redlock and redsync over five more (5 pools).
@@ -248,7 +342,7 @@ func runServerTime(b *testing.B, e *redisEnv, n int) {
 	c := newRedisClient(b, e.single.Addr())
 	ctx := context.Background()
 	for _, im := range e.impls {
-		if strings.HasSuffix(im.name, "5") { // on the five nodes, not the single server
+		if strings.HasSuffix(im.name, "5") || im.handoffOnly { // on the five nodes, not the single server
 			continue
 		}
 		l := im.newLocker(b)
