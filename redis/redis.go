@@ -400,7 +400,13 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *redisc
 		// lock to, by name, and nobody else.
 		channel, id = d.wakeChannel, req.Owner
 	}
-	w, err := d.mux.SubscribeAs(channel, id, wake, ready)
+	var w *rediscore.Waiter
+	var err error
+	if req.Shared {
+		w, err = d.mux.SubscribeShared(channel, wake, ready)
+	} else {
+		w, err = d.mux.SubscribeAs(channel, id, wake, ready)
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -418,3 +418,51 @@ func TestSharedMinReplicas(t *testing.T) {
 		t.Errorf("Refresh of a released shared hold: %v, want ErrNotHeld", err)
 	}
 }
+
+// TestReleaseWakesAWriterBehindAReader: a release wakes one waiter of each
+// kind in a process. When a shared waiter subscribed before a writer of the
+// same process, the writer's mark refuses the reader: the release must wake
+// the writer too, or it waits out a poll interval (here 10s) for a lock that
+// is free.
+func TestReleaseWakesAWriterBehindAReader(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	raw := rawClient(t, srv)
+	const poll = 10 * time.Second
+	a := openLocker(t, srv, "")
+	b := openLocker(t, srv, "poll="+poll.String())
+	ctx := testCtx(t)
+	const key = "wake/writer-behind-reader"
+	_, _, writers := sharedNames(key)
+	for i := range 3 {
+		lease, err := a.Acquire(ctx, key, dlock.WithTTL(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		reader := waitingAcquire(ctx, b, key, dlock.WithShared(), dlock.WithTTL(time.Minute))
+		waitFor(t, 5*time.Second, "reader subscribed", func() bool {
+			return numSub(t, raw, redis.ReleaseChannel(redis.DefaultPrefix, key)) == 1
+		})
+		writer := waitingAcquire(ctx, b, key, dlock.WithTTL(time.Minute))
+		waitFor(t, 5*time.Second, "writer marked", func() bool { return len(zset(t, raw, writers)) == 1 })
+		// No signal for "the writer registered its wake-up channel", a
+		// moment after its mark: give it that moment.
+		time.Sleep(50 * time.Millisecond)
+		released := time.Now()
+		release(t, lease)
+		r := <-writer
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		d := r.at.Sub(released)
+		t.Logf("round %d: release → writer granted in %v", i, d)
+		if d > poll/2 {
+			t.Errorf("the writer was granted %v after the release; only a poll (%v) explains that", d, poll)
+		}
+		release(t, r.lease)
+		rd := <-reader
+		if rd.err != nil {
+			t.Fatal(rd.err)
+		}
+		release(t, rd.lease)
+	}
+}

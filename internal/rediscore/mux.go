@@ -69,6 +69,7 @@ type Waiter struct {
 	st       *chanState
 	id       string // a fair-mode waiter's name in the queue; "" otherwise
 	observer bool   // woken by every message, and never takes one from a waiter
+	shared   bool   // waits for a shared hold (SubscribeShared)
 	wake     chan<- struct{}
 	ready    chan<- struct{}
 	handoff  atomic.Pointer[Handoff] // set by a hand-off message naming id
@@ -153,17 +154,25 @@ func (m *Mux) Subscribe(channel string, wake, ready chan<- struct{}) (*Waiter, e
 // wakes no one here; an empty message wakes the first waiter, as for
 // Subscribe.
 func (m *Mux) SubscribeAs(channel, id string, wake, ready chan<- struct{}) (*Waiter, error) {
-	return m.subscribe(channel, id, false, wake, ready)
+	return m.subscribe(channel, id, false, false, wake, ready)
+}
+
+// SubscribeShared is Subscribe for a waiter of a shared hold. A release
+// message wakes the first waiter of each kind, shared and exclusive: a
+// shared waiter first in line may be refused (a waiting writer's mark keeps
+// it out) where an exclusive one behind it would be granted.
+func (m *Mux) SubscribeShared(channel string, wake, ready chan<- struct{}) (*Waiter, error) {
+	return m.subscribe(channel, "", false, true, wake, ready)
 }
 
 // Observe is Subscribe for a follower that is not waiting for the lock
 // (backend.Watcher): every message on channel wakes it, besides the waiter
 // the message is for, and it never takes a message from a waiter.
 func (m *Mux) Observe(channel string, wake, ready chan<- struct{}) (*Waiter, error) {
-	return m.subscribe(channel, "", true, wake, ready)
+	return m.subscribe(channel, "", true, false, wake, ready)
 }
 
-func (m *Mux) subscribe(channel, id string, observer bool, wake, ready chan<- struct{}) (*Waiter, error) {
+func (m *Mux) subscribe(channel, id string, observer, shared bool, wake, ready chan<- struct{}) (*Waiter, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
@@ -181,7 +190,7 @@ func (m *Mux) subscribe(channel, id string, observer bool, wake, ready chan<- st
 		m.chans[channel] = st
 		m.enqueueLocked(muxOp{kind: opSubscribe, st: st})
 	}
-	w := &Waiter{st: st, id: id, observer: observer, wake: wake, ready: ready}
+	w := &Waiter{st: st, id: id, observer: observer, shared: shared, wake: wake, ready: ready}
 	st.waiters = append(st.waiters, w)
 	if st.confirmed {
 		signal(ready)
@@ -191,7 +200,8 @@ func (m *Mux) subscribe(channel, id string, observer bool, wake, ready chan<- st
 
 // Unsubscribe removes w. If w leaves without the lock (granted is false) and
 // others wait on the channel, the next one is woken in case w had taken a
-// release message meant for whoever could use it.
+// release message meant for whoever could use it: the next of w's kind
+// (shared or not), or else the first.
 func (m *Mux) Unsubscribe(w *Waiter, granted bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -201,8 +211,12 @@ func (m *Mux) Unsubscribe(w *Waiter, granted bool) {
 	}
 	if len(st.waiters) > 0 {
 		if !granted && !w.observer {
-			if first := firstWaiter(st.waiters); first != nil {
-				signal(first.wake)
+			next := firstWaiter(st.waiters, func(o *Waiter) bool { return o.shared == w.shared })
+			if next == nil {
+				next = firstWaiter(st.waiters, nil)
+			}
+			if next != nil {
+				signal(next.wake)
 			}
 		}
 		return
@@ -374,11 +388,13 @@ func (m *Mux) requestPing() {
 	}
 }
 
-// dispatch wakes the first waiter on channel, or, if the message names a
-// waiter or hands it the lock (fair mode), that waiter if it is here. One waiter per process is
+// dispatch wakes the first waiter on channel of each kind (exclusive,
+// shared), or, if the message names a waiter or hands it the lock (fair
+// mode), that waiter if it is here. One waiter of each kind per process is
 // enough: if it takes the lock, its release wakes the next; if it leaves
-// without it, unsubscribe passes the wake-up on. Waiters in other processes
-// get the message on their own connections.
+// without it, or takes a shared hold beside which the next may be granted,
+// Unsubscribe passes the wake-up on. Waiters in other processes get the
+// message on their own connections.
 func (m *Mux) dispatch(channel, payload string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -403,8 +419,11 @@ func (m *Mux) dispatch(channel, payload string) {
 		return
 	}
 	if payload == "" {
-		if first := firstWaiter(st.waiters); first != nil {
-			signal(first.wake)
+		// The first waiter of each kind (see SubscribeShared).
+		for _, shared := range []bool{false, true} {
+			if first := firstWaiter(st.waiters, func(w *Waiter) bool { return w.shared == shared }); first != nil {
+				signal(first.wake)
+			}
 		}
 		return
 	}
@@ -435,10 +454,11 @@ const GrantMessage = "+"
 // news).
 const WakeAllMessage = "*"
 
-// firstWaiter is the first of ws that waits for the lock (not an observer).
-func firstWaiter(ws []*Waiter) *Waiter {
+// firstWaiter is the first of ws that waits for the lock (not an observer)
+// and, if kind is not nil, is of that kind.
+func firstWaiter(ws []*Waiter, kind func(*Waiter) bool) *Waiter {
 	for _, w := range ws {
-		if !w.observer {
+		if !w.observer && (kind == nil || kind(w)) {
 			return w
 		}
 	}
