@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -397,11 +398,12 @@ func redisScriptUsec(tb testing.TB, c *goredis.Client) float64 {
 
 // benchBackend runs the latency and contention scenarios of one backend.
 func benchBackend(b *testing.B, impls []impl) {
+	locks := slices.DeleteFunc(slices.Clone(impls), func(im impl) bool { return im.handoffOnly })
 	b.Run("Uncontended", func(b *testing.B) {
-		reportUncontended(b, runUncontended(b, impls, b.N))
+		reportUncontended(b, runUncontended(b, locks, b.N))
 	})
 	for _, n := range []int{8, 32} {
-		for _, im := range impls {
+		for _, im := range locks {
 			if !im.canWait {
 				continue
 			}
