@@ -47,8 +47,8 @@ type impl struct {
 	reqs func() (float64, error)
 	// oneSessionPerWaiter: waiters on one key need a client each.
 	oneSessionPerWaiter bool
-	// handoffOnly: a floor of the hand-off (Handoff8), not a lock the other
-	// scenarios run.
+	// handoffOnly: a floor of the hand-off, not a lock: the uncontended and
+	// contended scenarios leave it out (Handoff8 and the scale scenarios run it).
 	handoffOnly bool
 }
 
