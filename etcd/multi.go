@@ -77,11 +77,7 @@ func (d *Driver) TryAcquireAll(ctx context.Context, reqs []backend.AcquireReques
 			return nil, fmt.Errorf("acquire %d keys: %w", len(reqs), err)
 		}
 		for _, ls := range lss {
-			if ls.shared != nil {
-				d.mu.Lock()
-				d.retireLocked(ls)
-				d.mu.Unlock()
-			}
+			d.retire(ls)
 		}
 		for i, ls := range lss {
 			d.unkey(ls, names[i], keys[i], 0)

@@ -180,11 +180,7 @@ func (d *Driver) enqueue(ctx context.Context, req backend.AcquireRequest, name s
 		// lease of its own). A shared lease takes no new key from now on,
 		// and is revoked once its other keys are released, in case the put
 		// lands after the delete.
-		if ls.shared != nil {
-			d.mu.Lock()
-			d.retireLocked(ls)
-			d.mu.Unlock()
-		}
+		d.retire(ls)
 		d.unkey(ls, name, key, 0)
 		if ctx.Err() != nil {
 			return nil, ctx.Err()

@@ -412,11 +412,7 @@ func (d *Driver) enqueuePermit(ctx context.Context, req backend.AcquireRequest, 
 			d.detach(ls, name)
 			return nil, err // nothing was written
 		}
-		if ls.shared != nil {
-			d.mu.Lock()
-			d.retireLocked(ls)
-			d.mu.Unlock()
-		}
+		d.retire(ls)
 		d.unkeyAll(ls, name, keys)
 		if ctx.Err() != nil {
 			return nil, ctx.Err()

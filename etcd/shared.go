@@ -150,6 +150,18 @@ func (d *Driver) retireLocked(ls *lease) {
 	}
 }
 
+// retire takes ls out of use for new keys if it is a shared lease (after a
+// write of unknown outcome on it: a put that lands after its key's delete
+// is then revoked with the lease once its other keys are released).
+func (d *Driver) retire(ls *lease) {
+	if ls.shared == nil {
+		return
+	}
+	d.mu.Lock()
+	d.retireLocked(ls)
+	d.mu.Unlock()
+}
+
 // leaseGone records that the server no longer has ls, if it is a shared
 // lease: no key may join it, and its renewals fail at once.
 func (d *Driver) leaseGone(ls *lease) {
