@@ -50,7 +50,7 @@ func (d *Driver) inspect(ctx context.Context, key string) (backend.LockInfo, []s
 	if _, err := d.sharedSync(ctx); err != nil {
 		return backend.LockInfo{Key: key}, nil, fmt.Errorf("sync: %w", err)
 	}
-	info, paths, err := d.readHolder(ctx, key)
+	info, paths, _, err := d.readHolder(ctx, key)
 	if err != nil || info.Held {
 		return info, paths, err
 	}
@@ -63,25 +63,27 @@ func (d *Driver) inspect(ctx context.Context, key string) (backend.LockInfo, []s
 	return pinfo, []string{path}, nil
 }
 
-// readHolder is inspect without the sync.
-func (d *Driver) readHolder(ctx context.Context, key string) (backend.LockInfo, []string, error) {
-	info := backend.LockInfo{Key: key}
+// readHolder is inspect without the sync. sem reports, when nobody holds
+// key, whether its node is a counted semaphore's (it has Curator's leases
+// node under it).
+func (d *Driver) readHolder(ctx context.Context, key string) (info backend.LockInfo, paths []string, sem bool, err error) {
+	info = backend.LockInfo{Key: key}
 	parent := LockPath(d.root, key)
 	for range 3 { // the holder may go between the listing and the read
 		if err := ctx.Err(); err != nil {
-			return info, nil, err
+			return info, nil, false, err
 		}
 		children, st, err := d.conn.Children(parent)
 		if errors.Is(err, zk.ErrNoNode) {
-			return info, nil, nil
+			return info, nil, false, nil
 		}
 		if err != nil {
-			return info, nil, fmt.Errorf("list %s: %w", parent, err)
+			return info, nil, false, fmt.Errorf("list %s: %w", parent, err)
 		}
 		locks := sortedLocks(children, st.Cversion)
 		h := holders(locks)
 		if h == 0 {
-			return info, nil, nil
+			return info, nil, slices.Contains(children, semLeases), nil
 		}
 		last := locks[h-1] // the holder granted last
 		path := parent + "/" + last
@@ -90,7 +92,7 @@ func (d *Driver) readHolder(ctx context.Context, key string) (backend.LockInfo, 
 			continue
 		}
 		if err != nil {
-			return info, nil, fmt.Errorf("read %s: %w", path, err)
+			return info, nil, false, fmt.Errorf("read %s: %w", path, err)
 		}
 		info.Held = true
 		if isShared(last) {
@@ -100,13 +102,13 @@ func (d *Driver) readHolder(ctx context.Context, key string) (backend.LockInfo, 
 		info.Label = string(data)
 		info.Owner = ownerOf(last)
 		info.Waiters = len(locks) - h
-		paths := make([]string, h)
+		paths = make([]string, h)
 		for i, c := range locks[:h] {
 			paths[i] = parent + "/" + c
 		}
-		return info, paths, nil
+		return info, paths, false, nil
 	}
-	return info, nil, fmt.Errorf("read the holder of %s: it changed three times in a row", parent)
+	return info, nil, false, fmt.Errorf("read the holder of %s: it changed three times in a row", parent)
 }
 
 // ownerOf returns the owner ID (32 hex digits) in a protected lock node's
@@ -161,14 +163,16 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, e
 			}
 			continue
 		}
-		info, _, err := d.readHolder(ctx, key)
+		info, _, sem, err := d.readHolder(ctx, key)
 		if err != nil {
 			return nil, err
 		}
 		if info.Held {
 			infos = append(infos, info)
-		} else if infos, err = d.listPermits(infos, key, prefix); err != nil { // a counted semaphore's node holds no lock
-			return nil, err
+		} else if sem { // a counted semaphore's node holds no lock
+			if infos, err = d.listPermits(infos, key, prefix); err != nil {
+				return nil, err
+			}
 		}
 	}
 	slices.SortFunc(infos, func(a, b backend.LockInfo) int { return strings.Compare(a.Key, b.Key) })

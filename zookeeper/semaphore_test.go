@@ -373,7 +373,7 @@ func TestSemaphore(t *testing.T) {
 		if info, err := dlock.Inspect(ctx, l, semaphore.SlotKey(name, 7)); err != nil || info.Held {
 			t.Errorf("Inspect of a slot nobody holds: %+v, %v", info, err)
 		}
-		for _, prefix := range []string{name + "/", name + "/permits/", semaphore.SlotKey(name, 1)} {
+		for _, prefix := range []string{name, name + "/", name + "/permits/", semaphore.SlotKey(name, 1)} {
 			infos, err := dlock.List(ctx, l, prefix)
 			if err != nil {
 				t.Fatal(err)
