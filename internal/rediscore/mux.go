@@ -211,9 +211,9 @@ func (m *Mux) Unsubscribe(w *Waiter, granted bool) {
 	}
 	if len(st.waiters) > 0 {
 		if !granted && !w.observer {
-			next := firstWaiter(st.waiters, func(o *Waiter) bool { return o.shared == w.shared })
+			next := firstOf(st.waiters, w.shared)
 			if next == nil {
-				next = firstWaiter(st.waiters, nil)
+				next = firstWaiter(st.waiters)
 			}
 			if next != nil {
 				signal(next.wake)
@@ -421,7 +421,7 @@ func (m *Mux) dispatch(channel, payload string) {
 	if payload == "" {
 		// The first waiter of each kind (see SubscribeShared).
 		for _, shared := range []bool{false, true} {
-			if first := firstWaiter(st.waiters, func(w *Waiter) bool { return w.shared == shared }); first != nil {
+			if first := firstOf(st.waiters, shared); first != nil {
 				signal(first.wake)
 			}
 		}
@@ -454,11 +454,21 @@ const GrantMessage = "+"
 // news).
 const WakeAllMessage = "*"
 
-// firstWaiter is the first of ws that waits for the lock (not an observer)
-// and, if kind is not nil, is of that kind.
-func firstWaiter(ws []*Waiter, kind func(*Waiter) bool) *Waiter {
+// firstWaiter is the first of ws that waits for the lock (not an observer).
+func firstWaiter(ws []*Waiter) *Waiter {
 	for _, w := range ws {
-		if !w.observer && (kind == nil || kind(w)) {
+		if !w.observer {
+			return w
+		}
+	}
+	return nil
+}
+
+// firstOf is the first of ws that waits for a shared hold if shared is
+// set, for the lock itself if not.
+func firstOf(ws []*Waiter, shared bool) *Waiter {
+	for _, w := range ws {
+		if !w.observer && w.shared == shared {
 			return w
 		}
 	}
