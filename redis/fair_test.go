@@ -75,7 +75,7 @@ func fairAttempt(t testing.TB, c *goredis.Client, k *rediscore.Keys, waiter stri
 	t.Helper()
 	ms := ttl.Milliseconds()
 	res, err := rediscore.FairAcquire.Run(context.Background(), c,
-		[]string{k.Lock, k.Fence, k.Queue(), k.QueueExpiry(), k.QueueSeq(), k.QueueWait()},
+		k.FairAcquireKeys(),
 		waiter, ms, "1", ms, k.Channel, waiter+"'s channel").Int64Slice()
 	if err != nil {
 		t.Fatalf("%s's attempt: %v", waiter, err)
@@ -228,7 +228,7 @@ func TestFairHandedLockPassedOnByAWaiterThatLeaves(t *testing.T) {
 		t.Fatalf("the second waiter was granted (%v) while the lock was the head's", r.err)
 	default:
 	}
-	left, err := rediscore.FairRelease.Run(ctx, raw, []string{k.Lock, k.Queue(), k.QueueExpiry(), k.Fence, k.QueueWait()},
+	left, err := rediscore.FairRelease.Run(ctx, raw, k.FairReleaseKeys(),
 		ghost, k.Channel, "1", "1").Int64()
 	if err != nil || left != 1 {
 		t.Fatalf("the head's leave: %v %v, want 1", left, err)

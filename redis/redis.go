@@ -599,8 +599,7 @@ func (d *Driver) fairRelease(ctx context.Context, owner string, k *rediscore.Key
 	if d.opts.MinReplicas > 0 {
 		handOff = "0"
 	}
-	return rediscore.FairRelease.Run(ctx, d.client, []string{k.Lock, k.Queue(), k.QueueExpiry(), k.Fence, k.QueueWait(), k.Readers()},
-		owner, k.Channel, leave, handOff)
+	return rediscore.FairRelease.Run(ctx, d.client, k.FairReleaseKeys(), owner, k.Channel, leave, handOff)
 }
 
 // attempt runs the acquire script once. It returns the grant, or what the
@@ -624,7 +623,7 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, k *red
 	switch {
 	case req.Shared:
 		script = rediscore.Shared
-		keys = []string{k.Lock, k.Fence, k.Readers(), k.Writers()}
+		keys = k.SharedKeys()
 		args = []any{"acquire", req.Owner, ms, k.Channel}
 	case !d.opts.Fair:
 		mark, again := "", "0"
@@ -635,7 +634,7 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, k *red
 			again = "1"
 		}
 		script = rediscore.Acquire
-		keys = []string{k.Lock, k.Fence, k.Readers(), k.Writers()}
+		keys = k.SharedKeys()
 		args = []any{req.Owner, ms, "-", k.Channel, mark, again}
 	default:
 		join := "0"
@@ -643,34 +642,22 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, k *red
 			join = "1"
 		}
 		script = rediscore.FairAcquire
-		keys = []string{k.Lock, k.Fence, k.Queue(), k.QueueExpiry(), k.QueueSeq(), k.QueueWait(), k.Readers()}
+		keys = k.FairAcquireKeys()
 		args = []any{req.Owner, ms, join, req.TTL.Milliseconds(), k.Channel, d.wakeChannel}
 	}
-	var (
-		res []int64
-		err error
-	)
-	if d.opts.MinReplicas > 0 {
-		cmd, acks, werr := d.runWait(ctx, script, keys, args...)
-		if cmd == nil {
-			err = werr
-		} else if err = cmd.Err(); err == nil {
-			res, err = cmd.Int64Slice()
-			if err == nil && len(res) == 2 && res[0] == 1 {
-				// A grant too few replicas acknowledged (or whose WAIT
-				// failed) may not survive a failover: give it back.
-				if werr != nil {
-					d.cleanup(ctx, req, k)
-					return nil, refusal{}, fmt.Errorf("acquire: %w", werr)
-				}
-				if acks < int64(d.opts.MinReplicas) {
-					d.cleanup(ctx, req, k)
-					return nil, refusal{}, d.tooFew(acks)
-				}
-			}
+	cmd, acks, werr := d.runScript(ctx, script, keys, args...)
+	res, err := cmd.Int64Slice()
+	if err == nil && len(res) == 2 && res[0] == 1 {
+		// A grant too few replicas acknowledged (or whose WAIT failed) may
+		// not survive a failover: give it back.
+		if werr != nil {
+			d.cleanup(ctx, req, k)
+			return nil, refusal{}, fmt.Errorf("acquire: %w", werr)
 		}
-	} else {
-		res, err = script.Run(ctx, d.client, keys, args...).Int64Slice()
+		if d.tooFewAcks(acks) {
+			d.cleanup(ctx, req, k)
+			return nil, refusal{}, d.tooFew(acks)
+		}
 	}
 	if err != nil {
 		if rediscore.MayHaveRun(err) {
@@ -758,32 +745,9 @@ func (d *Driver) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duratio
 	if err != nil {
 		return 0, err
 	}
-	keys := []string{d.keys(g).Lock}
-	if d.opts.MinReplicas == 0 {
-		n, err := rediscore.Extend.Run(ctx, d.client, keys, g.Owner, ms).Int64()
-		if err != nil {
-			return 0, fmt.Errorf("extend script: %w", err)
-		}
-		if n == 0 {
-			return 0, backend.ErrNotHeld
-		}
-		return validity, nil
-	}
-	cmd, acks, err := d.runWait(ctx, rediscore.Extend, keys, g.Owner, ms)
-	if cmd != nil && cmd.Err() == nil {
-		n, err := cmd.Int64()
-		if err != nil {
-			return 0, fmt.Errorf("extend script: %w", err)
-		}
-		if n == 0 {
-			return 0, backend.ErrNotHeld
-		}
-	}
-	if err != nil {
-		return 0, fmt.Errorf("extend script: %w", err)
-	}
-	if acks < int64(d.opts.MinReplicas) {
-		return 0, d.tooFew(acks)
+	held, err := d.runHeld(ctx, "extend", rediscore.Extend, []string{d.keys(g).Lock}, g.Owner, ms)
+	if err := notHeld(held, err); err != nil {
+		return 0, err
 	}
 	return validity, nil
 }
@@ -806,33 +770,11 @@ func (d *Driver) Relabel(ctx context.Context, g *backend.Grant, label string) er
 	owner, _ := rediscore.SplitHolder(g.Owner)
 	value := rediscore.HolderValue(owner, label)
 	k := d.keys(g)
-	keys, args := []string{k.Lock}, []any{g.Owner, value, k.Channel}
-	var n int64
-	if d.opts.MinReplicas == 0 {
-		var err error
-		if n, err = rediscore.Relabel.Run(ctx, d.client, keys, args...).Int64(); err != nil {
-			return fmt.Errorf("relabel script: %w", err)
-		}
-	} else {
-		cmd, acks, err := d.runWait(ctx, rediscore.Relabel, keys, args...)
-		if cmd != nil && cmd.Err() == nil {
-			if n, err = cmd.Int64(); err != nil {
-				return fmt.Errorf("relabel script: %w", err)
-			}
-		}
-		if err != nil {
-			return fmt.Errorf("relabel script: %w", err)
-		}
-		if n == 1 && acks < int64(d.opts.MinReplicas) {
-			g.Owner = value // the master has it; the next renewal must name it
-			return d.tooFew(acks)
-		}
+	held, err := d.runHeld(ctx, "relabel", rediscore.Relabel, []string{k.Lock}, g.Owner, value, k.Channel)
+	if held {
+		g.Owner = value // the master has it, even if WAIT failed: the next renewal must name it
 	}
-	if n == 0 {
-		return backend.ErrNotHeld
-	}
-	g.Owner = value
-	return nil
+	return notHeld(held, err)
 }
 
 // Release implements backend.Driver: it deletes the lock if g's owner still

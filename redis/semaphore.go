@@ -10,8 +10,6 @@ import (
 	"strings"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
-
 	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/internal/rediscore"
 )
@@ -33,21 +31,6 @@ import (
 type semGrant struct {
 	keys *rediscore.SemKeys
 	slot string
-}
-
-// runSem runs the semaphore script, and WAIT after it when MinReplicas > 0
-// (acks: the replicas that acknowledged; MinReplicas when none were asked).
-func (d *Driver) runSem(ctx context.Context, k *rediscore.SemKeys, args ...any) (*goredis.Cmd, int64, error) {
-	if d.opts.MinReplicas == 0 {
-		cmd := rediscore.Semaphore.Run(ctx, d.client, k.Keys(), args...)
-		return cmd, 0, cmd.Err()
-	}
-	cmd, acks, err := d.runWait(ctx, rediscore.Semaphore, k.Keys(), args...)
-	if cmd == nil {
-		cmd = goredis.NewCmd(ctx)
-		cmd.SetErr(err)
-	}
-	return cmd, acks, err
 }
 
 // acquirePermit is Acquire for a counted request: one attempt and, if all
@@ -103,7 +86,7 @@ func (d *Driver) attemptPermit(ctx context.Context, req backend.AcquireRequest, 
 		return nil, 0, err
 	}
 	start := time.Now()
-	cmd, acks, werr := d.runSem(ctx, k, "acquire", req.Owner, k.Channel, ms, req.Permits)
+	cmd, acks, werr := d.runScript(ctx, rediscore.Semaphore, k.Keys(), "acquire", req.Owner, k.Channel, ms, req.Permits)
 	if err := cmd.Err(); err != nil {
 		if rediscore.MayHaveRun(err) {
 			// The script may have run and the reply been lost: free the
@@ -132,7 +115,7 @@ func (d *Driver) attemptPermit(ctx context.Context, req backend.AcquireRequest, 
 		d.cleanupPermit(ctx, req.Owner, k, slot, token)
 		return nil, 0, fmt.Errorf("acquire: %w", werr)
 	}
-	if d.opts.MinReplicas > 0 && acks < int64(d.opts.MinReplicas) {
+	if d.tooFewAcks(acks) {
 		// A grant too few replicas acknowledged may not survive a
 		// failover: give it back.
 		d.cleanupPermit(ctx, req.Owner, k, slot, token)
@@ -168,21 +151,9 @@ func (d *Driver) refreshPermit(ctx context.Context, g *backend.Grant, sg *semGra
 	if err != nil {
 		return 0, err
 	}
-	cmd, acks, err := d.runSem(ctx, sg.keys, "extend", g.Owner, sg.keys.Channel, sg.slot, strconv.FormatUint(g.Token, 10), ms)
-	if cmd.Err() == nil {
-		n, cerr := cmd.Int64()
-		if cerr != nil {
-			return 0, fmt.Errorf("semaphore script: %w", cerr)
-		}
-		if n == 0 {
-			return 0, backend.ErrNotHeld
-		}
-	}
-	if err != nil {
-		return 0, fmt.Errorf("semaphore script: %w", err)
-	}
-	if d.opts.MinReplicas > 0 && acks < int64(d.opts.MinReplicas) {
-		return 0, d.tooFew(acks)
+	held, err := d.runHeld(ctx, "semaphore", rediscore.Semaphore, sg.keys.Keys(), "extend", g.Owner, sg.keys.Channel, sg.slot, strconv.FormatUint(g.Token, 10), ms)
+	if err := notHeld(held, err); err != nil {
+		return 0, err
 	}
 	return validity, nil
 }
@@ -205,24 +176,11 @@ func (d *Driver) releasePermit(ctx context.Context, g *backend.Grant, sg *semGra
 func (d *Driver) relabelPermit(ctx context.Context, g *backend.Grant, sg *semGrant, label string) error {
 	owner, _ := rediscore.SplitHolder(g.Owner)
 	value := rediscore.HolderValue(owner, label)
-	cmd, acks, err := d.runSem(ctx, sg.keys, "relabel", g.Owner, sg.keys.Channel, sg.slot, strconv.FormatUint(g.Token, 10), value)
-	if cmd.Err() == nil {
-		n, cerr := cmd.Int64()
-		if cerr != nil {
-			return fmt.Errorf("semaphore script: %w", cerr)
-		}
-		if n == 0 {
-			return backend.ErrNotHeld
-		}
-		g.Owner = value
+	held, err := d.runHeld(ctx, "semaphore", rediscore.Semaphore, sg.keys.Keys(), "relabel", g.Owner, sg.keys.Channel, sg.slot, strconv.FormatUint(g.Token, 10), value)
+	if held {
+		g.Owner = value // the master has it, even if WAIT failed
 	}
-	if err != nil {
-		return fmt.Errorf("semaphore script: %w", err)
-	}
-	if d.opts.MinReplicas > 0 && acks < int64(d.opts.MinReplicas) {
-		return d.tooFew(acks)
-	}
-	return nil
+	return notHeld(held, err)
 }
 
 // readPermits reads the live permits of the semaphore name (of slot, or of

@@ -23,28 +23,9 @@ var errSharedFair = fmt.Errorf("redis driver: shared locks are not available in 
 // sharedGrant is the Data of a shared grant: the key's names.
 type sharedGrant struct{ k *rediscore.Keys }
 
-// runShared runs one operation of the shared-lock script (shared.lua) on k.
+// runShared runs one operation of the shared-lock script on k.
 func (d *Driver) runShared(ctx context.Context, k *rediscore.Keys, op, holder string, arg any) *goredis.Cmd {
-	return rediscore.Shared.Run(ctx, d.client, []string{k.Lock, k.Fence, k.Readers(), k.Writers()}, op, holder, arg, k.Channel)
-}
-
-// runSharedWait is runShared followed by WAIT when MinReplicas > 0; it
-// returns the script's reply and the replicas that acknowledged it (0
-// without MinReplicas).
-func (d *Driver) runSharedWait(ctx context.Context, k *rediscore.Keys, op, holder string, arg any) (int64, int64, error) {
-	if d.opts.MinReplicas == 0 {
-		n, err := d.runShared(ctx, k, op, holder, arg).Int64()
-		return n, 0, err
-	}
-	cmd, acks, err := d.runWait(ctx, rediscore.Shared, []string{k.Lock, k.Fence, k.Readers(), k.Writers()}, op, holder, arg, k.Channel)
-	if cmd != nil && cmd.Err() == nil {
-		n, cerr := cmd.Int64()
-		if cerr != nil {
-			return 0, 0, cerr
-		}
-		return n, acks, err
-	}
-	return 0, 0, err
+	return rediscore.Shared.Run(ctx, d.client, k.SharedKeys(), op, holder, arg, k.Channel)
 }
 
 // refreshShared is Refresh for a shared hold: it resets the holder's expiry
@@ -54,15 +35,9 @@ func (d *Driver) refreshShared(ctx context.Context, g *backend.Grant, sg *shared
 	if err != nil {
 		return 0, err
 	}
-	n, acks, err := d.runSharedWait(ctx, sg.k, "extend", g.Owner, ms)
-	if err == nil && n == 0 {
-		return 0, backend.ErrNotHeld
-	}
-	if err != nil {
-		return 0, fmt.Errorf("shared script: %w", err)
-	}
-	if d.opts.MinReplicas > 0 && acks < int64(d.opts.MinReplicas) {
-		return 0, d.tooFew(acks)
+	held, err := d.runHeld(ctx, "shared", rediscore.Shared, sg.k.SharedKeys(), "extend", g.Owner, ms, sg.k.Channel)
+	if err := notHeld(held, err); err != nil {
+		return 0, err
 	}
 	return validity, nil
 }
@@ -85,18 +60,11 @@ func (d *Driver) releaseShared(ctx context.Context, g *backend.Grant, sg *shared
 func (d *Driver) relabelShared(ctx context.Context, g *backend.Grant, sg *sharedGrant, label string) error {
 	owner, _ := rediscore.SplitHolder(g.Owner)
 	value := rediscore.HolderValue(owner, label)
-	n, acks, err := d.runSharedWait(ctx, sg.k, "relabel", g.Owner, value)
-	if err != nil {
-		return fmt.Errorf("shared script: %w", err)
+	held, err := d.runHeld(ctx, "shared", rediscore.Shared, sg.k.SharedKeys(), "relabel", g.Owner, value, sg.k.Channel)
+	if held {
+		g.Owner = value // the master has it, even if WAIT failed
 	}
-	if n == 0 {
-		return backend.ErrNotHeld
-	}
-	g.Owner = value
-	if d.opts.MinReplicas > 0 && acks < int64(d.opts.MinReplicas) {
-		return d.tooFew(acks)
-	}
-	return nil
+	return notHeld(held, err)
 }
 
 // leaveWriters takes a waiting writer that gives up out of the waiting

@@ -71,6 +71,23 @@ func (k *Keys) QueueSeq() string { return k.Lock + ":qseq" }
 // head of the queue sets that TTL and tells that channel.
 func (k *Keys) QueueWait() string { return k.Lock + ":qwait" }
 
+// SharedKeys are the KEYS of shared.lua, and of acquire.lua where it looks
+// at shared holders (the default mode): the lock, its counter, Readers and
+// Writers.
+func (k *Keys) SharedKeys() []string {
+	return []string{k.Lock, k.Fence, k.Readers(), k.Writers()}
+}
+
+// FairAcquireKeys are the KEYS of fair_acquire.lua.
+func (k *Keys) FairAcquireKeys() []string {
+	return []string{k.Lock, k.Fence, k.Queue(), k.QueueExpiry(), k.QueueSeq(), k.QueueWait(), k.Readers()}
+}
+
+// FairReleaseKeys are the KEYS of fair_release.lua.
+func (k *Keys) FairReleaseKeys() []string {
+	return []string{k.Lock, k.Queue(), k.QueueExpiry(), k.Fence, k.QueueWait(), k.Readers()}
+}
+
 // CheckPrefix reports why prefix cannot prefix the drivers' keys.
 func CheckPrefix(prefix string) error {
 	if strings.ContainsAny(prefix, "{}") {
