@@ -60,10 +60,15 @@ if KEYS[7] and redis.call('EXISTS', KEYS[7]) == 1 then
   if first[1] then readers = math.max(0, tonumber(first[2]) - nowms) end
 end
 
-local function grant()
+-- dequeue takes the caller out of the queue, its expiry and its record.
+local function dequeue()
   redis.call('ZREM', KEYS[3], ARGV[1])
   redis.call('ZREM', KEYS[4], ARGV[1])
   redis.call('HDEL', KEYS[6], ARGV[1])
+end
+
+local function grant()
+  dequeue()
   -- As in acquire.lua: the counter, floored at the server's clock in µs.
   local token = redis.call('INCR', KEYS[2])
   if token < nowus then
@@ -81,9 +86,7 @@ if holder == ARGV[1] then
   -- is this owner's); a second token, announced to followers, would make
   -- one grant look like two.
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  redis.call('ZREM', KEYS[3], ARGV[1])
-  redis.call('ZREM', KEYS[4], ARGV[1])
-  redis.call('HDEL', KEYS[6], ARGV[1])
+  dequeue()
   local token = tonumber(redis.call('GET', KEYS[2]) or '')
   if token then
     return {1, token}

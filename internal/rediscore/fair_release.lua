@@ -33,11 +33,18 @@
 -- if the caller was queued or handed the lock), else 0.
 if redis.replicate_commands then redis.replicate_commands() end
 
+-- dequeue takes waiter w out of the queue, its expiry and its record, and
+-- returns whether it was queued.
+local function dequeue(w)
+  local queued = redis.call('ZREM', KEYS[2], w)
+  redis.call('ZREM', KEYS[3], w)
+  redis.call('HDEL', KEYS[5], w)
+  return queued
+end
+
 local done = 0
 if ARGV[3] == '1' then
-  done = redis.call('ZREM', KEYS[2], ARGV[1])
-  redis.call('ZREM', KEYS[3], ARGV[1])
-  redis.call('HDEL', KEYS[5], ARGV[1])
+  done = dequeue(ARGV[1])
   local holder = redis.call('GET', KEYS[1])
   if holder == ARGV[1] then
     -- Handed the lock as it gave up: pass it on.
@@ -78,9 +85,7 @@ if ARGV[4] ~= '1' or shared then
   return done
 end
 redis.call('SET', KEYS[1], head, 'PX', ttl)
-redis.call('ZREM', KEYS[2], head)
-redis.call('ZREM', KEYS[3], head)
-redis.call('HDEL', KEYS[5], head)
+dequeue(head)
 -- As in acquire.lua: the counter, floored at the server's clock in µs.
 local token = redis.call('INCR', KEYS[4])
 if token < nowus then
