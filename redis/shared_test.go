@@ -456,3 +456,43 @@ func TestReleaseWakesAWriterBehindAReader(t *testing.T) {
 		release(t, rd.lease)
 	}
 }
+
+// TestSharedWaitersOfOneProcessGrantedTogether: a release wakes one shared
+// waiter per process; granted, it passes the wake-up to the next shared
+// waiter of its process, which is granted beside it at once rather than
+// after a poll interval (here 10s).
+func TestSharedWaitersOfOneProcessGrantedTogether(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	raw := rawClient(t, srv)
+	const poll = 10 * time.Second
+	a := openLocker(t, srv, "")
+	b := openLocker(t, srv, "poll="+poll.String())
+	ctx := testCtx(t)
+	const key = "wake/readers-together"
+	lease, err := a.Acquire(ctx, key, dlock.WithTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := waitingAcquire(ctx, b, key, dlock.WithShared(), dlock.WithTTL(time.Minute))
+	waitFor(t, 5*time.Second, "reader subscribed", func() bool {
+		return numSub(t, raw, redis.ReleaseChannel(redis.DefaultPrefix, key)) == 1
+	})
+	second := waitingAcquire(ctx, b, key, dlock.WithShared(), dlock.WithTTL(time.Minute))
+	// No signal for "the second reader waits": give it the moment its
+	// first attempt and registration take.
+	time.Sleep(100 * time.Millisecond)
+	released := time.Now()
+	release(t, lease)
+	for _, got := range []<-chan acquired{first, second} {
+		r := <-got
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		d := r.at.Sub(released)
+		t.Logf("a reader was granted %v after the release", d)
+		if d > poll/2 {
+			t.Errorf("a reader was granted %v after the release; only a poll (%v) explains that", d, poll)
+		}
+		defer release(t, r.lease)
+	}
+}
