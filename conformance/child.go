@@ -528,9 +528,19 @@ func (ch *child) stop(t testing.TB, d time.Duration) error {
 	select {
 	case <-ch.exited:
 	case <-time.After(d):
-		_ = syscall.Kill(-ch.cmd.Process.Pid, syscall.SIGKILL)
-		<-ch.exited
-		return fmt.Errorf("child %s did not exit within %v of being told to stop; killed; stderr:\n%s", ch.name, d, ch.stderrText())
+		// SIGQUIT makes the Go runtime print every goroutine's stack and
+		// exit: where the child hung is the point of the report.
+		_ = syscall.Kill(ch.cmd.Process.Pid, syscall.SIGQUIT)
+		select {
+		case <-ch.exited:
+		case <-time.After(5 * time.Second):
+			_ = syscall.Kill(-ch.cmd.Process.Pid, syscall.SIGKILL)
+			<-ch.exited
+		}
+		ch.mu.Lock()
+		stacks := dlockStacks(ch.stderr.String())
+		ch.mu.Unlock()
+		return fmt.Errorf("child %s did not exit within %v of being told to stop; killed (SIGQUIT); its goroutines in dlock's code:\n%s", ch.name, d, stacks)
 	}
 	ch.mu.Lock()
 	err := ch.err
@@ -579,6 +589,47 @@ func onlyKnownRaces(stderr string) bool {
 		}
 	}
 	return true
+}
+
+// dlockStacks condenses the goroutine dump a Go program prints when it dies
+// of SIGQUIT (in stderr, after whatever the child logged) to what a CI
+// excerpt can hold: the child's own output before the dump (its tail), then
+// each goroutine with a frame of dlock's code, as its header and its
+// functions outside the runtime (its state is in the header), innermost
+// first, without arguments or file lines.
+func dlockStacks(stderr string) string {
+	before, dump, found := strings.Cut(stderr, "SIGQUIT: quit")
+	if !found {
+		if len(stderr) > 4000 {
+			stderr = "…" + stderr[len(stderr)-4000:]
+		}
+		return stderr
+	}
+	var b strings.Builder
+	if len(before) > 1000 {
+		before = "…" + before[len(before)-1000:]
+	}
+	b.WriteString(before)
+	for _, g := range strings.Split(dump, "\n\n") {
+		if !strings.Contains(g, "dlock-go/dlock") {
+			continue
+		}
+		for _, line := range strings.Split(g, "\n") {
+			if line == "" || strings.HasPrefix(line, "\t") || strings.HasPrefix(line, "PC=") || strings.HasPrefix(line, "runtime.") {
+				continue
+			}
+			if i := strings.LastIndexByte(line, '('); i > 0 && strings.HasSuffix(line, ")") && !strings.HasPrefix(line, "goroutine ") {
+				line = line[:i] // the arguments
+			}
+			b.WriteString(line)
+			b.WriteByte('\n')
+		}
+		if b.Len() > 6000 {
+			b.WriteString("…\n")
+			break
+		}
+	}
+	return b.String()
 }
 
 func (ch *child) stderrText() string {

@@ -377,6 +377,7 @@ type trialResult struct {
 type holderView struct {
 	granted chan struct{} // closed once the lease is granted
 	ended   chan struct{} // closed once the lease has ended
+	gone    chan struct{} // closed once the holder (goroutine or child) has finished
 
 	mu       sync.Mutex
 	token    dlock.Token
@@ -389,7 +390,7 @@ type holderView struct {
 }
 
 func newHolderView() *holderView {
-	return &holderView{granted: make(chan struct{}), ended: make(chan struct{})}
+	return &holderView{granted: make(chan struct{}), ended: make(chan struct{}), gone: make(chan struct{})}
 }
 
 func (v *holderView) grant(tok dlock.Token, at, deadline int64) {
@@ -416,6 +417,7 @@ func (fs *faultSuite) localHolder(t *testing.T, dsn, k string, reg *register, r 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { // owned by the trial: stop cancels ctx and waits for done
+		defer close(v.gone)
 		if r == roleLeader {
 			done <- fs.localLeader(ctx, dsn, k, reg, v)
 			return
@@ -550,6 +552,7 @@ func (fs *faultSuite) childHolder(t *testing.T, dsn, k string, reg *register, r 
 	viewed := make(chan struct{})
 	go func() { // owned by the child handle: ends when the child's stdout closes
 		defer close(viewed)
+		defer close(v.gone)
 		granted := false
 		for m := range ch.events {
 			switch m.T {
@@ -711,6 +714,12 @@ func (fs *faultSuite) trial(t *testing.T, f Fault) trialResult {
 	}
 	select {
 	case <-hv.granted:
+	case <-hv.gone:
+		select {
+		case <-hv.granted: // granted, and already ended: the checks below say what became of it
+		default:
+			t.Fatalf("%s: the holder finished before it was granted %q: %v", f, k, stopHolder())
+		}
 	case <-time.After(30 * time.Second):
 		t.Fatalf("%s: the holder was not granted %q within 30s (stop: %v)", f, k, stopHolder())
 	}
