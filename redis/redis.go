@@ -363,11 +363,32 @@ func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 	case g != nil:
 		return g, nil
 	case err != nil && (!req.Wait || !rediscore.Transient(err) || ctx.Err() != nil):
+		if req.Wait && rediscore.MayHaveRun(err) {
+			// The attempt may have made the caller a waiter (its writer's
+			// mark, its place in the fair queue) before its reply was lost:
+			// nobody waits now.
+			d.leaveWait(ctx, req, k)
+		}
 		return nil, waitEnded(ctx, err)
 	case !req.Wait:
 		return nil, heldError(ref.pttl)
 	}
 	return d.wait(ctx, req, k, ms, validity, ref, err)
+}
+
+// leaveWait takes what a waiting Acquire that gives up left on the server as
+// a waiter away: in fair mode its place in the queue (and the lock, if it
+// was handed to it meanwhile), in the default mode an exclusive waiter's
+// mark as a waiting writer. A shared waiter leaves nothing.
+func (d *Driver) leaveWait(ctx context.Context, req backend.AcquireRequest, k *rediscore.Keys) {
+	switch {
+	case d.opts.Fair:
+		d.leaveQueue(ctx, req.Owner, k)
+	case !req.Shared:
+		// A waiting writer's mark keeps shared acquires out: take it away
+		// (else it expires after the writer's TTL).
+		d.leaveWriters(ctx, req.Owner, k)
+	}
 }
 
 // refusal is what an attempt that was not granted learnt.
@@ -412,14 +433,8 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *redisc
 	}
 	granted := false
 	defer func() {
-		switch {
-		case granted:
-		case d.opts.Fair:
-			d.leaveQueue(ctx, req.Owner, k)
-		case !req.Shared:
-			// A waiting writer's mark keeps shared acquires out: take it
-			// away (else it expires after the writer's TTL).
-			d.leaveWriters(ctx, req.Owner, k)
+		if !granted {
+			d.leaveWait(ctx, req, k)
 		}
 		// A shared grant passes the wake-up on: the next waiter of this
 		// process may be granted beside it.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -872,5 +873,64 @@ func TestSubscriptionChurn(t *testing.T) {
 		if err != nil || n != 0 {
 			t.Errorf("lock key of churn/%d left behind: exists=%d err=%v", k, n, err)
 		}
+	}
+}
+
+// A waiting Acquire whose first attempt ran on the server but whose reply
+// came after the caller's deadline leaves nothing of a waiter behind: not a
+// writer's mark (which kept readers out for the waiter's TTL, and was left on
+// the server by `dlock bench` in CI), nor a place in the fair queue (to which
+// a release would hand the lock). A script that keeps the server busy for
+// 400ms holds the attempt, sent meanwhile, in the server's socket buffer
+// past the deadline; the server runs it afterwards, and then the waiter's
+// cleanup, sent after the deadline.
+func TestWaiterWhoseReplyCameTooLateLeavesNothing(t *testing.T) {
+	srv := testenv.StartRedis(t)
+	raw := rawClient(t, srv)
+	probe := goredis.NewClient(&goredis.Options{Addr: srv.Addr(), ReadTimeout: 20 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { _ = probe.Close() })
+	const busy = `local t0 = redis.call('TIME')
+local start = t0[1] * 1000000 + t0[2]
+while true do
+  local t = redis.call('TIME')
+  if t[1] * 1000000 + t[2] - start > 400000 then return 1 end
+end`
+	for _, mode := range []string{"fair=false", "fair=true"} {
+		t.Run(mode, func(t *testing.T) {
+			l := openLocker(t, srv, mode)
+			ctx := testCtx(t)
+			key := "late-reply/" + mode
+			held, err := l.Acquire(ctx, key, dlock.WithTTL(time.Minute))
+			if err != nil {
+				t.Fatal(err)
+			}
+			busyDone := make(chan error, 1)
+			go func() { busyDone <- raw.Eval(ctx, busy, nil).Err() }()
+			// The server is busy once a PING goes unanswered.
+			waitFor(t, 5*time.Second, "the server busy", func() bool { return probe.Ping(ctx).Err() != nil })
+			wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+			_, err = l.Acquire(wctx, key, dlock.WithTTL(time.Minute))
+			cancel()
+			if !errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("Acquire past its deadline: %v, want ErrNotAcquired and the deadline", err)
+			}
+			if err := <-busyDone; err != nil {
+				t.Fatal(err)
+			}
+			if err := held.Release(ctx); err != nil {
+				t.Fatal(err)
+			}
+			lock := redis.LockKey(redis.DefaultPrefix, key)
+			keys, err := raw.Keys(ctx, lock+"*").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The counters stay: the fence for good, the fair queue's
+			// arrival counter for two waiter TTLs.
+			left := slices.DeleteFunc(keys, func(k string) bool { return k == lock+":fence" || k == lock+":qseq" })
+			if len(left) != 0 {
+				t.Errorf("keys of %q left after the release besides its counters: %q", key, left)
+			}
+		})
 	}
 }
