@@ -54,6 +54,7 @@ func Run(t *testing.T, h Harness) {
 		{"CancelLeavesNothing", s.testCancelLeavesNothing},
 		{"TryAcquireLeavesNothing", s.testTryAcquireLeavesNothing},
 		{"GrantRacingCancel", s.testGrantRacingCancel},
+		{"WaitRacingDeadline", s.testWaitRacingDeadline},
 		{"CancelledBeforeCall", s.testCancelledBeforeCall},
 		{"StaleLeaseCannotTouchNewHolder", s.testStaleLease},
 		{"HolderVanishes", s.testHolderVanishes},

@@ -220,6 +220,49 @@ func (s *suite) testGrantRacingCancel(t *testing.T) {
 	}
 }
 
+// testWaitRacingDeadline gives waiting acquires of a held key deadlines at
+// moments spread over one round trip, so that some pass while the first
+// request is in flight and its reply is lost to the deadline, as on a
+// loaded host. Each must return ErrNotAcquired with the deadline, and leave
+// nothing that waits for the key: once the holder releases, the backend
+// keeps nothing for it (a waiter's mark, a place in a queue), and another
+// Locker's TryAcquire takes it at once (a fair queue that still named the
+// waiter would have handed it the lock).
+func (s *suite) testWaitRacingDeadline(t *testing.T) {
+	ctx := s.ctx(t)
+	holder, l := s.locker(t), s.locker(t)
+	k := key(t)
+	start := time.Now()
+	const warm = 3
+	for range warm {
+		mustRelease(t, mustAcquire(t, ctx, l, k))
+	}
+	rtt := time.Since(start) / (2 * warm)
+	const rounds = 24
+	for i := range rounds {
+		held := mustAcquire(t, ctx, holder, k)
+		dctx, cancel := context.WithTimeout(ctx, rtt*time.Duration(i)/rounds*3/2)
+		lease, err := l.Acquire(dctx, k, dlock.WithTTL(time.Minute))
+		cancel()
+		if err == nil {
+			t.Fatalf("round %d: a waiting Acquire was granted a held key (token %d; the holder's is %d)", i, lease.Token(), held.Token())
+		}
+		if !errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("round %d: %v, want ErrNotAcquired and context.DeadlineExceeded", i, err)
+		}
+		mustRelease(t, held)
+		if left := s.residue(t, k); len(left) > 0 {
+			t.Fatalf("round %d: the waiter's Acquire returned %v and the holder released, and the backend still holds %q", i, err, left)
+		}
+		other, err := s.locker(t).TryAcquire(ctx, k)
+		if err != nil {
+			t.Fatalf("round %d: after the waiter's deadline and the holder's release, TryAcquire from another locker: %v", i, err)
+		}
+		mustRelease(t, other)
+	}
+	t.Logf("round trip %v; %d waiting acquires ended by their deadlines", rtt, rounds)
+}
+
 // testCloseStopsGoroutines: a Locker's goroutines (pub/sub, watchers,
 // sessions, renewals) end with Close, also when a call was waiting.
 func (s *suite) testCloseStopsGoroutines(t *testing.T) {
