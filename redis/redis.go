@@ -40,6 +40,31 @@ const (
 // the server), or whose grant raced the caller's cancellation.
 const cleanupTimeout = 2 * time.Second
 
+// cancelGrace is how long an acquire attempt (a request that may take the
+// lock or make the caller a waiter) is given to answer after the caller's
+// ctx ends. Its answer says what to give back, by a request sent after it.
+// Given back blind, with the answer lost, the cleanup goes out on another
+// connection, which the server may read first: the attempt then runs after
+// it, and what it took stays until it expires (TestSubscriptionChurn saw a
+// lock kept for its TTL so).
+const cancelGrace = time.Second
+
+// inFlight returns the context of an acquire attempt: ctx's values, and an
+// end cancelGrace after ctx's (go-redis bounds a command by its context's
+// deadline; it does not notice a cancellation while it waits for a reply).
+func inFlight(ctx context.Context) (context.Context, context.CancelFunc) {
+	detached := context.WithoutCancel(ctx)
+	var rctx context.Context
+	var cancel context.CancelFunc
+	if dl, ok := ctx.Deadline(); ok {
+		rctx, cancel = context.WithDeadline(detached, dl.Add(cancelGrace))
+	} else {
+		rctx, cancel = context.WithCancel(detached)
+	}
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(cancelGrace, cancel) })
+	return rctx, func() { stop(); cancel() }
+}
+
 var errClosed = fmt.Errorf("redis driver: %w", backend.ErrClosed)
 
 func init() {
@@ -620,7 +645,9 @@ func (d *Driver) fairRelease(ctx context.Context, owner string, k *rediscore.Key
 // attempt runs the acquire script once. It returns the grant, or what the
 // refusal said when the lock is held (in fair mode, a waiting Acquire joins
 // the queue, and the refusal says where it stands). It leaves nothing behind
-// when it fails or when ctx ends while the grant is in flight. A refused
+// when it fails or when ctx ends while the grant is in flight: it reads the
+// answer up to cancelGrace after ctx's end, and gives back what that says
+// it took. A refused
 // exclusive attempt of a waiting Acquire marks the caller as a waiting
 // writer; marked says an earlier attempt may have, so a grant removes the
 // mark.
@@ -660,7 +687,9 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, k *red
 		keys = k.FairAcquireKeys()
 		args = []any{req.Owner, ms, join, req.TTL.Milliseconds(), k.Channel, d.wakeChannel}
 	}
-	cmd, acks, werr := d.runScript(ctx, script, keys, args...)
+	rctx, cancel := inFlight(ctx)
+	defer cancel()
+	cmd, acks, werr := d.runScript(rctx, script, keys, args...)
 	res, err := cmd.Int64Slice()
 	if err == nil && len(res) == 2 && res[0] == 1 {
 		// A grant too few replicas acknowledged (or whose WAIT failed) may

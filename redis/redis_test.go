@@ -453,9 +453,24 @@ func TestTTLTooShort(t *testing.T) {
 	if !errors.Is(err, dlock.ErrInvalidOption) {
 		t.Fatalf("TTL 2ms: %v, want ErrInvalidOption", err)
 	}
-	lease, err := l.TryAcquire(testCtx(t), "short", dlock.WithTTL(1500*time.Microsecond+10*time.Millisecond))
+	// The grant must reach the caller within its 11ms: warm the Locker up
+	// (its connection, the scripts loaded), and allow a loaded host a few
+	// tries.
+	warm, err := l.TryAcquire(testCtx(t), "warm-up")
 	if err != nil {
-		t.Fatalf("TTL 11.5ms: %v", err)
+		t.Fatal(err)
+	}
+	release(t, warm)
+	var lease *dlock.Lease
+	for try := 1; ; try++ {
+		lease, err = l.TryAcquire(testCtx(t), "short", dlock.WithTTL(1500*time.Microsecond+10*time.Millisecond))
+		if err == nil {
+			break
+		}
+		if try == 5 {
+			t.Fatalf("TTL 11.5ms, try %d: %v", try, err)
+		}
+		t.Logf("TTL 11.5ms, try %d: %v", try, err)
 	}
 	// PX is whole milliseconds (11): the deadline must not count the 0.5ms.
 	if v := time.Until(lease.Deadline()); v > 11*time.Millisecond {
@@ -882,8 +897,8 @@ func TestSubscriptionChurn(t *testing.T) {
 // the server by `dlock bench` in CI), nor a place in the fair queue (to which
 // a release would hand the lock). A script that keeps the server busy for
 // 400ms holds the attempt, sent meanwhile, in the server's socket buffer
-// past the deadline; the server runs it afterwards, and then the waiter's
-// cleanup, sent after the deadline.
+// past the deadline; the server runs it afterwards, within the attempt's
+// grace (cancelGrace), and the waiter's cleanup follows its answer.
 func TestWaiterWhoseReplyCameTooLateLeavesNothing(t *testing.T) {
 	srv := testenv.StartRedis(t)
 	raw := rawClient(t, srv)

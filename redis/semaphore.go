@@ -86,7 +86,9 @@ func (d *Driver) attemptPermit(ctx context.Context, req backend.AcquireRequest, 
 		return nil, 0, err
 	}
 	start := time.Now()
-	cmd, acks, werr := d.runScript(ctx, rediscore.Semaphore, k.Keys(), "acquire", req.Owner, k.Channel, ms, req.Permits)
+	rctx, cancel := inFlight(ctx) // see attempt
+	defer cancel()
+	cmd, acks, werr := d.runScript(rctx, rediscore.Semaphore, k.Keys(), "acquire", req.Owner, k.Channel, ms, req.Permits)
 	if err := cmd.Err(); err != nil {
 		if rediscore.MayHaveRun(err) {
 			// The script may have run and the reply been lost: free the
