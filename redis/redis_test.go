@@ -32,6 +32,16 @@ func rawClient(t testing.TB, srv *testenv.Redis) *goredis.Client {
 	return c
 }
 
+// wakeSetup starts a server for a wake-up test and returns it, a raw client,
+// a holder's Locker (a), a waiters' Locker (b) that polls every poll, and
+// the test's ctx. With a long poll, a waiter granted sooner than half of it
+// was woken (see grantedPromptly).
+func wakeSetup(t *testing.T, poll time.Duration) (*testenv.Redis, *goredis.Client, dlock.Locker, dlock.Locker, context.Context) {
+	t.Helper()
+	srv := testenv.StartRedis(t)
+	return srv, rawClient(t, srv), openLocker(t, srv, ""), openLocker(t, srv, "poll="+poll.String()), testCtx(t)
+}
+
 // openLocker opens a Locker on srv with extra DSN parameters ("poll=10s").
 func openLocker(t testing.TB, srv *testenv.Redis, params string, opts ...dlock.Option) dlock.Locker {
 	t.Helper()
@@ -536,12 +546,8 @@ func waitingAcquire(ctx context.Context, l dlock.Locker, key string, opts ...dlo
 }
 
 func TestWaiterWokenByPublish(t *testing.T) {
-	srv := testenv.StartRedis(t)
-	raw := rawClient(t, srv)
 	const poll = 10 * time.Second
-	a := openLocker(t, srv, "")
-	b := openLocker(t, srv, "poll="+poll.String())
-	ctx := testCtx(t)
+	_, raw, a, b, ctx := wakeSetup(t, poll)
 	const key = "wake/publish"
 	for i := range 5 {
 		lease, err := a.Acquire(ctx, key, dlock.WithTTL(time.Minute))
@@ -579,12 +585,8 @@ func grantedPromptly(t *testing.T, lease *dlock.Lease, got <-chan acquired, poll
 // TestLostPublishDoesNotStrand deletes the lock behind the holder's back, with
 // no release message: the waiter must still get the lock within a poll.
 func TestLostPublishDoesNotStrand(t *testing.T) {
-	srv := testenv.StartRedis(t)
-	raw := rawClient(t, srv)
 	const poll = 300 * time.Millisecond
-	a := openLocker(t, srv, "")
-	b := openLocker(t, srv, "poll="+poll.String())
-	ctx := testCtx(t)
+	_, raw, a, b, ctx := wakeSetup(t, poll)
 	const key = "wake/lost-publish"
 	lease, err := a.Acquire(ctx, key, dlock.WithTTL(time.Minute), dlock.WithAutoRenew(false))
 	if err != nil {
@@ -643,12 +645,8 @@ func TestWaiterWokenByExpiry(t *testing.T) {
 // a call waits. The pub/sub connection reconnects and the waiter gets the lock
 // well before its poll.
 func TestWaiterSurvivesRestart(t *testing.T) {
-	srv := testenv.StartRedis(t)
-	raw := rawClient(t, srv)
 	const poll = 10 * time.Second
-	a := openLocker(t, srv, "")
-	b := openLocker(t, srv, "poll="+poll.String())
-	ctx := testCtx(t)
+	srv, raw, a, b, ctx := wakeSetup(t, poll)
 	const key = "wake/restart"
 	if _, err := a.Acquire(ctx, key, dlock.WithTTL(time.Minute)); err != nil {
 		t.Fatal(err)

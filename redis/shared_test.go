@@ -426,12 +426,8 @@ func TestSharedMinReplicas(t *testing.T) {
 // the writer too, or it waits out a poll interval (here 10s) for a lock that
 // is free.
 func TestReleaseWakesAWriterBehindAReader(t *testing.T) {
-	srv := testenv.StartRedis(t)
-	raw := rawClient(t, srv)
 	const poll = 10 * time.Second
-	a := openLocker(t, srv, "")
-	b := openLocker(t, srv, "poll="+poll.String())
-	ctx := testCtx(t)
+	_, raw, a, b, ctx := wakeSetup(t, poll)
 	const key = "wake/writer-behind-reader"
 	_, _, writers := sharedNames(key)
 	for i := range 3 {
@@ -462,12 +458,8 @@ func TestReleaseWakesAWriterBehindAReader(t *testing.T) {
 // waiter of its process, which is granted beside it at once rather than
 // after a poll interval (here 10s).
 func TestSharedWaitersOfOneProcessGrantedTogether(t *testing.T) {
-	srv := testenv.StartRedis(t)
-	raw := rawClient(t, srv)
 	const poll = 10 * time.Second
-	a := openLocker(t, srv, "")
-	b := openLocker(t, srv, "poll="+poll.String())
-	ctx := testCtx(t)
+	_, raw, a, b, ctx := wakeSetup(t, poll)
 	const key = "wake/readers-together"
 	lease, err := a.Acquire(ctx, key, dlock.WithTTL(time.Minute))
 	if err != nil {
