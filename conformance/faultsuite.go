@@ -693,6 +693,25 @@ func take(ctx context.Context, l dlock.Locker, k string, r role, ttl time.Durati
 // synchronisation.
 func sleepUntil(at time.Time) { time.Sleep(time.Until(at)) }
 
+// awaitGrant waits for the holder's grant. If the holder finishes first, it
+// stops it and reports ended with the holder's error; if no grant comes
+// within 30s, it stops it and returns an error saying so.
+func awaitGrant(hv *holderView, stop func() error) (ended bool, err error) {
+	select {
+	case <-hv.granted:
+		return false, nil
+	case <-hv.gone:
+		select {
+		case <-hv.granted: // granted, and already ended: the trial's checks say what became of it
+			return false, nil
+		default:
+			return true, stop()
+		}
+	case <-time.After(30 * time.Second):
+		return false, fmt.Errorf("the holder was not granted within 30s (stop: %v)", stop())
+	}
+}
+
 func (fs *faultSuite) trial(t *testing.T, f Fault) trialResult {
 	ttl := fs.ttl
 	k := key(t)
@@ -716,21 +735,17 @@ func (fs *faultSuite) trial(t *testing.T, f Fault) trialResult {
 		} else {
 			hv, stopHolder = fs.localHolder(t, dsn, k, reg, r)
 		}
-		select {
-		case <-hv.granted:
-		case <-hv.gone:
-			select {
-			case <-hv.granted: // granted, and already ended: the checks below say what became of it
-			default:
-				err := stopHolder()
-				if start == 1 {
-					t.Logf("%s: the holder finished before it was granted %q (%v); starting it again", f, k, err)
-					continue
-				}
-				t.Fatalf("%s: the holder, started twice, finished before it was granted %q: %v", f, k, err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Fatalf("%s: the holder was not granted %q within 30s (stop: %v)", f, k, stopHolder())
+		ended, err := awaitGrant(hv, stopHolder)
+		switch {
+		case !ended:
+		case start == 1:
+			t.Logf("%s: the holder finished before it was granted %q (%v); starting it again", f, k, err)
+			continue
+		default:
+			t.Fatalf("%s: the holder, started twice, finished before it was granted %q: %v", f, k, err)
+		}
+		if err != nil {
+			t.Fatalf("%s: %q: %v", f, k, err)
 		}
 		break
 	}
