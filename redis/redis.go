@@ -53,6 +53,9 @@ const cancelGrace = time.Second
 // end cancelGrace after ctx's (go-redis bounds a command by its context's
 // deadline; it does not notice a cancellation while it waits for a reply).
 func inFlight(ctx context.Context) (context.Context, context.CancelFunc) {
+	if ctx.Done() == nil { // it never ends: nothing to stretch
+		return ctx, func() {}
+	}
 	detached := context.WithoutCancel(ctx)
 	var rctx context.Context
 	var cancel context.CancelFunc
