@@ -267,6 +267,12 @@ func (d *Driver) runAcquire(ctx context.Context, pc *pgxpool.Conn, stmt string, 
 	if err != nil {
 		return fmt.Errorf("new token epoch: %w", err)
 	}
+	if d.sql.setMark != "" {
+		// Committed: later grants may read the epoch from the marker
+		// sequence. If this fails they find it reset, and run newEpoch,
+		// which finds the table marked and bumps nothing.
+		_, _ = pc.Exec(ctx, d.sql.setMark, r.token/epochUnit)
+	}
 	return nil
 }
 

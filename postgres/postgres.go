@@ -127,16 +127,17 @@ func (o *Options) withDefaults() (Options, error) {
 }
 
 // sequenceIdents returns the sanitized names of the sequence mode's objects,
-// next to the fence table: its epoch table, its unlogged marker table and
-// its sequence ("dlock_fence_epoch", "dlock_fence_live", "dlock_fence_seq").
-func sequenceIdents(table string) (epoch, live, seq string) {
+// next to the fence table: its epoch table, its unlogged marker table, its
+// sequence and its unlogged marker sequence ("dlock_fence_epoch",
+// "dlock_fence_live", "dlock_fence_seq", "dlock_fence_mark").
+func sequenceIdents(table string) (epoch, live, seq, mark string) {
 	ident, _ := tableIdent(table)
 	with := func(suffix string) string {
 		id := append(pgx.Identifier(nil), ident...)
 		id[len(id)-1] += suffix
 		return id.Sanitize()
 	}
-	return with("_epoch"), with("_live"), with("_seq")
+	return with("_epoch"), with("_live"), with("_seq"), with("_mark")
 }
 
 // AdvisoryKey returns the advisory lock a Driver with these options takes for
@@ -241,9 +242,6 @@ func newDriver(ctx context.Context, pool *pgxpool.Pool, opts *Options, owned boo
 	d.listen.d = d
 	d.quit, d.stop = context.WithCancel(context.Background())
 	d.sql = newStatements(d.table, o.Int4Pair, owned)
-	if o.Tokens == TokensSequence {
-		d.sql.sequenceTokens(o.Table, o.Int4Pair)
-	}
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("connect: %w", err)
@@ -255,8 +253,12 @@ func newDriver(ctx context.Context, pool *pgxpool.Pool, opts *Options, owned boo
 	if err := ensureTable(ctx, conn, d.table); err != nil {
 		return nil, err
 	}
-	if err := ensureTokenMode(ctx, conn, o); err != nil {
+	fastMark, err := ensureTokenMode(ctx, conn, o)
+	if err != nil {
 		return nil, err
+	}
+	if o.Tokens == TokensSequence {
+		d.sql.sequenceTokens(o.Table, o.Int4Pair, fastMark)
 	}
 	return d, nil
 }
@@ -333,19 +335,23 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 
 // ensureTokenMode creates the sequence mode's objects (o.Tokens is
 // TokensSequence), or checks that the database has none (TokensCounter): a
-// counter-mode token after sequence-mode grants would go backwards.
-func ensureTokenMode(ctx context.Context, conn *pgxpool.Conn, o Options) error {
-	epoch, live, seq := sequenceIdents(o.Table)
+// counter-mode token after sequence-mode grants would go backwards. In
+// sequence mode it reports whether grants can read the epoch from the
+// unlogged marker sequence (PostgreSQL 15 and later; see sequenceTokens):
+// where it cannot be created for want of privileges, and does not exist,
+// they read the marker table.
+func ensureTokenMode(ctx context.Context, conn *pgxpool.Conn, o Options) (fastMark bool, err error) {
+	epoch, live, seq, mark := sequenceIdents(o.Table)
 	if o.Tokens != TokensSequence {
 		var used bool
 		if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", epoch).Scan(&used); err != nil {
-			return fmt.Errorf("looking up %s: %w", epoch, err)
+			return false, fmt.Errorf("looking up %s: %w", epoch, err)
 		}
 		if used {
-			return fmt.Errorf("%w: this database's locks take their tokens from a sequence (%s exists): open it with tokens=%s; counter tokens would go backwards",
+			return false, fmt.Errorf("%w: this database's locks take their tokens from a sequence (%s exists): open it with tokens=%s; counter tokens would go backwards",
 				dlock.ErrInvalidOption, epoch, TokensSequence)
 		}
-		return nil
+		return false, nil
 	}
 	for _, stmt := range []string{
 		"CREATE TABLE IF NOT EXISTS " + epoch + " (id int PRIMARY KEY, epoch bigint NOT NULL)",
@@ -356,10 +362,29 @@ func ensureTokenMode(ctx context.Context, conn *pgxpool.Conn, o Options) error {
 			if sqlstate.CreatedMeanwhile(err) {
 				continue
 			}
-			return fmt.Errorf("creating the token objects (or create them yourself: %s): %w", stmt, err)
+			return false, fmt.Errorf("creating the token objects (or create them yourself: %s): %w", stmt, err)
 		}
 	}
-	return nil
+	var version int
+	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+		return false, fmt.Errorf("reading the server's version: %w", err)
+	}
+	if version < 150000 { // no unlogged sequences before PostgreSQL 15
+		return false, nil
+	}
+	stmt := "CREATE UNLOGGED SEQUENCE IF NOT EXISTS " + mark
+	_, err = conn.Exec(ctx, stmt)
+	switch {
+	case err == nil || sqlstate.CreatedMeanwhile(err):
+		return true, nil
+	case sqlstate.NoPrivilege(err):
+		var exists bool
+		if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", mark).Scan(&exists); err != nil {
+			return false, fmt.Errorf("looking up %s: %w", mark, err)
+		}
+		return exists, nil
+	}
+	return false, fmt.Errorf("creating the token objects (or create them yourself: %s): %w", stmt, err)
 }
 
 // ensureTable creates the fence table if it does not exist.

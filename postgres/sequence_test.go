@@ -81,6 +81,12 @@ func TestSequenceTokensSurviveCrash(t *testing.T) {
 			if lease.Token() <= highest {
 				t.Fatalf("first token after the crash %d ≤ the highest before %d", lease.Token(), highest)
 			}
+			// Whether or not the sequence went back this time, the crash
+			// emptied the markers, so the epoch was bumped: what keeps
+			// tokens increasing when it does go back.
+			if lease.Token()>>44 <= highest>>44 {
+				t.Fatalf("epoch after the crash %d, want above %d: a marker outlived the crash", lease.Token()>>44, highest>>44)
+			}
 		})
 	}
 }
@@ -108,10 +114,10 @@ func TestTokenModesDoNotMix(t *testing.T) {
 }
 
 // TestSequenceEpochOutrunsARegressedSequence: what crash recovery can do to
-// the sequence mode's objects — empty the unlogged marker and send the
-// sequence back (values handed out under a WAL record that was lost) — is
-// done here by hand; the next grant must still get a higher token, from a
-// new epoch.
+// the sequence mode's objects — empty the unlogged marker table, reset the
+// unlogged marker sequence, and send the sequence back (values handed out
+// under a WAL record that was lost) — is done here by hand; the next grant
+// must still get a higher token, from a new epoch.
 func TestSequenceEpochOutrunsARegressedSequence(t *testing.T) {
 	srv := testenv.StartPostgres(t)
 	ctx := context.Background()
@@ -131,20 +137,96 @@ func TestSequenceEpochOutrunsARegressedSequence(t *testing.T) {
 	}
 	conn := connect(t, ctx, srv)
 	defer conn.Close(ctx)
-	if _, err := conn.Exec(ctx, "DELETE FROM dlock_fence_live"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Exec(ctx, "ALTER SEQUENCE dlock_fence_seq RESTART WITH 1"); err != nil {
-		t.Fatal(err)
+	for _, stmt := range []string{
+		"DELETE FROM dlock_fence_live",
+		"ALTER SEQUENCE dlock_fence_mark RESTART", // "never called", as after a crash
+		"ALTER SEQUENCE dlock_fence_seq RESTART WITH 1",
+	} {
+		if _, err := conn.Exec(ctx, stmt); err != nil {
+			t.Fatal(err)
+		}
 	}
 	lease, err := l.TryAcquire(ctx, "regress")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer lease.Release(ctx)
-	t.Logf("before: %d (epoch %d); after the marker was emptied and the sequence sent back: %d (epoch %d)",
+	t.Logf("before: %d (epoch %d); after the markers were emptied and the sequence sent back: %d (epoch %d)",
 		before, before>>44, lease.Token(), lease.Token()>>44)
 	if lease.Token() <= before {
 		t.Fatalf("token after the sequence went back %d ≤ %d before", lease.Token(), before)
+	}
+}
+
+// TestSequenceMarkCopiesTheTable: on PostgreSQL 15 and later a grant reads
+// the epoch in use from the unlogged marker sequence, a copy of the marker
+// table. A grant that finds the copy reset but the table marked (the copy
+// was not made, or an earlier driver version, which reads the table, marked
+// it first) takes the table's epoch and makes the copy, without bumping the
+// epoch; so does the first grant on a database whose sequence-mode objects
+// an earlier version created.
+func TestSequenceMarkCopiesTheTable(t *testing.T) {
+	srv := testenv.StartPostgres(t)
+	ctx := context.Background()
+	conn := connect(t, ctx, srv)
+	defer conn.Close(ctx)
+	var version int
+	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	if version < 150000 {
+		t.Skipf("PostgreSQL %d has no unlogged sequences: grants read the marker table", version)
+	}
+	l, err := dlock.Open(ctx, srv.URL()+"&tokens=sequence")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	grant := func() dlock.Token {
+		t.Helper()
+		lease, err := l.TryAcquire(ctx, "mark")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer lease.Release(ctx)
+		return lease.Token()
+	}
+	mark := func() *int64 {
+		t.Helper()
+		var epoch *int64
+		if err := conn.QueryRow(ctx, "SELECT pg_sequence_last_value('dlock_fence_mark')").Scan(&epoch); err != nil {
+			t.Fatal(err)
+		}
+		return epoch
+	}
+	first := grant()
+	if m := mark(); m == nil || *m != int64(first>>44) {
+		t.Fatalf("marker sequence after the first grant: %v, want the token's epoch %d", m, first>>44)
+	}
+	// The table names another epoch than the copy: a grant that reads the
+	// copy keeps the copy's.
+	if _, err := conn.Exec(ctx, "UPDATE dlock_fence_live SET epoch = epoch + 5"); err != nil {
+		t.Fatal(err)
+	}
+	if got := grant(); got>>44 != first>>44 {
+		t.Fatalf("grant with the copy in place: epoch %d, want the copy's %d", got>>44, first>>44)
+	}
+	// The copy reset, the table marked: its epoch, copied, and no bump.
+	if _, err := conn.Exec(ctx, "ALTER SEQUENCE dlock_fence_mark RESTART"); err != nil {
+		t.Fatal(err)
+	}
+	want := first>>44 + 5
+	if got := grant(); got>>44 != want {
+		t.Fatalf("grant with the copy reset: epoch %d, want the table's %d", got>>44, want)
+	}
+	if m := mark(); m == nil || *m != int64(want) {
+		t.Fatalf("marker sequence after that grant: %v, want %d", m, want)
+	}
+	var durable int64
+	if err := conn.QueryRow(ctx, "SELECT epoch FROM dlock_fence_epoch").Scan(&durable); err != nil {
+		t.Fatal(err)
+	}
+	if durable != int64(first>>44) {
+		t.Fatalf("durable epoch %d after the copy was made again, want %d (no bump)", durable, first>>44)
 	}
 }

@@ -36,6 +36,10 @@ type shared struct {
 	ms    int64  // its idle_session_timeout: the leases' TTL in milliseconds
 	label string // its application_name: the leases' label (Inspect reports it)
 	p     *pin   // its connection; p.key is unused
+	// set: a grant on p set its idle_session_timeout to ms and its
+	// application_name to label, so later grants need not (tryLockSet).
+	// Guarded by p.mu; relabel keeps application_name equal to label.
+	set bool
 
 	// Guarded by d.mu.
 	leases     map[AdvisoryKey]*sharedLease // held, and reserved by acquires in flight (nil)
@@ -244,7 +248,11 @@ func (d *Driver) acquireShared(ctx context.Context, req backend.AcquireRequest, 
 	var r grantRow
 	qctx, cancel := d.bound.Context(context.WithoutCancel(ctx))
 	start := time.Now()
-	err = d.runAcquire(qctx, p.pc, d.sql.mode(req.Shared).tryLock, key, req.Key, req.Label, ms, &r)
+	stmt := d.sql.mode(req.Shared).tryLock
+	if s.set {
+		stmt = d.sql.mode(req.Shared).tryLockSet
+	}
+	err = d.runAcquire(qctx, p.pc, stmt, key, req.Key, req.Label, ms, &r)
 	cancel()
 	token, pid, granted := r.token, r.pid, r.granted
 	switch {
@@ -276,6 +284,7 @@ func (d *Driver) acquireShared(ctx context.Context, req backend.AcquireRequest, 
 		return fail(fmt.Errorf("fence counter of %q in %s is %d; tokens must be positive", req.Key, d.table, token))
 	}
 	p.pid = pid
+	s.set = true
 	if ctx.Err() != nil { // granted, but the caller has gone: give it back
 		err := s.unlock(key, req.Shared)
 		p.startWatchLater()

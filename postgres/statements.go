@@ -62,6 +62,10 @@ type statements struct {
 	// newEpoch is sequence mode's token statement for a server that lost its
 	// marker (see sequenceTokens); empty in counter mode.
 	newEpoch string
+	// setMark copies an epoch (argument) into sequence mode's marker
+	// sequence, after newEpoch committed it; empty without the sequence
+	// (see sequenceTokens).
+	setMark string
 }
 
 // lockStatements are the statements of one lock mode. Both modes lock the
@@ -78,6 +82,14 @@ type lockStatements struct {
 	// shared grant takes its token from the same counter as an exclusive
 	// one, with the same statement.
 	tryLock, lock string
+
+	// tryLockSet is tryLock for a shared session whose idle_session_timeout
+	// and application_name are the lease's already (every lease of a shared
+	// session has its TTL and its label, and the session's first grant set
+	// them): it sets neither, and takes the same arguments and returns the
+	// same columns. Two set_config calls cost about as much, server side, as
+	// the rest of a sequence-mode grant.
+	tryLockSet string
 
 	// unlock releases the lock of a lease with a session of its own,
 	// returning the backend pid and whether the lock was held; on an owned
@@ -139,12 +151,11 @@ func newStatements(table string, pair, owned bool) statements {
 		lockArgs, keyArg, msArg, labelArg = "$1::int4, $2::int4", "$3", "$4", "$5"
 	}
 	// RETURNING runs only for the row the grant inserted or updated.
-	fence := func(lockCall, cond string) string {
+	fence := func(lockCall, cond string, set bool) string {
 		return fmt.Sprintf(`WITH l AS (SELECT %s AS ok)
 INSERT INTO %s AS f (key, token) SELECT %s::text, 1 FROM l%s
 ON CONFLICT (key) DO UPDATE SET token = f.token + 1
-RETURNING f.token, pg_backend_pid(), set_config('idle_session_timeout', %s::text, false),
-	set_config('application_name', %s::text, false)`, lockCall, table, keyArg, cond, msArg, labelArg)
+RETURNING f.token, pg_backend_pid(), %s`, lockCall, table, keyArg, cond, settings(msArg, labelArg, set))
 	}
 	s := statements{
 		owned:  owned,
@@ -173,9 +184,10 @@ RETURNING f.token, pg_backend_pid(), set_config('idle_session_timeout', %s::text
 	}{{&s.exclusive, "", "ExclusiveLock"}, {&s.share, "_shared", "ShareLock"}} {
 		unlock := "pg_advisory_unlock" + m.suffix + "(" + lockArgs + ")"
 		*m.ls = lockStatements{
-			tryLock: fence("pg_try_advisory_lock"+m.suffix+"("+lockArgs+")", " WHERE l.ok"),
+			tryLock:    fence("pg_try_advisory_lock"+m.suffix+"("+lockArgs+")", " WHERE l.ok", true),
+			tryLockSet: fence("pg_try_advisory_lock"+m.suffix+"("+lockArgs+")", " WHERE l.ok", false),
 			// pg_advisory_lock returns void; the CTE runs it once, before the insert.
-			lock:         fence("pg_advisory_lock"+m.suffix+"("+lockArgs+")", ""),
+			lock:         fence("pg_advisory_lock"+m.suffix+"("+lockArgs+")", "", true),
 			unlock:       "SELECT pg_backend_pid(), " + unlock,
 			sharedUnlock: "SELECT pg_backend_pid(), " + unlock,
 			cleanup:      "SELECT " + unlock,
@@ -190,6 +202,18 @@ RETURNING f.token, pg_backend_pid(), set_config('idle_session_timeout', %s::text
 		s.sharedReset = "SELECT set_config('idle_session_timeout', '0', false), set_config('application_name', $1::text, false)"
 	}
 	return s
+}
+
+// settings ends an acquire's select list: it sets the session's
+// idle_session_timeout to msArg and its application_name to labelArg, or,
+// for a session that has them already (!set), returns the two arguments as
+// they are (they stay in the statement, typed, so that both forms take the
+// same arguments and return the same columns).
+func settings(msArg, labelArg string, set bool) string {
+	if !set {
+		return msArg + "::text, " + labelArg + "::text"
+	}
+	return "set_config('idle_session_timeout', " + msArg + "::text, false),\n\tset_config('application_name', " + labelArg + "::text, false)"
 }
 
 // acquireBatch queues the acquire on a caller's pool: stmt (tryLock or lock)
@@ -213,40 +237,62 @@ func (s *statements) releaseBatch(unlock string, args []any, onRow func(pgx.Row)
 }
 
 // sequenceTokens makes the acquire statements take their token from the
-// sequence mode's objects (Options.Tokens), next to table: the epoch in the
-// unlogged marker table times 2^44 plus the sequence's next value, drawn
-// after the lock is granted. A grant that finds the marker writes nothing
-// durable (nextval's WAL is not flushed per call) and is one plain SELECT.
-// If the marker is gone (PostgreSQL empties unlogged tables in crash
-// recovery and on a promoted standby), the token comes back NULL and the
-// acquire runs s.newEpoch: it bumps the durable epoch and writes the marker
-// in one transaction that writes to a logged table, so its commit is
-// flushed (synchronous_commit is at least local) before the client sees
-// the token it returns. Two sessions that find the marker gone at once
-// both bump the epoch, but both use the one that reached the marker first
-// (ON CONFLICT DO UPDATE reads the committed row).
-func (s *statements) sequenceTokens(table string, pair bool) {
-	epoch, live, seq := sequenceIdents(table)
+// sequence mode's objects (Options.Tokens), next to table: the epoch in use
+// times 2^44 plus the sequence's next value, drawn after the lock is
+// granted. A grant that finds the epoch writes nothing durable (nextval's
+// WAL is not flushed per call) and is one plain SELECT.
+//
+// The epoch in use is kept in unlogged objects, which PostgreSQL empties in
+// crash recovery and on a promoted standby: the marker table (the authority)
+// and, with fastMark (PostgreSQL 15 and later), the marker sequence, a copy
+// of it that a grant reads with pg_sequence_last_value — a function call,
+// where reading the table is a scan, which cost about as much as the rest of
+// the grant's statement (a crash resets the sequence to "never called", and
+// the function then returns NULL). A grant reads one of the two.
+//
+// If the marker is gone, the token comes back NULL and the acquire runs
+// s.newEpoch: it bumps the durable epoch and writes the marker table in one
+// transaction that writes to a logged table, so its commit is flushed
+// (synchronous_commit is at least local) before the client sees the token
+// it returns; then s.setMark copies the epoch into the marker sequence. Two
+// sessions that find the marker gone at once both bump the epoch, but both
+// use the one that reached the marker table first (ON CONFLICT DO UPDATE
+// reads the committed row); a session that finds the marker sequence reset
+// but the table marked (its copy not made yet, or drivers of an earlier
+// version, which read the table, got there first) uses the table's epoch.
+// The copy is made after the commit, so the sequence never holds an epoch
+// the epoch table might not.
+func (s *statements) sequenceTokens(table string, pair, fastMark bool) {
+	epoch, live, seq, mark := sequenceIdents(table)
 	seq = strings.ReplaceAll(seq, "'", "''")
+	mark = strings.ReplaceAll(mark, "'", "''")
 	lockArgs, keyArg, msArg, labelArg := "$1::int8", "$2", "$3", "$4"
 	if pair {
 		lockArgs, keyArg, msArg, labelArg = "$1::int4, $2::int4", "$3", "$4", "$5"
 	}
+	inUse := "(SELECT epoch FROM " + live + " WHERE id = 1)"
+	if fastMark {
+		inUse = "pg_sequence_last_value('" + mark + "'::regclass)"
+		s.setMark = "SELECT setval('" + mark + "', $1::int8, true)"
+	}
 	// The CTE is not inlined (its function is volatile): the lock is taken
 	// before the token is drawn. The key's name is not needed here; the
 	// condition keeps the statements' parameters those of counter mode.
-	stmt := func(lockCall, cond string) string {
+	stmt := func(lockCall, cond string, set bool) string {
 		return fmt.Sprintf(`WITH l AS (SELECT %s AS ok)
-SELECT (SELECT epoch FROM %s WHERE id = 1) * %d + nextval('%s'),
-	pg_backend_pid(), set_config('idle_session_timeout', %s::text, false),
-	set_config('application_name', %s::text, false)
+SELECT %s * %d + nextval('%s'),
+	pg_backend_pid(), %s
 FROM l WHERE %s %s::text IS NOT NULL`,
-			lockCall, live, epochUnit, seq, msArg, labelArg, cond, keyArg)
+			lockCall, inUse, epochUnit, seq, settings(msArg, labelArg, set), cond, keyArg)
 	}
-	s.exclusive.tryLock = stmt("pg_try_advisory_lock("+lockArgs+")", "l.ok AND")
-	s.exclusive.lock = stmt("pg_advisory_lock("+lockArgs+")", "")
-	s.share.tryLock = stmt("pg_try_advisory_lock_shared("+lockArgs+")", "l.ok AND")
-	s.share.lock = stmt("pg_advisory_lock_shared("+lockArgs+")", "")
+	for _, m := range []struct {
+		ls     *lockStatements
+		suffix string
+	}{{&s.exclusive, ""}, {&s.share, "_shared"}} {
+		m.ls.tryLock = stmt("pg_try_advisory_lock"+m.suffix+"("+lockArgs+")", "l.ok AND", true)
+		m.ls.tryLockSet = stmt("pg_try_advisory_lock"+m.suffix+"("+lockArgs+")", "l.ok AND", false)
+		m.ls.lock = stmt("pg_advisory_lock"+m.suffix+"("+lockArgs+")", "", true)
+	}
 	s.newEpoch = fmt.Sprintf(`WITH cur AS (SELECT epoch FROM %s WHERE id = 1),
 bump AS (INSERT INTO %s AS e (id, epoch) SELECT 1, 1 WHERE NOT EXISTS (SELECT 1 FROM cur)
 	ON CONFLICT (id) DO UPDATE SET epoch = e.epoch + 1 RETURNING e.epoch),

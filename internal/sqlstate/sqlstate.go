@@ -21,3 +21,10 @@ func CreatedMeanwhile(err error) bool {
 	}
 	return false
 }
+
+// NoPrivilege reports whether a statement failed for want of a privilege:
+// insufficient_privilege (42501).
+func NoPrivilege(err error) bool {
+	var se interface{ SQLState() string }
+	return errors.As(err, &se) && se.SQLState() == "42501"
+}
