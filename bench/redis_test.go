@@ -52,6 +52,7 @@ func startRedisEnv(tb testing.TB) *redisEnv {
 		{name: "redsync", newLocker: func(tb testing.TB) locker { return newRedsync(tb, e.single.Addr()) }, canWait: true, reqs: one},
 		{name: "redislock", newLocker: func(tb testing.TB) locker { return newRedislock(tb, e.single.Addr()) }, canWait: true, reqs: one},
 		{name: "floor", newLocker: func(tb testing.TB) locker { return newRedisFloor(tb, e.single.Addr()) }, reqs: one},
+		{name: "fenced-floor", newLocker: func(tb testing.TB) locker { return newRedisFencedFloor(tb, e.single.Addr()) }, reqs: one},
 		{name: "handoff-floor", newLocker: func(tb testing.TB) locker { return newRedisHandoffFloor(tb, e.single.Addr()) }, canWait: true, handoffOnly: true, reqs: one},
 		dlockImpl("dlock-redlock5", "redlock://"+strings.Join(addrs, ","), five),
 		{name: "redsync5", newLocker: func(tb testing.TB) locker { return newRedsync(tb, addrs...) }, canWait: true, reqs: five},
@@ -215,6 +216,56 @@ func (f redisFloor) lock(ctx context.Context, key string, wait bool) (func() err
 		n, err := ownerDel.EvalSha(context.Background(), f.c, []string{key}, owner).Int()
 		if err == nil && n != 1 {
 			err = fmt.Errorf("floor: %q was not ours at release", key)
+		}
+		return err
+	}, nil
+}
+
+// redisFencedFloor is the least a Redis lock with dlock's token takes: one
+// script that takes the lock (SET NX PX) and, only if granted, draws the
+// token — the key's counter plus one, floored at the server's clock in µs,
+// and stored — then the floor's owner-checked DEL. No shared holders are
+// looked at, nothing is announced and there is no lease: what the token
+// alone adds to the floor. It cannot wait.
+type redisFencedFloor struct{ c *goredis.Client }
+
+var fencedSet = goredis.NewScript(`if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
+local token = redis.call('INCR', KEYS[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+if token < now then
+  token = now
+  redis.call('SET', KEYS[2], string.format('%.0f', now))
+end
+return token`)
+
+func newRedisFencedFloor(tb testing.TB, addr string) redisFencedFloor {
+	c := newRedisClient(tb, addr)
+	for _, s := range []*goredis.Script{fencedSet, ownerDel} {
+		if err := s.Load(context.Background(), c).Err(); err != nil {
+			tb.Fatalf("fenced-floor: SCRIPT LOAD: %v", err)
+		}
+	}
+	return redisFencedFloor{c}
+}
+
+func (f redisFencedFloor) lock(ctx context.Context, key string, wait bool) (func() error, error) {
+	if wait {
+		return nil, fmt.Errorf("fenced-floor: cannot wait")
+	}
+	owner := backend.NewOwnerID()
+	k := "{" + key + "}"
+	token, err := fencedSet.EvalSha(ctx, f.c, []string{k, k + ":fence"}, owner, benchTTL.Milliseconds()).Int64()
+	if err != nil {
+		return nil, err
+	}
+	if token == 0 {
+		return nil, fmt.Errorf("fenced-floor: %q is held", key)
+	}
+	return func() error {
+		n, err := ownerDel.EvalSha(context.Background(), f.c, []string{k}, owner).Int()
+		if err == nil && n != 1 {
+			err = fmt.Errorf("fenced-floor: %q was not ours at release", key)
 		}
 		return err
 	}, nil

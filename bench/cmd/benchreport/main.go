@@ -190,7 +190,7 @@ type backend struct {
 
 var backends = []backend{
 	{"Redis", "Redis", "redis", []string{"redsync", "redislock"}, "floor",
-		"One redis-server for dlock, dlock in fair mode (`dlock-fair`, `?fair=true`), redsync (1 pool), redislock and the floor (SET NX PX + owner-checked DEL script), which cannot wait; in the rotation and the scale scenarios (not in the uncontended and contended ones), `handoff-floor`, the least a direct hand-off takes (a refused waiter queues its id in the same script and waits for a message on a channel of its own; the release script makes the head the holder and publishes once; no token, no TTL of waiters, not a lock to use); five more for dlock's Redlock (`dlock-redlock5`) and redsync with 5 pools (`redsync5`). redsync waits by polling (random 50–250ms, its default); redislock by a 10ms linear backoff (it has no default). Server requests: `INFO stats total_commands_processed`, which counts a script call and each command the script runs."},
+		"One redis-server for dlock, dlock in fair mode (`dlock-fair`, `?fair=true`), redsync (1 pool), redislock and the floor (SET NX PX + owner-checked DEL script), which cannot wait; the fenced floor (`fenced-floor`: one script that takes the lock with SET NX PX and draws dlock's token, the key's counter plus one floored at the server's clock in µs, then the floor's release; no shared holders looked at, nothing announced, no lease), which cannot wait either; in the rotation and the scale scenarios (not in the uncontended and contended ones), `handoff-floor`, the least a direct hand-off takes (a refused waiter queues its id in the same script and waits for a message on a channel of its own; the release script makes the head the holder and publishes once; no token, no TTL of waiters, not a lock to use); five more for dlock's Redlock (`dlock-redlock5`) and redsync with 5 pools (`redsync5`). redsync waits by polling (random 50–250ms, its default); redislock by a 10ms linear backoff (it has no default). Server requests: `INFO stats total_commands_processed`, which counts a script call and each command the script runs."},
 	{"etcd", "Etcd", "etcd", []string{"etcd-mutex"}, "floor",
 		"One etcd server. `etcd-mutex` is `concurrency.Mutex` with one session (lease TTL 10s) per client; the floor is a txn put-if-absent attached to a lease granted once per client, then a delete. Server requests: `grpc_server_msg_received_total` from `/metrics` (unary calls and stream messages)."},
 	{"ZooKeeper", "ZooKeeper", "zookeeper", []string{"zk-lock"}, "floor",
@@ -546,6 +546,8 @@ func writeTargets(w *strings.Builder, r *results) {
 		{"etcd: dlock's write hold / the recipes RWMutex's Lock+Unlock, uncontended ops/s", "Primitives/Etcd/Uncontended", "rw-write.ops/s", "Primitives/Etcd/Uncontended", "recipes-rw-write.ops/s"},
 		{"Redis, 8 lockers without rotation: redsync handoff p50 / dlock's", "Redis/Contended8/redsync", "handoff-p50-ns", "Redis/Contended8/dlock", "handoff-p50-ns"},
 		{"Redis, 32 lockers without rotation: redsync handoff p50 / dlock's", "Redis/Contended32/redsync", "handoff-p50-ns", "Redis/Contended32/dlock", "handoff-p50-ns"},
+		{"Redis: the fenced floor / the floor, uncontended ops/s (what dlock's token alone costs: one script that takes the lock and draws the token instead of a bare SET NX PX; the most any lock with that token can reach against the floor here)", "Redis/Uncontended", "fenced-floor.ops/s", "Redis/Uncontended", "floor.ops/s"},
+		{"Redis: dlock / the fenced floor, uncontended ops/s (what the rest costs: the shared holders' check, the grant's and the release's announcements, the lease)", "Redis/Uncontended", "dlock.ops/s", "Redis/Uncontended", "fenced-floor.ops/s"},
 		{"Observability, A/A control: a second dlock with no observer in the same rounds / dlock, uncontended ops/s (the noise of a ratio of two equals)", "Observe/Uncontended", "dlock-again.ops/s", "Observe/Uncontended", "dlock.ops/s"},
 	} {
 		info(tr.what, tr.na, tr.ua, tr.nb, tr.ub)
@@ -554,7 +556,7 @@ func writeTargets(w *strings.Builder, r *results) {
 	// (BenchmarkRedis/ServerTime), for the floor and peer targets above.
 	if _, ok := r.get("Redis/ServerTime", "floor.script-us"); ok {
 		parts := []string{}
-		for _, n := range []string{"dlock", "dlock-fair", "floor", "redislock", "redsync"} {
+		for _, n := range []string{"dlock", "dlock-fair", "floor", "fenced-floor", "redislock", "redsync"} {
 			if v, ok := r.get("Redis/ServerTime", n+".script-us"); ok {
 				parts = append(parts, fmt.Sprintf("%s %.1f µs", n, v))
 			}
