@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -449,6 +450,13 @@ func redisScriptUsec(tb testing.TB, c *goredis.Client) float64 {
 
 // benchBackend runs the latency and contention scenarios of one backend.
 func benchBackend(b *testing.B, impls []impl) {
+	if *flagImpls != "" {
+		re, err := regexp.Compile(*flagImpls)
+		if err != nil {
+			b.Fatalf("-dlock.impls: %v", err)
+		}
+		impls = slices.DeleteFunc(slices.Clone(impls), func(im impl) bool { return !re.MatchString(im.name) })
+	}
 	locks := slices.DeleteFunc(slices.Clone(impls), func(im impl) bool { return im.handoffOnly })
 	b.Run("Uncontended", func(b *testing.B) {
 		reportUncontended(b, runUncontended(b, locks, b.N))
