@@ -225,7 +225,7 @@ func write(w *strings.Builder, r *results, meta [][2]string, cmd, raw string) {
 	writeTargets(w, r)
 
 	w.WriteString("## Uncontended acquire + release\n\n")
-	w.WriteString("One client, one key, try-acquire then release, every implementation of the backend once per round in a rotated order. ops/s is 1 / mean of the cycles that succeeded; *errors* counts the cycles that failed (logged in the raw output).\n\n")
+	w.WriteString("One client, one key, try-acquire then release, every implementation of the backend once per round, in an order shuffled every round (so that none always follows the same neighbour). ops/s is 1 / mean of the cycles that succeeded; *errors* counts the cycles that failed (logged in the raw output).\n\n")
 	for _, be := range backends {
 		name := be.bench + "/Uncontended"
 		impls := implsOf(r, name, ".ops/s")
