@@ -18,6 +18,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/rediscore"
 	"github.com/dlock-go/dlock/internal/testenv"
 	_ "github.com/dlock-go/dlock/redis"   // redis://
 	_ "github.com/dlock-go/dlock/redlock" // redlock://
@@ -222,27 +223,18 @@ func (f redisFloor) lock(ctx context.Context, key string, wait bool) (func() err
 	}, nil
 }
 
-// redisFencedFloor is the least a Redis lock with dlock's token takes: one
-// script that takes the lock (SET NX PX) and, only if granted, draws the
-// token — the key's counter plus one, floored at the server's clock in µs,
-// and stored — then the floor's owner-checked DEL. No shared holders are
-// looked at, nothing is announced and there is no lease: what the token
-// alone adds to the floor. It cannot wait.
+// redisFencedFloor is the least a Redis lock with dlock's token takes:
+// dlock's own acquire script with only the lock's and the fence's keys — it
+// takes the lock (SET NX PX) and, only if granted, draws the token (the
+// key's counter plus one, floored at the server's clock in µs, and stored)
+// — then the floor's owner-checked DEL. No shared holders are looked at,
+// nothing is announced and there is no lease: what the token alone adds to
+// the floor. It cannot wait.
 type redisFencedFloor struct{ c *goredis.Client }
-
-var fencedSet = goredis.NewScript(`if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 0 end
-local token = redis.call('INCR', KEYS[2])
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-if token < now then
-  token = now
-  redis.call('SET', KEYS[2], string.format('%.0f', now))
-end
-return token`)
 
 func newRedisFencedFloor(tb testing.TB, addr string) redisFencedFloor {
 	c := newRedisClient(tb, addr)
-	for _, s := range []*goredis.Script{fencedSet, ownerDel} {
+	for _, s := range []*goredis.Script{rediscore.Acquire, ownerDel} {
 		if err := s.Load(context.Background(), c).Err(); err != nil {
 			tb.Fatalf("fenced-floor: SCRIPT LOAD: %v", err)
 		}
@@ -255,16 +247,16 @@ func (f redisFencedFloor) lock(ctx context.Context, key string, wait bool) (func
 		return nil, fmt.Errorf("fenced-floor: cannot wait")
 	}
 	owner := backend.NewOwnerID()
-	k := "{" + key + "}"
-	token, err := fencedSet.EvalSha(ctx, f.c, []string{k, k + ":fence"}, owner, benchTTL.Milliseconds()).Int64()
+	k := rediscore.KeysFor("fenced-floor:", key)
+	res, err := rediscore.Acquire.EvalSha(ctx, f.c, []string{k.Lock, k.Fence}, owner, benchTTL.Milliseconds()).Int64Slice()
 	if err != nil {
 		return nil, err
 	}
-	if token == 0 {
-		return nil, fmt.Errorf("fenced-floor: %q is held", key)
+	if len(res) != 2 || res[0] != 1 {
+		return nil, fmt.Errorf("fenced-floor: %q is held (%v)", key, res)
 	}
 	return func() error {
-		n, err := ownerDel.EvalSha(context.Background(), f.c, []string{k}, owner).Int()
+		n, err := ownerDel.EvalSha(context.Background(), f.c, []string{k.Lock}, owner).Int()
 		if err == nil && n != 1 {
 			err = fmt.Errorf("fenced-floor: %q was not ours at release", key)
 		}
