@@ -357,17 +357,31 @@ func ensureTokenMode(ctx context.Context, conn *pgxpool.Conn, o Options) (fastMa
 		}
 		return false, nil
 	}
-	for _, stmt := range []string{
+	// Objects that exist are not created again: CREATE … IF NOT EXISTS
+	// needs the privilege to create, which a role that uses objects an
+	// administrator made may not have.
+	var have [4]bool
+	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL, to_regclass($3) IS NOT NULL, to_regclass($4) IS NOT NULL",
+		epoch, live, seq, mark).Scan(&have[0], &have[1], &have[2], &have[3]); err != nil {
+		return false, fmt.Errorf("looking up the token objects: %w", err)
+	}
+	for i, stmt := range []string{
 		"CREATE TABLE IF NOT EXISTS " + epoch + " (id int PRIMARY KEY, epoch bigint NOT NULL)",
 		"CREATE UNLOGGED TABLE IF NOT EXISTS " + live + " (id int PRIMARY KEY, epoch bigint NOT NULL)",
 		"CREATE SEQUENCE IF NOT EXISTS " + seq + " MAXVALUE " + strconv.FormatInt(epochUnit-1, 10) + " CACHE 1",
 	} {
+		if have[i] {
+			continue
+		}
 		if _, err := conn.Exec(ctx, stmt); err != nil {
 			if sqlstate.CreatedMeanwhile(err) {
 				continue
 			}
 			return false, fmt.Errorf("creating the token objects (or create them yourself: %s): %w", stmt, err)
 		}
+	}
+	if have[3] {
+		return true, nil
 	}
 	var version int
 	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
@@ -382,11 +396,7 @@ func ensureTokenMode(ctx context.Context, conn *pgxpool.Conn, o Options) (fastMa
 	case err == nil || sqlstate.CreatedMeanwhile(err):
 		return true, nil
 	case sqlstate.NoPrivilege(err):
-		var exists bool
-		if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL", mark).Scan(&exists); err != nil {
-			return false, fmt.Errorf("looking up %s: %w", mark, err)
-		}
-		return exists, nil
+		return false, nil // grants read the marker table
 	}
 	return false, fmt.Errorf("creating the token objects (or create them yourself: %s): %w", stmt, err)
 }

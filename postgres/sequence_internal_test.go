@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"math"
+	"strings"
 	"testing"
 	"time"
 
@@ -71,5 +72,79 @@ func TestSequenceTokensFromTheMarkerTable(t *testing.T) {
 	}
 	if after <= before {
 		t.Fatalf("token %d ≤ %d before", after, before)
+	}
+}
+
+// TestSequenceMarkWithoutPrivilege: a role that may use the sequence mode's
+// objects but not create the marker sequence (PostgreSQL 15 gives PUBLIC no
+// CREATE on schema public) opens the driver all the same, and its grants
+// read the marker table.
+func TestSequenceMarkWithoutPrivilege(t *testing.T) {
+	srv := testenv.StartPostgres(t)
+	ctx := context.Background()
+	open := func(url string) (*Driver, *pgxpool.Pool) {
+		t.Helper()
+		pool, err := pgxpool.New(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := NewDriver(ctx, pool, &Options{Tokens: TokensSequence})
+		if err != nil {
+			pool.Close()
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			_ = d.Close()
+			pool.Close()
+		})
+		return d, pool
+	}
+	grant := func(d *Driver) uint64 {
+		t.Helper()
+		g, err := d.Acquire(ctx, backend.AcquireRequest{Key: "no-privilege", Owner: backend.NewOwnerID(), TTL: 10 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Release(ctx, g); err != nil {
+			t.Fatal(err)
+		}
+		return g.Token
+	}
+	// The objects an administrator made, as before PostgreSQL 15.
+	func() {
+		defer func(v int) { markSequenceSince = v }(markSequenceSince)
+		markSequenceSince = math.MaxInt
+		admin, _ := open(srv.URL())
+		grant(admin)
+	}()
+	pool, err := pgxpool.New(ctx, srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	for _, stmt := range []string{
+		"CREATE ROLE limited LOGIN",
+		"GRANT SELECT ON dlock_fence TO limited",
+		"GRANT SELECT, INSERT, UPDATE ON dlock_fence_epoch, dlock_fence_live TO limited",
+		"GRANT USAGE, SELECT, UPDATE ON SEQUENCE dlock_fence_seq TO limited",
+	} {
+		if _, err := pool.Exec(ctx, stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+	d, _ := open(strings.Replace(srv.URL(), "postgres://postgres@", "postgres://limited@", 1))
+	if d.sql.setMark != "" {
+		t.Fatalf("setMark %q for a role that could not create the marker sequence", d.sql.setMark)
+	}
+	var made bool
+	if err := pool.QueryRow(ctx, "SELECT to_regclass('dlock_fence_mark') IS NOT NULL").Scan(&made); err != nil || made {
+		t.Fatalf("marker sequence made by a role without the privilege: %v %v", made, err)
+	}
+	first := grant(d)
+	if _, err := pool.Exec(ctx, "DELETE FROM dlock_fence_live"); err != nil {
+		t.Fatal(err)
+	}
+	if got := grant(d); got>>44 != first>>44+1 {
+		t.Fatalf("epoch after the marker table was emptied: %d, want %d", got>>44, first>>44+1)
 	}
 }
