@@ -42,16 +42,24 @@ local t = redis.call('TIME')
 local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
 local nowms = math.floor(nowus / 1000)
 
-local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', nowms)
-for i = 1, #dead, 500 do
-  local part = {unpack(dead, i, math.min(i + 499, #dead))}
-  redis.call('ZREM', KEYS[4], unpack(part))
-  redis.call('ZREM', KEYS[3], unpack(part))
-  redis.call('HDEL', KEYS[6], unpack(part))
+-- Waiters whose TTL passed leave the queue first. An empty queue (nobody
+-- waits: the uncontended acquire) has none: the queue, the expiries and the
+-- records gain and lose a waiter together.
+local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+if head then
+  local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', nowms)
+  for i = 1, #dead, 500 do
+    local part = {unpack(dead, i, math.min(i + 499, #dead))}
+    redis.call('ZREM', KEYS[4], unpack(part))
+    redis.call('ZREM', KEYS[3], unpack(part))
+    redis.call('HDEL', KEYS[6], unpack(part))
+  end
+  if #dead > 0 then
+    head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  end
 end
 
 local holder = redis.call('GET', KEYS[1])
-local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
 -- readers: how long until the first live shared holder's expiry, if any.
 local readers = nil
 if KEYS[7] and redis.call('EXISTS', KEYS[7]) == 1 then
@@ -67,8 +75,10 @@ local function dequeue()
   redis.call('HDEL', KEYS[6], ARGV[1])
 end
 
-local function grant()
-  dequeue()
+-- grant draws the new holder's token and announces the grant; queued: the caller may be in
+-- the queue (it is not if the queue was empty).
+local function grant(queued)
+  if queued then dequeue() end
   -- As in acquire.lua: the counter, floored at the server's clock in µs.
   local token = redis.call('INCR', KEYS[2])
   if token < nowus then
@@ -91,11 +101,11 @@ if holder == ARGV[1] then
   if token then
     return {1, token}
   end
-  return grant() -- the counter is gone: a new token, floored at the clock
+  return grant(false) -- the counter is gone: a new token, floored at the clock
 end
 if not holder and not readers and (head == nil or head == ARGV[1]) then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return grant()
+  return grant(head ~= nil)
 end
 
 if ARGV[3] == '1' then

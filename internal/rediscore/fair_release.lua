@@ -59,11 +59,15 @@ elseif redis.call('GET', KEYS[1]) == ARGV[1] then
 else
   return 0
 end
-local t = redis.call('TIME')
-local nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local nowms = math.floor(nowus / 1000)
 local head = ''
-for _, w in ipairs(redis.call('ZRANGE', KEYS[2], 0, 9)) do
+local queued = redis.call('ZRANGE', KEYS[2], 0, 9)
+local nowus, nowms = 0, 0
+if #queued > 0 then -- the clock is needed only if someone waits
+  local t = redis.call('TIME')
+  nowus = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  nowms = math.floor(nowus / 1000)
+end
+for _, w in ipairs(queued) do
   local exp = redis.call('ZSCORE', KEYS[3], w)
   if exp and tonumber(exp) > nowms then
     head = w
