@@ -360,9 +360,9 @@ func ensureTokenMode(ctx context.Context, conn *pgxpool.Conn, o Options) (fastMa
 	// Objects that exist are not created again: CREATE … IF NOT EXISTS
 	// needs the privilege to create, which a role that uses objects an
 	// administrator made may not have.
-	var have [4]bool
-	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL, to_regclass($3) IS NOT NULL, to_regclass($4) IS NOT NULL",
-		epoch, live, seq, mark).Scan(&have[0], &have[1], &have[2], &have[3]); err != nil {
+	var have [3]bool
+	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL, to_regclass($3) IS NOT NULL",
+		epoch, live, seq).Scan(&have[0], &have[1], &have[2]); err != nil {
 		return false, fmt.Errorf("looking up the token objects: %w", err)
 	}
 	for i, stmt := range []string{
@@ -380,15 +380,29 @@ func ensureTokenMode(ctx context.Context, conn *pgxpool.Conn, o Options) (fastMa
 			return false, fmt.Errorf("creating the token objects (or create them yourself: %s): %w", stmt, err)
 		}
 	}
-	if have[3] {
-		return true, nil
-	}
+	// The marker sequence is read with pg_sequence_last_value (what the
+	// pg_sequences view reads), and must be unlogged: a crash must reset it.
+	// A role that may not read and set it (it exists, made by another) reads
+	// the table.
 	var version int
-	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
-		return false, fmt.Errorf("reading the server's version: %w", err)
+	var fn bool
+	var persistence *string
+	var usable *bool
+	if err := conn.QueryRow(ctx, `SELECT current_setting('server_version_num')::int,
+	to_regprocedure('pg_catalog.pg_sequence_last_value(regclass)') IS NOT NULL,
+	(SELECT relpersistence::text FROM pg_class WHERE oid = to_regclass($1)),
+	CASE WHEN to_regclass($1) IS NOT NULL THEN has_sequence_privilege($1, 'SELECT') AND has_sequence_privilege($1, 'UPDATE') END`,
+		mark).Scan(&version, &fn, &persistence, &usable); err != nil {
+		return false, fmt.Errorf("looking up the marker sequence %s: %w", mark, err)
 	}
-	if version < markSequenceSince {
+	switch {
+	case version < markSequenceSince || !fn:
 		return false, nil
+	case persistence != nil && *persistence != "u":
+		return false, fmt.Errorf("%w: %s is not UNLOGGED: a crash would not reset it, and tokens could go backwards; drop it (the driver makes it unlogged)",
+			dlock.ErrInvalidOption, mark)
+	case persistence != nil:
+		return usable != nil && *usable, nil
 	}
 	stmt := "CREATE UNLOGGED SEQUENCE IF NOT EXISTS " + mark
 	_, err = conn.Exec(ctx, stmt)

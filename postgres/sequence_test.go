@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -229,4 +230,40 @@ func TestSequenceMarkCopiesTheTable(t *testing.T) {
 	if durable != int64(first>>44) {
 		t.Fatalf("durable epoch %d after the copy was made again, want %d (no bump)", durable, first>>44)
 	}
+}
+
+// TestSequenceMarkMustBeUnlogged: a marker sequence that a crash would not
+// reset (made LOGGED by hand) is refused when the driver opens, with an
+// error that says what to do.
+func TestSequenceMarkMustBeUnlogged(t *testing.T) {
+	srv := testenv.StartPostgres(t)
+	ctx := context.Background()
+	conn := connect(t, ctx, srv)
+	defer conn.Close(ctx)
+	var version int
+	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	if version < 150000 {
+		t.Skipf("PostgreSQL %d has no unlogged sequences: grants read the marker table", version)
+	}
+	if _, err := conn.Exec(ctx, "CREATE SEQUENCE dlock_fence_mark"); err != nil {
+		t.Fatal(err)
+	}
+	l, err := dlock.Open(ctx, srv.URL()+"&tokens=sequence")
+	if err == nil {
+		l.Close()
+		t.Fatal("opened with a LOGGED marker sequence")
+	}
+	if !errors.Is(err, dlock.ErrInvalidOption) || !strings.Contains(err.Error(), "UNLOGGED") {
+		t.Fatalf("open with a LOGGED marker sequence: %v, want ErrInvalidOption naming UNLOGGED", err)
+	}
+	if _, err := conn.Exec(ctx, "DROP SEQUENCE dlock_fence_mark"); err != nil {
+		t.Fatal(err)
+	}
+	l, err = dlock.Open(ctx, srv.URL()+"&tokens=sequence")
+	if err != nil {
+		t.Fatalf("open once it was dropped: %v", err)
+	}
+	l.Close()
 }
