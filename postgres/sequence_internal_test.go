@@ -24,33 +24,13 @@ func TestSequenceTokensFromTheMarkerTable(t *testing.T) {
 	markSequenceSince = math.MaxInt
 	srv := testenv.StartPostgres(t)
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, srv.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	d, err := NewDriver(ctx, pool, &Options{Tokens: TokensSequence})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
+	d, pool := poolDriverAt(t, srv.URL(), &Options{Tokens: TokensSequence})
 	if d.sql.setMark != "" {
 		t.Fatalf("setMark %q without the marker sequence", d.sql.setMark)
 	}
-	grant := func() uint64 {
-		t.Helper()
-		g, err := d.Acquire(ctx, backend.AcquireRequest{Key: "table-marker", Owner: backend.NewOwnerID(), TTL: 10 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := d.Release(ctx, g); err != nil {
-			t.Fatal(err)
-		}
-		return g.Token
-	}
 	var before uint64
 	for range 10 {
-		before = grant()
+		before = grantOnce(t, d, "table-marker")
 	}
 	var made bool
 	if err := pool.QueryRow(ctx, "SELECT to_regclass('dlock_fence_mark') IS NOT NULL").Scan(&made); err != nil {
@@ -64,7 +44,7 @@ func TestSequenceTokensFromTheMarkerTable(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	after := grant()
+	after := grantOnce(t, d, "table-marker")
 	t.Logf("before: %d (epoch %d); after the marker table was emptied and the sequence sent back: %d (epoch %d)",
 		before, before>>44, after, after>>44)
 	if after>>44 != before>>44+1 {
@@ -82,40 +62,16 @@ func TestSequenceTokensFromTheMarkerTable(t *testing.T) {
 func TestSequenceMarkWithoutPrivilege(t *testing.T) {
 	srv := testenv.StartPostgres(t)
 	ctx := context.Background()
-	open := func(url string) (*Driver, *pgxpool.Pool) {
+	open := func(url string) *Driver {
 		t.Helper()
-		pool, err := pgxpool.New(ctx, url)
-		if err != nil {
-			t.Fatal(err)
-		}
-		d, err := NewDriver(ctx, pool, &Options{Tokens: TokensSequence})
-		if err != nil {
-			pool.Close()
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			_ = d.Close()
-			pool.Close()
-		})
-		return d, pool
-	}
-	grant := func(d *Driver) uint64 {
-		t.Helper()
-		g, err := d.Acquire(ctx, backend.AcquireRequest{Key: "no-privilege", Owner: backend.NewOwnerID(), TTL: 10 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := d.Release(ctx, g); err != nil {
-			t.Fatal(err)
-		}
-		return g.Token
+		d, _ := poolDriverAt(t, url, &Options{Tokens: TokensSequence})
+		return d
 	}
 	// The objects an administrator made, as before PostgreSQL 15.
 	func() {
 		defer func(v int) { markSequenceSince = v }(markSequenceSince)
 		markSequenceSince = math.MaxInt
-		admin, _ := open(srv.URL())
-		grant(admin)
+		grantOnce(t, open(srv.URL()), "no-privilege")
 	}()
 	pool, err := pgxpool.New(ctx, srv.URL())
 	if err != nil {
@@ -132,7 +88,8 @@ func TestSequenceMarkWithoutPrivilege(t *testing.T) {
 			t.Fatalf("%s: %v", stmt, err)
 		}
 	}
-	d, _ := open(strings.Replace(srv.URL(), "postgres://postgres@", "postgres://limited@", 1))
+	limited := strings.Replace(srv.URL(), "postgres://postgres@", "postgres://limited@", 1)
+	d := open(limited)
 	if d.sql.setMark != "" {
 		t.Fatalf("setMark %q for a role that could not create the marker sequence", d.sql.setMark)
 	}
@@ -140,23 +97,37 @@ func TestSequenceMarkWithoutPrivilege(t *testing.T) {
 	if err := pool.QueryRow(ctx, "SELECT to_regclass('dlock_fence_mark') IS NOT NULL").Scan(&made); err != nil || made {
 		t.Fatalf("marker sequence made by a role without the privilege: %v %v", made, err)
 	}
-	first := grant(d)
+	first := grantOnce(t, d, "no-privilege")
 	if _, err := pool.Exec(ctx, "DELETE FROM dlock_fence_live"); err != nil {
 		t.Fatal(err)
 	}
-	second := grant(d)
+	second := grantOnce(t, d, "no-privilege")
 	if second>>44 != first>>44+1 {
 		t.Fatalf("epoch after the marker table was emptied: %d, want %d", second>>44, first>>44+1)
 	}
 	// The marker sequence made by the administrator's driver, with no
 	// privilege on it for the role: the role's grants still read the table.
-	admin, _ := open(srv.URL())
-	grant(admin)
-	d, _ = open(strings.Replace(srv.URL(), "postgres://postgres@", "postgres://limited@", 1))
+	grantOnce(t, open(srv.URL()), "no-privilege")
+	d = open(limited)
 	if d.sql.setMark != "" {
 		t.Fatalf("setMark %q for a role that may not use the marker sequence", d.sql.setMark)
 	}
-	if got := grant(d); got>>44 != second>>44 {
+	if got := grantOnce(t, d, "no-privilege"); got>>44 != second>>44 {
 		t.Fatalf("epoch of the role's grant: %d, want %d", got>>44, second>>44)
 	}
+}
+
+// grantOnce acquires key on d (a TTL of 10s) and releases it, and returns
+// the grant's token.
+func grantOnce(t *testing.T, d *Driver, key string) uint64 {
+	t.Helper()
+	ctx := context.Background()
+	g, err := d.Acquire(ctx, backend.AcquireRequest{Key: key, Owner: backend.NewOwnerID(), TTL: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Release(ctx, g); err != nil {
+		t.Fatal(err)
+	}
+	return g.Token
 }

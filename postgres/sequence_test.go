@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/testenv"
 )
@@ -167,17 +169,8 @@ func TestSequenceEpochOutrunsARegressedSequence(t *testing.T) {
 // epoch; so does the first grant on a database whose sequence-mode objects
 // an earlier version created.
 func TestSequenceMarkCopiesTheTable(t *testing.T) {
-	srv := testenv.StartPostgres(t)
+	srv, conn := withUnloggedSequences(t)
 	ctx := context.Background()
-	conn := connect(t, ctx, srv)
-	defer conn.Close(ctx)
-	var version int
-	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
-		t.Fatal(err)
-	}
-	if version < 150000 {
-		t.Skipf("PostgreSQL %d has no unlogged sequences: grants read the marker table", version)
-	}
 	l, err := dlock.Open(ctx, srv.URL()+"&tokens=sequence")
 	if err != nil {
 		t.Fatal(err)
@@ -236,17 +229,8 @@ func TestSequenceMarkCopiesTheTable(t *testing.T) {
 // reset (made LOGGED by hand) is refused when the driver opens, with an
 // error that says what to do.
 func TestSequenceMarkMustBeUnlogged(t *testing.T) {
-	srv := testenv.StartPostgres(t)
+	srv, conn := withUnloggedSequences(t)
 	ctx := context.Background()
-	conn := connect(t, ctx, srv)
-	defer conn.Close(ctx)
-	var version int
-	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
-		t.Fatal(err)
-	}
-	if version < 150000 {
-		t.Skipf("PostgreSQL %d has no unlogged sequences: grants read the marker table", version)
-	}
 	if _, err := conn.Exec(ctx, "CREATE SEQUENCE dlock_fence_mark"); err != nil {
 		t.Fatal(err)
 	}
@@ -266,4 +250,23 @@ func TestSequenceMarkMustBeUnlogged(t *testing.T) {
 		t.Fatalf("open once it was dropped: %v", err)
 	}
 	l.Close()
+}
+
+// withUnloggedSequences starts a server and connects to it, or skips t on a
+// server before PostgreSQL 15, whose grants read the marker table (no
+// unlogged sequences); t's cleanup closes the connection.
+func withUnloggedSequences(t *testing.T) (*testenv.Postgres, *pgx.Conn) {
+	t.Helper()
+	srv := testenv.StartPostgres(t)
+	ctx := context.Background()
+	conn := connect(t, ctx, srv)
+	t.Cleanup(func() { _ = conn.Close(context.Background()) })
+	var version int
+	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	if version < 150000 {
+		t.Skipf("PostgreSQL %d has no unlogged sequences: grants read the marker table", version)
+	}
+	return srv, conn
 }

@@ -177,12 +177,19 @@ func TestSharedTryAcquireReportsPoolExhausted(t *testing.T) {
 // params), both closed with the test.
 func poolDriver(t *testing.T, srv *testenv.Postgres, params string) (*Driver, *pgxpool.Pool) {
 	t.Helper()
+	return poolDriverAt(t, srv.URL()+params, nil)
+}
+
+// poolDriverAt is a driver with opts over a pool of its own to url; t's
+// cleanup closes both.
+func poolDriverAt(t *testing.T, url string, opts *Options) (*Driver, *pgxpool.Pool) {
+	t.Helper()
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, srv.URL()+params)
+	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := NewDriver(ctx, pool, nil)
+	d, err := NewDriver(ctx, pool, opts)
 	if err != nil {
 		pool.Close()
 		t.Fatal(err)
