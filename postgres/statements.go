@@ -151,7 +151,11 @@ func newStatements(table string, pair, owned bool) statements {
 		lockArgs, keyArg, msArg, labelArg = "$1::int4, $2::int4", "$3", "$4", "$5"
 	}
 	// RETURNING runs only for the row the grant inserted or updated.
-	fence := func(lockCall, cond string, set bool) string {
+	fence := func(lockCall string, try, set bool) string {
+		cond := ""
+		if try {
+			cond = " WHERE l.ok"
+		}
 		return fmt.Sprintf(`WITH l AS (SELECT %s AS ok)
 INSERT INTO %s AS f (key, token) SELECT %s::text, 1 FROM l%s
 ON CONFLICT (key) DO UPDATE SET token = f.token + 1
@@ -177,22 +181,16 @@ RETURNING f.token, pg_backend_pid(), %s`, lockCall, table, keyArg, cond, setting
 		sharedPing:  "SELECT pg_backend_pid(), set_config('idle_session_timeout', $1::text, false)",
 		sharedReset: "SELECT set_config('idle_session_timeout', reset_val, false), set_config('application_name', (SELECT reset_val FROM pg_settings WHERE name = 'application_name'), false) FROM pg_settings WHERE name = 'idle_session_timeout'",
 	}
-	for _, m := range []struct {
-		ls     *lockStatements
-		suffix string // of the function names: "" or "_shared"
-		mode   string
-	}{{&s.exclusive, "", "ExclusiveLock"}, {&s.share, "_shared", "ShareLock"}} {
+	for _, m := range s.lockModes() {
 		unlock := "pg_advisory_unlock" + m.suffix + "(" + lockArgs + ")"
 		*m.ls = lockStatements{
-			tryLock:    fence("pg_try_advisory_lock"+m.suffix+"("+lockArgs+")", " WHERE l.ok", true),
-			tryLockSet: fence("pg_try_advisory_lock"+m.suffix+"("+lockArgs+")", " WHERE l.ok", false),
-			// pg_advisory_lock returns void; the CTE runs it once, before the insert.
-			lock:         fence("pg_advisory_lock"+m.suffix+"("+lockArgs+")", "", true),
 			unlock:       "SELECT pg_backend_pid(), " + unlock,
 			sharedUnlock: "SELECT pg_backend_pid(), " + unlock,
 			cleanup:      "SELECT " + unlock,
 			mode:         m.mode,
 		}
+		// pg_advisory_lock returns void; the CTE runs it once, before the insert.
+		m.ls.setAcquires(m.suffix, lockArgs, fence)
 		if owned { // its last parameter is startupAppName's
 			m.ls.unlock = "SELECT pg_backend_pid(), " + unlock + ", set_config('idle_session_timeout', '0', false), " +
 				"set_config('application_name', $" + strconv.Itoa(strings.Count(lockArgs, "$")+1) + "::text, false)"
@@ -202,6 +200,29 @@ RETURNING f.token, pg_backend_pid(), %s`, lockCall, table, keyArg, cond, setting
 		s.sharedReset = "SELECT set_config('idle_session_timeout', '0', false), set_config('application_name', $1::text, false)"
 	}
 	return s
+}
+
+// lockMode is one lock mode's statements and the suffix of its functions'
+// names ("" or "_shared"); mode is its name in pg_locks.
+type lockMode struct {
+	ls           *lockStatements
+	suffix, mode string
+}
+
+// lockModes lists s's two lock modes: exclusive, shared.
+func (s *statements) lockModes() []lockMode {
+	return []lockMode{{&s.exclusive, "", "ExclusiveLock"}, {&s.share, "_shared", "ShareLock"}}
+}
+
+// setAcquires sets ls's acquire statements (tryLock, tryLockSet, lock),
+// built by build for the lock functions with suffix ("" or "_shared") and
+// lockArgs: try says the lock call is pg_try_advisory_lock's, whose result
+// the statement checks; set, that it sets the session's settings.
+func (ls *lockStatements) setAcquires(suffix, lockArgs string, build func(lockCall string, try, set bool) string) {
+	try := "pg_try_advisory_lock" + suffix + "(" + lockArgs + ")"
+	ls.tryLock = build(try, true, true)
+	ls.tryLockSet = build(try, true, false)
+	ls.lock = build("pg_advisory_lock"+suffix+"("+lockArgs+")", false, true)
 }
 
 // settings ends an acquire's select list: it sets the session's
@@ -278,20 +299,19 @@ func (s *statements) sequenceTokens(table string, pair, fastMark bool) {
 	// The CTE is not inlined (its function is volatile): the lock is taken
 	// before the token is drawn. The key's name is not needed here; the
 	// condition keeps the statements' parameters those of counter mode.
-	stmt := func(lockCall, cond string, set bool) string {
+	stmt := func(lockCall string, try, set bool) string {
+		cond := ""
+		if try {
+			cond = "l.ok AND"
+		}
 		return fmt.Sprintf(`WITH l AS (SELECT %s AS ok)
 SELECT %s * %d + nextval('%s'),
 	pg_backend_pid(), %s
 FROM l WHERE %s %s::text IS NOT NULL`,
 			lockCall, inUse, epochUnit, seq, settings(msArg, labelArg, set), cond, keyArg)
 	}
-	for _, m := range []struct {
-		ls     *lockStatements
-		suffix string
-	}{{&s.exclusive, ""}, {&s.share, "_shared"}} {
-		m.ls.tryLock = stmt("pg_try_advisory_lock"+m.suffix+"("+lockArgs+")", "l.ok AND", true)
-		m.ls.tryLockSet = stmt("pg_try_advisory_lock"+m.suffix+"("+lockArgs+")", "l.ok AND", false)
-		m.ls.lock = stmt("pg_advisory_lock"+m.suffix+"("+lockArgs+")", "", true)
+	for _, m := range s.lockModes() {
+		m.ls.setAcquires(m.suffix, lockArgs, stmt)
 	}
 	s.newEpoch = fmt.Sprintf(`WITH cur AS (SELECT epoch FROM %s WHERE id = 1),
 bump AS (INSERT INTO %s AS e (id, epoch) SELECT 1, 1 WHERE NOT EXISTS (SELECT 1 FROM cur)
