@@ -342,8 +342,8 @@ var markSequenceSince = 150000
 // counter-mode token after sequence-mode grants would go backwards. In
 // sequence mode it reports whether grants can read the epoch from the
 // unlogged marker sequence (PostgreSQL 15 and later; see sequenceTokens):
-// where it cannot be created for want of privileges, and does not exist,
-// they read the marker table.
+// where the driver may not create it, or may not read and set the one that
+// exists, they read the marker table; one that is not unlogged is refused.
 func ensureTokenMode(ctx context.Context, conn *pgxpool.Conn, o Options) (fastMark bool, err error) {
 	epoch, live, seq, mark := sequenceIdents(o.Table)
 	if o.Tokens != TokensSequence {
@@ -357,12 +357,25 @@ func ensureTokenMode(ctx context.Context, conn *pgxpool.Conn, o Options) (fastMa
 		}
 		return false, nil
 	}
-	// Objects that exist are not created again: CREATE … IF NOT EXISTS
-	// needs the privilege to create, which a role that uses objects an
-	// administrator made may not have.
-	var have [3]bool
-	if err := conn.QueryRow(ctx, "SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL, to_regclass($3) IS NOT NULL",
-		epoch, live, seq).Scan(&have[0], &have[1], &have[2]); err != nil {
+	// One look at what exists, first. Objects that exist are not created
+	// again: CREATE … IF NOT EXISTS needs the privilege to create, which a
+	// role that uses objects an administrator made may not have. The marker
+	// sequence is read with pg_sequence_last_value (what the pg_sequences
+	// view reads), and must be unlogged: a crash must reset it. A role that
+	// may not read and set it (it exists, made by another) reads the table.
+	var (
+		have        [3]bool
+		version     int
+		fn          bool
+		persistence *string
+		usable      *bool
+	)
+	if err := conn.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL, to_regclass($3) IS NOT NULL,
+	current_setting('server_version_num')::int,
+	to_regprocedure('pg_catalog.pg_sequence_last_value(regclass)') IS NOT NULL,
+	(SELECT relpersistence::text FROM pg_class WHERE oid = to_regclass($4)),
+	CASE WHEN to_regclass($4) IS NOT NULL THEN has_sequence_privilege($4, 'SELECT') AND has_sequence_privilege($4, 'UPDATE') END`,
+		epoch, live, seq, mark).Scan(&have[0], &have[1], &have[2], &version, &fn, &persistence, &usable); err != nil {
 		return false, fmt.Errorf("looking up the token objects: %w", err)
 	}
 	for i, stmt := range []string{
@@ -379,21 +392,6 @@ func ensureTokenMode(ctx context.Context, conn *pgxpool.Conn, o Options) (fastMa
 			}
 			return false, fmt.Errorf("creating the token objects (or create them yourself: %s): %w", stmt, err)
 		}
-	}
-	// The marker sequence is read with pg_sequence_last_value (what the
-	// pg_sequences view reads), and must be unlogged: a crash must reset it.
-	// A role that may not read and set it (it exists, made by another) reads
-	// the table.
-	var version int
-	var fn bool
-	var persistence *string
-	var usable *bool
-	if err := conn.QueryRow(ctx, `SELECT current_setting('server_version_num')::int,
-	to_regprocedure('pg_catalog.pg_sequence_last_value(regclass)') IS NOT NULL,
-	(SELECT relpersistence::text FROM pg_class WHERE oid = to_regclass($1)),
-	CASE WHEN to_regclass($1) IS NOT NULL THEN has_sequence_privilege($1, 'SELECT') AND has_sequence_privilege($1, 'UPDATE') END`,
-		mark).Scan(&version, &fn, &persistence, &usable); err != nil {
-		return false, fmt.Errorf("looking up the marker sequence %s: %w", mark, err)
 	}
 	switch {
 	case version < markSequenceSince || !fn:

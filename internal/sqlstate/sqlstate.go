@@ -12,19 +12,22 @@ import "errors"
 // unique_violation (23505). The object exists once that error is returned:
 // it is raised after the first creator committed.
 func CreatedMeanwhile(err error) bool {
-	var se interface{ SQLState() string }
-	if errors.As(err, &se) {
-		switch se.SQLState() {
-		case "23505", "42P07", "42710":
-			return true
-		}
+	switch code(err) {
+	case "23505", "42P07", "42710":
+		return true
 	}
 	return false
 }
 
 // NoPrivilege reports whether a statement failed for want of a privilege:
 // insufficient_privilege (42501).
-func NoPrivilege(err error) bool {
+func NoPrivilege(err error) bool { return code(err) == "42501" }
+
+// code is err's SQLSTATE, or "" if it carries none.
+func code(err error) string {
 	var se interface{ SQLState() string }
-	return errors.As(err, &se) && se.SQLState() == "42501"
+	if errors.As(err, &se) {
+		return se.SQLState()
+	}
+	return ""
 }
