@@ -214,13 +214,19 @@ func (f redisFloor) lock(ctx context.Context, key string, wait bool) (func() err
 	if !ok {
 		return nil, fmt.Errorf("floor: %q is held", key)
 	}
+	return ownerRelease(f.c, "floor", key, owner), nil
+}
+
+// ownerRelease is the floors' release of lock key: the owner-checked DEL,
+// an error if the lock was not owner's. name names the floor in errors.
+func ownerRelease(c *goredis.Client, name, key, owner string) func() error {
 	return func() error {
-		n, err := ownerDel.EvalSha(context.Background(), f.c, []string{key}, owner).Int()
+		n, err := ownerDel.EvalSha(context.Background(), c, []string{key}, owner).Int()
 		if err == nil && n != 1 {
-			err = fmt.Errorf("floor: %q was not ours at release", key)
+			err = fmt.Errorf("%s: %q was not ours at release", name, key)
 		}
 		return err
-	}, nil
+	}
 }
 
 // redisFencedFloor is the least a Redis lock with dlock's token takes:
@@ -255,13 +261,7 @@ func (f redisFencedFloor) lock(ctx context.Context, key string, wait bool) (func
 	if len(res) != 2 || res[0] != 1 {
 		return nil, fmt.Errorf("fenced-floor: %q is held (%v)", key, res)
 	}
-	return func() error {
-		n, err := ownerDel.EvalSha(context.Background(), f.c, []string{k.Lock}, owner).Int()
-		if err == nil && n != 1 {
-			err = fmt.Errorf("fenced-floor: %q was not ours at release", key)
-		}
-		return err
-	}, nil
+	return ownerRelease(f.c, "fenced-floor", k.Lock, owner), nil
 }
 
 // redisHandoffFloor is the least a hand-off from one holder to the next
