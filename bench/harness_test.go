@@ -27,7 +27,7 @@ var (
 	flagLeases  = flag.Int("dlock.leases", 10000, "Keepalive: leases held by one process")
 	flagKATTL   = flag.Duration("dlock.keepalive-ttl", 9*time.Second, "Keepalive: the leases' TTL")
 	flagWaiters = flag.Int("dlock.waiters", 1000, "Waiters: waiters on one key")
-	flagImpls   = flag.String("dlock.impls", "", "latency and contention scenarios: only the implementations whose name matches this regexp (all if empty), to compare a few without the others' load")
+	flagImpls   = flag.String("dlock.impls", "", "BenchmarkRedis, Etcd, ZooKeeper, Postgres and MySQL: only the implementations whose name matches this regexp (all if empty), to compare a few without the others' load; the other benchmarks run all theirs")
 )
 
 // locker is one client of one lock implementation, as a separate process
