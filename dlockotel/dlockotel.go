@@ -235,7 +235,8 @@ func mode(wait bool) string {
 func (o *observer) StartAcquire(ctx context.Context, a dlock.AcquireInfo) (context.Context, func(dlock.AcquireOutcome) dlock.LeaseObserver) {
 	bo := o.optsFor(a.Backend)
 	m := mode(a.Wait)
-	attrs := []attribute.KeyValue{bo.backend, AttrMode.String(m)}
+	attrs := make([]attribute.KeyValue, 2, 3) // one allocation, the key's room included
+	attrs[0], attrs[1] = bo.backend, AttrMode.String(m)
 	if o.keys {
 		attrs = append(attrs, AttrKey.String(a.Key))
 	}
@@ -258,9 +259,12 @@ func (o *observer) StartAcquire(ctx context.Context, a dlock.AcquireInfo) (conte
 			return nil
 		}
 		bo.heldN.Add(1)
-		// Renewals and a loss go into the acquire's trace, under its span.
-		l := &lease{o: o, bo: bo, key: a.Key, token: int64(out.Token),
-			ctx: trace.ContextWithSpanContext(context.Background(), span.SpanContext())}
+		// Renewals and a loss go into the acquire's trace, under its span
+		// (if it has one: a no-op tracer's span context is invalid).
+		l := &lease{o: o, bo: bo, key: a.Key, token: int64(out.Token), ctx: context.Background()}
+		if sc := span.SpanContext(); sc.IsValid() {
+			l.ctx = trace.ContextWithSpanContext(l.ctx, sc)
+		}
 		return l
 	}
 }
