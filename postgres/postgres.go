@@ -82,8 +82,8 @@ type Options struct {
 	// Tokens selects where fencing tokens come from (see docs/postgres.md,
 	// "Fencing tokens"): TokensCounter (the default), a durable counter per
 	// key in Table, incremented and flushed to the WAL with every grant; or
-	// TokensSequence, one sequence for all keys that is never flushed per
-	// grant, combined with an epoch that is bumped, durably, once after every
+	// TokensSequence, one sequence for all keys that is not flushed per
+	// grant (once per 32 values), combined with an epoch that is bumped, durably, once after every
 	// crash or failover (detected with an unlogged marker table, which
 	// PostgreSQL empties in crash recovery and on a promoted standby). Both
 	// are strictly increasing per key across restarts and crashes of the
@@ -378,19 +378,22 @@ func ensureTokenMode(ctx context.Context, conn *pgxpool.Conn, o Options) (fastMa
 		epoch, live, seq, mark).Scan(&have[0], &have[1], &have[2], &version, &fn, &persistence, &usable); err != nil {
 		return false, fmt.Errorf("looking up the token objects: %w", err)
 	}
+	// create runs stmt, which makes an object unless another session just did.
+	create := func(stmt string) error {
+		if _, err := conn.Exec(ctx, stmt); err != nil && !sqlstate.CreatedMeanwhile(err) {
+			return fmt.Errorf("creating the token objects (or create them yourself: %s): %w", stmt, err)
+		}
+		return nil
+	}
 	for i, stmt := range []string{
 		"CREATE TABLE IF NOT EXISTS " + epoch + " (id int PRIMARY KEY, epoch bigint NOT NULL)",
 		"CREATE UNLOGGED TABLE IF NOT EXISTS " + live + " (id int PRIMARY KEY, epoch bigint NOT NULL)",
 		"CREATE SEQUENCE IF NOT EXISTS " + seq + " MAXVALUE " + strconv.FormatInt(epochUnit-1, 10) + " CACHE 1",
 	} {
-		if have[i] {
-			continue
-		}
-		if _, err := conn.Exec(ctx, stmt); err != nil {
-			if sqlstate.CreatedMeanwhile(err) {
-				continue
+		if !have[i] {
+			if err := create(stmt); err != nil {
+				return false, err
 			}
-			return false, fmt.Errorf("creating the token objects (or create them yourself: %s): %w", stmt, err)
 		}
 	}
 	switch {
@@ -402,15 +405,14 @@ func ensureTokenMode(ctx context.Context, conn *pgxpool.Conn, o Options) (fastMa
 	case persistence != nil:
 		return usable != nil && *usable, nil
 	}
-	stmt := "CREATE UNLOGGED SEQUENCE IF NOT EXISTS " + mark
-	_, err = conn.Exec(ctx, stmt)
-	switch {
-	case err == nil || sqlstate.CreatedMeanwhile(err):
+	switch err := create("CREATE UNLOGGED SEQUENCE IF NOT EXISTS " + mark); {
+	case err == nil:
 		return true, nil
 	case sqlstate.NoPrivilege(err):
 		return false, nil // grants read the marker table
+	default:
+		return false, err
 	}
-	return false, fmt.Errorf("creating the token objects (or create them yourself: %s): %w", stmt, err)
 }
 
 // ensureTable creates the fence table if it does not exist.

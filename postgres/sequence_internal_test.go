@@ -23,7 +23,6 @@ func TestSequenceTokensFromTheMarkerTable(t *testing.T) {
 	defer func(v int) { markSequenceSince = v }(markSequenceSince)
 	markSequenceSince = math.MaxInt
 	srv := testenv.StartPostgres(t)
-	ctx := context.Background()
 	d, pool := poolDriverAt(t, srv.URL(), &Options{Tokens: TokensSequence})
 	if d.sql.setMark != "" {
 		t.Fatalf("setMark %q without the marker sequence", d.sql.setMark)
@@ -32,18 +31,10 @@ func TestSequenceTokensFromTheMarkerTable(t *testing.T) {
 	for range 10 {
 		before = grantOnce(t, d, "table-marker")
 	}
-	var made bool
-	if err := pool.QueryRow(ctx, "SELECT to_regclass('dlock_fence_mark') IS NOT NULL").Scan(&made); err != nil {
-		t.Fatal(err)
-	}
-	if made {
+	if markMade(t, pool) {
 		t.Fatal("the marker sequence was created on a server taken for one without unlogged sequences")
 	}
-	for _, stmt := range []string{"DELETE FROM dlock_fence_live", "ALTER SEQUENCE dlock_fence_seq RESTART WITH 1"} {
-		if _, err := pool.Exec(ctx, stmt); err != nil {
-			t.Fatal(err)
-		}
-	}
+	execAll(t, pool, "DELETE FROM dlock_fence_live", "ALTER SEQUENCE dlock_fence_seq RESTART WITH 1")
 	after := grantOnce(t, d, "table-marker")
 	t.Logf("before: %d (epoch %d); after the marker table was emptied and the sequence sent back: %d (epoch %d)",
 		before, before>>44, after, after>>44)
@@ -78,29 +69,21 @@ func TestSequenceMarkWithoutPrivilege(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	for _, stmt := range []string{
+	execAll(t, pool,
 		"CREATE ROLE limited LOGIN",
 		"GRANT SELECT ON dlock_fence TO limited",
 		"GRANT SELECT, INSERT, UPDATE ON dlock_fence_epoch, dlock_fence_live TO limited",
-		"GRANT USAGE, SELECT, UPDATE ON SEQUENCE dlock_fence_seq TO limited",
-	} {
-		if _, err := pool.Exec(ctx, stmt); err != nil {
-			t.Fatalf("%s: %v", stmt, err)
-		}
-	}
+		"GRANT USAGE, SELECT, UPDATE ON SEQUENCE dlock_fence_seq TO limited")
 	limited := strings.Replace(srv.URL(), "postgres://postgres@", "postgres://limited@", 1)
 	d := open(limited)
 	if d.sql.setMark != "" {
 		t.Fatalf("setMark %q for a role that could not create the marker sequence", d.sql.setMark)
 	}
-	var made bool
-	if err := pool.QueryRow(ctx, "SELECT to_regclass('dlock_fence_mark') IS NOT NULL").Scan(&made); err != nil || made {
-		t.Fatalf("marker sequence made by a role without the privilege: %v %v", made, err)
+	if markMade(t, pool) {
+		t.Fatal("marker sequence made by a role without the privilege")
 	}
 	first := grantOnce(t, d, "no-privilege")
-	if _, err := pool.Exec(ctx, "DELETE FROM dlock_fence_live"); err != nil {
-		t.Fatal(err)
-	}
+	execAll(t, pool, "DELETE FROM dlock_fence_live")
 	second := grantOnce(t, d, "no-privilege")
 	if second>>44 != first>>44+1 {
 		t.Fatalf("epoch after the marker table was emptied: %d, want %d", second>>44, first>>44+1)
@@ -130,4 +113,24 @@ func grantOnce(t *testing.T, d *Driver, key string) uint64 {
 		t.Fatal(err)
 	}
 	return g.Token
+}
+
+// execAll runs stmts on pool in turn; the first that fails fails t.
+func execAll(t *testing.T, pool *pgxpool.Pool, stmts ...string) {
+	t.Helper()
+	for _, stmt := range stmts {
+		if _, err := pool.Exec(context.Background(), stmt); err != nil {
+			t.Fatalf("%s: %v", stmt, err)
+		}
+	}
+}
+
+// markMade reports whether the marker sequence dlock_fence_mark exists.
+func markMade(t *testing.T, pool *pgxpool.Pool) bool {
+	t.Helper()
+	var made bool
+	if err := pool.QueryRow(context.Background(), "SELECT to_regclass('dlock_fence_mark') IS NOT NULL").Scan(&made); err != nil {
+		t.Fatal(err)
+	}
+	return made
 }

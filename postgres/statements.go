@@ -145,11 +145,18 @@ func startupAppName(pc *pgxpool.Conn) string {
 	return v
 }
 
-func newStatements(table string, pair, owned bool) statements {
-	lockArgs, keyArg, msArg, labelArg := "$1::int8", "$2", "$3", "$4"
+// acquireParams names the acquire statements' parameters: the lock's key
+// (one int8, or two int4 with pair), the key's name, the TTL in
+// milliseconds and the label.
+func acquireParams(pair bool) (lockArgs, keyArg, msArg, labelArg string) {
 	if pair {
-		lockArgs, keyArg, msArg, labelArg = "$1::int4, $2::int4", "$3", "$4", "$5"
+		return "$1::int4, $2::int4", "$3", "$4", "$5"
 	}
+	return "$1::int8", "$2", "$3", "$4"
+}
+
+func newStatements(table string, pair, owned bool) statements {
+	lockArgs, keyArg, msArg, labelArg := acquireParams(pair)
 	// RETURNING runs only for the row the grant inserted or updated.
 	fence := func(lockCall string, try, set bool) string {
 		cond := ""
@@ -260,8 +267,9 @@ func (s *statements) releaseBatch(unlock string, args []any, onRow func(pgx.Row)
 // sequenceTokens makes the acquire statements take their token from the
 // sequence mode's objects (Options.Tokens), next to table: the epoch in use
 // times 2^44 plus the sequence's next value, drawn after the lock is
-// granted. A grant that finds the epoch writes nothing durable (nextval's
-// WAL is not flushed per call) and is one plain SELECT.
+// granted. A grant that finds the epoch writes no row and is one plain
+// SELECT; nextval WAL-logs once per 32 values, and only that statement's
+// commit flushes the WAL.
 //
 // The epoch in use is kept in unlogged objects, which PostgreSQL empties in
 // crash recovery and on a promoted standby: the marker table (the authority)
@@ -287,10 +295,7 @@ func (s *statements) sequenceTokens(table string, pair, fastMark bool) {
 	epoch, live, seq, mark := sequenceIdents(table)
 	seq = strings.ReplaceAll(seq, "'", "''")
 	mark = strings.ReplaceAll(mark, "'", "''")
-	lockArgs, keyArg, msArg, labelArg := "$1::int8", "$2", "$3", "$4"
-	if pair {
-		lockArgs, keyArg, msArg, labelArg = "$1::int4, $2::int4", "$3", "$4", "$5"
-	}
+	lockArgs, keyArg, msArg, labelArg := acquireParams(pair)
 	inUse := "(SELECT epoch FROM " + live + " WHERE id = 1)"
 	if fastMark {
 		inUse = "pg_sequence_last_value('" + mark + "'::regclass)"
