@@ -526,29 +526,28 @@ func writeTargets(w *strings.Builder, r *results) {
 		"no WAL flush and no row written per grant: the acquire is one SELECT (the lock; the epoch, from the marker sequence on PostgreSQL 15+; nextval; the session's TTL and label only on a shared session's first grant). A throwaway benchmark interleaving the floor, the same SQL sent raw on a pgx connection, and dlock (2026-11-27, with pg_stat_statements.track_planning and a Go execution trace): the statement itself runs 7.4 µs in the server (6.5 µs sent raw, 1.9 µs for a bare pg_try_advisory_lock; mean_exec_time), and sent raw it reached 0.84–0.96× the floor (median 0.89×, 15 runs). dlock's cycle spends ≈ 20 µs more running Go code (the lease, the driver, pgxpool, pgx's scan, spread thin: no function above 2 µs), ≈ 4 µs more in system calls, and ≈ 20 µs more waiting for replies than the raw statement, with the same number of goroutine switches and processor wake-ups per cycle; what that wait is, the server's execution times do not show")
 	// The A/A control: a second, identical dlock in the same rounds. Its ratio
 	// to dlock is what this machine's noise does to a ratio of two equals.
+	const ob = "Observe/Uncontended"
 	aaLo := 1.0
-	if lo, _, n := r.ratioRange("Observe/Uncontended", "dlock-again.ops/s", "Observe/Uncontended", "dlock.ops/s"); n > 0 {
+	if lo, _, n := r.ratioRange(ob, "dlock-again.ops/s", ob, "dlock.ops/s"); n > 0 {
 		aaLo = lo
 	}
 	add("Observability: dlockotel over the API's no-op providers costs nothing measurable (otel-noop / dlock ≥ 0.97, or no lower than the A/A control dlock-again / dlock in its worst run)", "%.2f×",
-		"Observe/Uncontended", "otel-noop.ops/s", "Observe/Uncontended", "dlock.ops/s",
+		ob, "otel-noop.ops/s", ob, "dlock.ops/s",
 		func(v float64) bool { return v >= 0.97 || v >= aaLo }, shortBy(0.97), orNoise(""))
 	sdkWhy := "the SDK's own work per acquire+release: two sampled spans (acquire, release; renewals and a loss add short spans of their own) and three instrument recordings (leases held is read at collection). In a hot loop on mem:// that is ≈ 5 µs of CPU per cycle (dlockotel BenchmarkOverhead), but in place, after each round trip, the SDK's code and data are cold on this 2-core machine"
-	const ob = "Observe/Uncontended"
-	if sdk, ok := r.addedMicros(ob, "floor+sdk.ops/s", "floor.ops/s"); ok {
-		if own, ok := r.addedMicros(ob, "otel-sdk.ops/s", "dlock.ops/s"); ok {
-			if cycle, ok := r.get(ob, "dlock.ops/s"); ok {
-				fr, _ := r.ratio(ob, "floor+sdk.ops/s", ob, "floor.ops/s")
-				budget := 0.05 * 1e6 / cycle
-				verdict := "more than 5%% of dlock's cycle (%.1f µs of %.0f µs), so no observer that starts and ends these spans on the caller's path can meet the target here"
-				if sdk <= budget {
-					verdict = "within 5%% of dlock's cycle (%.1f µs of %.0f µs): the rest is dlockotel's"
-				}
-				sdkWhy += fmt.Sprintf(". The same spans and recordings made by hand around the raw floor (floor+sdk) add %.1f µs a cycle (floor+sdk / floor %.2f×): "+
-					verdict+"; dlockotel adds %.1f µs in all. Sample spans (sdktrace.TraceIDRatioBased) to pay less",
-					sdk, fr, budget, 1e6/cycle, own)
-			}
+	sdk, okSDK := r.addedMicros(ob, "floor+sdk.ops/s", "floor.ops/s")
+	own, okOwn := r.addedMicros(ob, "otel-sdk.ops/s", "dlock.ops/s")
+	cycle, okCycle := r.get(ob, "dlock.ops/s")
+	if okSDK && okOwn && okCycle {
+		fr, _ := r.ratio(ob, "floor+sdk.ops/s", ob, "floor.ops/s")
+		budget := 0.05 * 1e6 / cycle
+		verdict := "more than 5%% of dlock's cycle (%.1f µs of %.0f µs), so no observer that starts and ends these spans on the caller's path can meet the target here"
+		if sdk <= budget {
+			verdict = "within 5%% of dlock's cycle (%.1f µs of %.0f µs): the rest is dlockotel's"
 		}
+		sdkWhy += fmt.Sprintf(". The same spans and recordings made by hand around the raw floor (floor+sdk) add %.1f µs a cycle (floor+sdk / floor %.2f×): "+
+			verdict+"; dlockotel adds %.1f µs in all. Sample spans (sdktrace.TraceIDRatioBased) to pay less",
+			sdk, fr, budget, 1e6/cycle, own)
 	}
 	add("Observability: ≤ 5% with the OpenTelemetry SDK, metrics and every span (otel-sdk / dlock ≥ 0.95)", "%.2f×",
 		ob, "otel-sdk.ops/s", ob, "dlock.ops/s",
