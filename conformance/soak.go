@@ -142,7 +142,7 @@ type soakFault struct {
 
 // explains reports whether f can have caused an overlap in which b was
 // granted while a still counted as its holder's: f was in effect between a's
-// grant and b's (allowing tail after the heal, see findOverlaps), and it hit
+// request and b's grant (allowing tail after the heal, see findOverlaps), and it hit
 // what a's lease depended on. A fault of one child's link or process (a
 // partition, a disconnect, a pause) explains only overlaps whose earlier
 // lease that child held; a clock jump only those on the key it hit; a fault
@@ -150,7 +150,11 @@ type soakFault struct {
 // one whose earlier lease was granted up to tail after the heal: a server's
 // fault can outlast it (an etcd leader resumed from a stall revokes the
 // leases it saw expire, etcd issue 15247, and with them keys granted just
-// after the heal).
+// after the heal). a's tenure on the server begins when its winning request
+// was sent, where that is known, not when its Acquire returned: a clock
+// jump whose deletions land between the two takes the lock from a holder
+// that is then told it holds it (a Redlock soak in CI: the jump was healed
+// 5ms before the holder's Acquire returned, and a waiter took three nodes).
 func (f *soakFault) explains(a, b *soakLease, tail time.Duration) bool {
 	until := f.healed // the fault's effect on a's lease lasts until then
 	switch {
@@ -167,7 +171,11 @@ func (f *soakFault) explains(a, b *soakLease, tail time.Duration) bool {
 	default: // a server's fault can outlast its heal
 		until += int64(tail)
 	}
-	return until > a.grant && f.start <= b.grant && b.grant <= f.healed+int64(tail)
+	began := a.grant
+	if a.sent != 0 && a.sent < began {
+		began = a.sent
+	}
+	return until > began && f.start <= b.grant && b.grant <= f.healed+int64(tail)
 }
 
 // childOf returns the index of the child process a soak lease's label names
@@ -400,7 +408,11 @@ func Soak(t *testing.T, h FaultHarness, o SoakOptions) {
 		}
 		injected = append(injected, string(f))
 		windows = append(windows, soakFault{f: f, child: i, key: k, start: faultAt.UnixNano(), healed: time.Now().UnixNano()})
-		t.Logf("%s: %s (child p%d) injected, healed after %v", time.Since(start).Round(time.Millisecond), f, i, time.Since(faultAt).Round(time.Millisecond))
+		on := fmt.Sprintf("child p%d", i)
+		if k != "" {
+			on = fmt.Sprintf("key %q", k)
+		}
+		t.Logf("%s (%s): %s (%s) injected, healed after %v", faultAt.Sub(start).Round(time.Millisecond), wallString(faultAt.UnixNano()), f, on, time.Since(faultAt).Round(time.Millisecond))
 		// Liveness: a fresh grant within the bound after heal.
 		select {
 		case <-grantCh:

@@ -100,6 +100,14 @@ func TestFindOverlaps(t *testing.T) {
 	// no fault). None.
 	add(soakLease{label: "p1.g13#1", key: "y", grant: 7045, deadline: 7059, done: 7060, released: 7359, lost: true})
 	add(soakLease{label: "p2.g13#1", key: "y", grant: 7398, sent: 6764, deadline: 8396, done: 7643, released: 7641})
+	// A clock jump whose deletions land while the earlier lease's Acquire
+	// is on its way back: its request was sent before the heal, its Acquire
+	// returned after it (a Redlock soak in CI). One, during the jump. Where
+	// the request's sending is unknown, the grant counts: none explained.
+	add(soakLease{label: "p2.g14#1", key: "z", lock: "z/permits/0", grant: 8015, sent: 8004, deadline: 8900, done: 8029, released: 8027, lost: true})
+	add(soakLease{label: "p0.g14#1", key: "z", lock: "z/permits/0", grant: 8020, sent: 8005, deadline: 8900, done: 8081, released: 8080})
+	add(soakLease{label: "p2.g15#1", key: "zz", grant: 8015, deadline: 8900, done: 8029, released: 8027, lost: true})
+	add(soakLease{label: "p0.g15#1", key: "zz", grant: 8020, sent: 8005, deadline: 8900, done: 8081, released: 8080})
 	faults := []soakFault{
 		{f: RestartEmpty, child: 0, start: 22, healed: 24},
 		{f: PauseHolder, child: 1, start: 500, healed: 590},
@@ -107,6 +115,8 @@ func TestFindOverlaps(t *testing.T) {
 		{f: ClockJump, child: 0, key: "n", start: 2010, healed: 2020},
 		{f: ClockJump, child: 0, key: "x/permits/0", start: 2010, healed: 2020},
 		{f: Stall, child: 1, start: 4010, healed: 4200},
+		{f: ClockJump, child: 1, key: "z/permits/0", start: 8008, healed: 8010},
+		{f: ClockJump, child: 1, key: "zz", start: 8008, healed: 8010},
 	}
 	o := SoakOptions{Matrix: Matrix{
 		RestartEmpty: {Outcome: LossDetected | Fenced},
@@ -132,6 +142,8 @@ func TestFindOverlaps(t *testing.T) {
 		{"p0.g10#1", "p1.g10#1", Stall, false},    // granted 5 after the stall's heal
 		{"p0.g11#1", "p1.g11#1", "", false},       // granted past the tail
 		{"p0.g12#1", "p1.g12#1", ClockJump, true}, // the jump hit x's permit lock
+		{"p2.g14#1", "p0.g14#1", ClockJump, true}, // healed after p2's request was sent
+		{"p2.g15#1", "p0.g15#1", "", false},       // healed before p2's Acquire returned, its request's sending unknown
 	}
 	if len(got) != len(want) {
 		t.Fatalf("findOverlaps found %d overlaps, want %d: %v", len(got), len(want), got)
