@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/internal/testenv"
 	_ "github.com/dlock-go/dlock/postgres" // postgres://
 )
@@ -132,4 +133,120 @@ func (p pgAdvisoryShared) lock(ctx context.Context, key string, _ bool) (func() 
 func BenchmarkPostgres(b *testing.B) {
 	e := startPostgresEnv(b)
 	benchBackend(b, e.impls)
+}
+
+// BenchmarkPostgresSteps takes the uncontended cycle of dlock with
+// tokens=sequence apart, step by step from the floor, all interleaved round by
+// round on one server (docs/BENCHMARKS.md explains the sequence-mode target with
+// it):
+//
+//   - floor: pg_try_advisory_lock / pg_advisory_unlock, as in BenchmarkPostgres;
+//   - sql: the two statements the driver sends for a lease of its shared session
+//     (the acquire, which takes the lock and draws the token from the epoch
+//     marker and the sequence, and the unlock), on a pgx connection, under
+//     context.Background — the SQL alone;
+//   - sql+ctx: the same under a cancellable context, made once: pgx watches
+//     every context but Background (a context.AfterFunc per statement), as it
+//     must for any statement with a bound or a cancel;
+//   - driver: the postgres driver itself (backend.Driver's Acquire and Release,
+//     as the Locker calls them), with its pool, its shared session and its
+//     bounded statements, but no Locker;
+//   - dlock-seq: dlock.Open with tokens=sequence: the Locker and its lease on
+//     that driver.
+func BenchmarkPostgresSteps(b *testing.B) {
+	srv := testenv.StartPostgres(b, testenv.WithPostgresSetting("fsync", "on"))
+	var version int
+	if err := newPgConn(b, srv.URL()).QueryRow(context.Background(), "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+		b.Fatal(err)
+	}
+	if version < 150000 {
+		// Before 15 the driver reads the epoch from its marker table, not
+		// with pg_sequence_last_value: sql below would not be its SQL.
+		b.Skipf("PostgreSQL %d: the steps are written for 15 and later", version)
+	}
+	const table = "dlock_steps_fence"
+	dsn := srv.URL() + "&tokens=sequence&table=" + table
+	drv := func(tb testing.TB) locker {
+		u, err := backend.ParseDSN(dsn)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		open, _ := backend.Lookup("postgres")
+		d, err := open(context.Background(), u) // creates the sequence mode's objects
+		if err != nil {
+			tb.Fatalf("postgres driver: %v", err)
+		}
+		tb.Cleanup(func() { _ = d.Close() })
+		return driverLocker{d}
+	}
+	// The driver's statements for a shared session's lease (postgres/statements.go,
+	// sequenceTokens and tryLockSet): the same text, so that the server plans
+	// and runs the same.
+	acquire := fmt.Sprintf(`WITH l AS (SELECT pg_try_advisory_lock($1::int8) AS ok)
+SELECT pg_sequence_last_value('%s'::regclass) * %d + nextval('%s'),
+	pg_backend_pid(), $3::text, $4::text
+FROM l WHERE l.ok AND $2::text IS NOT NULL`, pgx.Identifier{table + "_mark"}.Sanitize(), int64(1)<<44, pgx.Identifier{table + "_seq"}.Sanitize())
+	sql := func(cancellable bool) func(tb testing.TB) locker {
+		return func(tb testing.TB) locker {
+			ctx := context.Background()
+			if cancellable {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithCancel(ctx)
+				tb.Cleanup(cancel)
+			}
+			return pgDriverSQL{c: newPgConn(tb, srv.URL()), acquire: acquire, ctx: ctx}
+		}
+	}
+	impls := []impl{
+		{name: "floor", newLocker: func(tb testing.TB) locker { return pgAdvisory{newPgConn(tb, srv.URL()), true} }},
+		{name: "driver", newLocker: drv}, // before sql: it creates the objects sql uses
+		{name: "sql", newLocker: sql(false)},
+		{name: "sql+ctx", newLocker: sql(true)},
+		dlockImpl("dlock-seq", dsn, nil),
+	}
+	b.Run("Uncontended", func(b *testing.B) {
+		reportUncontended(b, runUncontended(b, impls, b.N))
+	})
+}
+
+// pgDriverSQL sends the driver's acquire and unlock statements on one pgx
+// connection, under ctx (BenchmarkPostgresSteps).
+type pgDriverSQL struct {
+	c       *pgx.Conn
+	acquire string
+	ctx     context.Context
+}
+
+func (p pgDriverSQL) lock(_ context.Context, key string, _ bool) (func() error, error) {
+	k := pgKey(key)
+	var token *int64
+	var pid uint32
+	if err := p.c.QueryRow(p.ctx, p.acquire, k, key, "10000", "").Scan(&token, &pid, nil, nil); err != nil {
+		return nil, err
+	}
+	if token == nil || *token <= 0 {
+		return nil, fmt.Errorf("sql: token %v for %q", token, key)
+	}
+	return func() error {
+		var held bool
+		if err := p.c.QueryRow(p.ctx, "SELECT pg_backend_pid(), pg_advisory_unlock($1::int8)", k).Scan(&pid, &held); err != nil {
+			return err
+		}
+		if !held {
+			return fmt.Errorf("pg_advisory_unlock(%q): not held", key)
+		}
+		return nil
+	}, nil
+}
+
+// driverLocker calls a backend.Driver as the Locker does, without one: a
+// try-acquire with the benchmarks' TTL, then a release.
+type driverLocker struct{ d backend.Driver }
+
+func (l driverLocker) lock(ctx context.Context, key string, _ bool) (func() error, error) {
+	g, err := l.d.Acquire(ctx, backend.AcquireRequest{Key: key, Owner: backend.NewOwnerID(), TTL: benchTTL, OnLost: func(error) {}})
+	if err != nil {
+		return nil, err
+	}
+	return func() error { return l.d.Release(context.Background(), g) }, nil
 }
