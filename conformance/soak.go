@@ -153,8 +153,9 @@ type soakFault struct {
 // after the heal). a's tenure on the server begins when its winning request
 // was sent, where that is known, not when its Acquire returned: a clock
 // jump whose deletions land between the two takes the lock from a holder
-// that is then told it holds it (a Redlock soak in CI: the jump was healed
-// 5ms before the holder's Acquire returned, and a waiter took three nodes).
+// that is then told it holds it (a Redlock soak in CI: an overlap about 30s
+// in, when a clock jump was injected, whose later holder's winning request
+// was sent 5ms before the earlier holder's Acquire returned).
 func (f *soakFault) explains(a, b *soakLease, tail time.Duration) bool {
 	until := f.healed // the fault's effect on a's lease lasts until then
 	switch {
