@@ -185,7 +185,7 @@ func BenchmarkPostgresSteps(b *testing.B) {
 	acquire := fmt.Sprintf(`WITH l AS (SELECT pg_try_advisory_lock($1::int8) AS ok)
 SELECT pg_sequence_last_value('%s'::regclass) * %d + nextval('%s'),
 	pg_backend_pid(), $3::text, $4::text
-FROM l WHERE l.ok AND $2::text IS NOT NULL`, pgx.Identifier{table + "_mark"}.Sanitize(), int64(1)<<44, pgx.Identifier{table + "_seq"}.Sanitize())
+FROM l WHERE l.ok AND $2::text IS NOT NULL AND set_config('synchronous_commit', 'off', true) IS NOT NULL`, pgx.Identifier{table + "_mark"}.Sanitize(), int64(1)<<44, pgx.Identifier{table + "_seq"}.Sanitize())
 	sql := func(cancellable bool) func(tb testing.TB) locker {
 		return func(tb testing.TB) locker {
 			ctx := context.Background()

@@ -82,8 +82,8 @@ type Options struct {
 	// Tokens selects where fencing tokens come from (see docs/postgres.md,
 	// "Fencing tokens"): TokensCounter (the default), a durable counter per
 	// key in Table, incremented and flushed to the WAL with every grant; or
-	// TokensSequence, one sequence for all keys that is not flushed per
-	// grant (once per 32 values), combined with an epoch that is bumped, durably, once after every
+	// TokensSequence, one sequence for all keys, whose grants never wait for
+	// a WAL flush, combined with an epoch that is bumped, durably, once after every
 	// crash or failover (detected with an unlogged marker table, which
 	// PostgreSQL empties in crash recovery and on a promoted standby). Both
 	// are strictly increasing per key across restarts and crashes of the

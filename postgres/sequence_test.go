@@ -9,9 +9,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/testenv"
+	"github.com/dlock-go/dlock/postgres"
 )
 
 // TestSequenceTokensSurviveCrash: with tokens=sequence, a burst of grants
@@ -269,4 +271,117 @@ func withUnloggedSequences(t *testing.T) (*testenv.Postgres, *pgx.Conn) {
 		t.Skipf("PostgreSQL %d has no unlogged sequences: grants read the marker table", version)
 	}
 	return srv, conn
+}
+
+// TestSequenceGrantsDoNotWaitForWAL: a sequence-mode grant commits without
+// waiting for the WAL to be flushed — nextval writes WAL once per 32 values,
+// and the epoch, not the sequence, keeps tokens increasing across a crash
+// (TestSequenceTokensSurviveCrash) — in the driver's own pool and in a
+// caller's pool whose sessions commit synchronously. Counter mode, the
+// control, flushes the WAL at every grant. Counted in pg_stat_wal, which a
+// backend adds its figures to when it exits: each locker is closed, and its
+// sessions gone, before the count is read.
+func TestSequenceGrantsDoNotWaitForWAL(t *testing.T) {
+	// fsync on, or the server counts no WAL syncs; the WAL writer idle, so
+	// that no sync but a commit's is counted.
+	srv := testenv.StartPostgres(t, testenv.WithPostgresSetting("fsync", "on"),
+		testenv.WithPostgresSetting("wal_writer_delay", "10000"))
+	ctx := testCtx(t)
+	admin := connect(t, ctx, srv)
+	syncs := func() int64 {
+		t.Helper()
+		for { // until every other session has exited, and reported its WAL figures
+			var others int
+			if err := admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+				WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()`).Scan(&others); err != nil {
+				t.Fatal(err)
+			}
+			if others == 0 {
+				break
+			}
+			time.Sleep(10 * time.Millisecond) // the server signals no session's exit
+		}
+		var n int64
+		if err := admin.QueryRow(ctx, "SELECT wal_sync FROM pg_stat_wal").Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// grants opens a locker with open, makes n grants of one key, closes it
+	// and returns the WAL syncs they cost. A first locker, uncounted, makes
+	// the token mode's objects and its epoch.
+	grants := func(n int, open func() (dlock.Locker, error)) int64 {
+		t.Helper()
+		count := func(n int) int64 {
+			before := syncs()
+			l, err := open()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for range n {
+				lease, err := l.TryAcquire(ctx, "wal")
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := lease.Release(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := l.Close(); err != nil {
+				t.Fatal(err)
+			}
+			return syncs() - before
+		}
+		count(1)
+		return count(n)
+	}
+	sequenceDSN := srv.URL() + "&tokens=sequence&table=wal_seq_fence"
+	for _, tc := range []struct {
+		name     string
+		n        int
+		open     func() (dlock.Locker, error)
+		min, max int64 // WAL syncs expected
+	}{
+		{"counter mode (the control)", 64, func() (dlock.Locker, error) {
+			return dlock.Open(ctx, srv.URL()+"&table=wal_counter_fence")
+		}, 64, 64 + 4},
+		{"sequence mode, own pool", 640, func() (dlock.Locker, error) {
+			return dlock.Open(ctx, sequenceDSN)
+		}, 0, 4},
+		{"sequence mode, caller's pool committing synchronously", 640, func() (dlock.Locker, error) {
+			cfg, err := pgxpool.ParseConfig(srv.URL())
+			if err != nil {
+				return nil, err
+			}
+			cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			if err != nil {
+				return nil, err
+			}
+			l, err := postgres.New(ctx, pool, &postgres.Options{Tokens: postgres.TokensSequence, Table: "wal_seq_fence"})
+			if err != nil {
+				pool.Close()
+				return nil, err
+			}
+			return closeAlso{l, pool.Close}, nil
+		}, 0, 4},
+	} {
+		got := grants(tc.n, tc.open)
+		t.Logf("%s: %d grants, %d WAL syncs", tc.name, tc.n, got)
+		if got < tc.min || got > tc.max {
+			t.Errorf("%s: %d grants cost %d WAL syncs, want %d to %d", tc.name, tc.n, got, tc.min, tc.max)
+		}
+	}
+}
+
+// closeAlso is a Locker whose Close also calls also (a pool to close).
+type closeAlso struct {
+	dlock.Locker
+	also func()
+}
+
+func (c closeAlso) Close() error {
+	err := c.Locker.Close()
+	c.also()
+	return err
 }
