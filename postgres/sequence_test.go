@@ -353,32 +353,27 @@ func TestSequenceGrantsDoNotWaitForWAL(t *testing.T) {
 		return n
 	}
 	// grants opens a locker with open, makes n grants of one key, closes it
-	// and returns the WAL syncs they cost. A first locker, uncounted, makes
-	// the token mode's objects and its epoch.
+	// and returns the WAL syncs they cost.
 	grants := func(n int, open func() (dlock.Locker, error)) int64 {
 		t.Helper()
-		count := func(n int) int64 {
-			before := syncs()
-			l, err := open()
+		before := syncs()
+		l, err := open()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range n {
+			lease, err := l.TryAcquire(ctx, "wal")
 			if err != nil {
 				t.Fatal(err)
 			}
-			for range n {
-				lease, err := l.TryAcquire(ctx, "wal")
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := lease.Release(ctx); err != nil {
-					t.Fatal(err)
-				}
-			}
-			if err := l.Close(); err != nil {
+			if err := lease.Release(ctx); err != nil {
 				t.Fatal(err)
 			}
-			return syncs() - before
 		}
-		count(1)
-		return count(n)
+		if err := l.Close(); err != nil {
+			t.Fatal(err)
+		}
+		return syncs() - before
 	}
 	sequenceDSN := srv.URL() + "&tokens=sequence&table=wal_seq_fence"
 	for _, tc := range []struct {
@@ -394,23 +389,17 @@ func TestSequenceGrantsDoNotWaitForWAL(t *testing.T) {
 			return dlock.Open(ctx, sequenceDSN)
 		}, 0, 4},
 		{"sequence mode, caller's pool committing synchronously", 640, func() (dlock.Locker, error) {
-			cfg, err := pgxpool.ParseConfig(srv.URL())
-			if err != nil {
-				return nil, err
-			}
-			cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
-			pool, err := pgxpool.NewWithConfig(ctx, cfg)
-			if err != nil {
-				return nil, err
-			}
+			pool := newPool(t, srv.URL(), func(cfg *pgxpool.Config) {
+				cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "on"
+			})
 			l, err := postgres.New(ctx, pool, &postgres.Options{Tokens: postgres.TokensSequence, Table: "wal_seq_fence"})
 			if err != nil {
-				pool.Close()
-				return nil, err
+				return nil, err // newPool's cleanup closes the pool
 			}
 			return closeAlso{l, pool.Close}, nil
 		}, 0, 4},
 	} {
+		grants(1, tc.open) // uncounted: makes the token mode's objects and its epoch
 		got := grants(tc.n, tc.open)
 		t.Logf("%s: %d grants, %d WAL syncs", tc.name, tc.n, got)
 		if got < tc.min || got > tc.max {

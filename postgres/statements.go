@@ -289,8 +289,9 @@ func (s *statements) releaseBatch(unlock string, args []any, onRow func(pgx.Row)
 // transaction that writes to a logged table, so its commit is flushed
 // (synchronous_commit is at least local: the session's, not the grants'
 // off, which is set for their own transactions only) before the client
-// sees the token it returns; then s.setMark copies the epoch into the marker sequence. Two
-// sessions that find the marker gone at once both bump the epoch, but both
+// sees the token it returns; then s.setMark copies the epoch into the
+// marker sequence. Two sessions that find the marker gone at once both
+// bump the epoch, but both
 // use the one that reached the marker table first (ON CONFLICT DO UPDATE
 // reads the committed row); a session that finds the marker sequence reset
 // but the table marked (its copy not made yet, or drivers of an earlier

@@ -681,8 +681,6 @@ func writeTargets(w *strings.Builder, r *results) {
 	w.WriteString("\n")
 }
 
-// orNoise is why, or, when there is no known cause, a pointer to the spread
-// of the runs.
 // seqWhy explains the tokens=sequence target: what the acquire is, and where
 // its cycle's time goes, step by step from the floor (BenchmarkPostgresSteps).
 func seqWhy(r *results) string {
@@ -700,15 +698,15 @@ func seqWhy(r *results) string {
 	// (the floor's, over 0.85; pg-advisory runs as fast as the floor) less
 	// the SQL's under a watched context, against what they take; µs of the
 	// mean cycle, median over the runs.
-	var room, took []float64
-	fl, sc, ds := r.vals[st]["floor.ops/s"], r.vals[st]["sql+ctx.ops/s"], r.vals[st]["dlock-seq.ops/s"]
-	for i := range min(len(fl), len(sc), len(ds)) {
-		if fl[i] != 0 && sc[i] != 0 && ds[i] != 0 {
+	var room []float64
+	fl, sc := r.vals[st]["floor.ops/s"], r.vals[st]["sql+ctx.ops/s"]
+	for i := range min(len(fl), len(sc)) {
+		if fl[i] != 0 && sc[i] != 0 {
 			room = append(room, 1e6/(0.85*fl[i])-1e6/sc[i])
-			took = append(took, 1e6/ds[i]-1e6/sc[i])
 		}
 	}
-	if len(room) == 0 {
+	took, ok := r.addedMicros(st, "dlock-seq.ops/s", "sql+ctx.ops/s")
+	if len(room) == 0 || !ok {
 		return why
 	}
 	noise := ""
@@ -723,11 +721,13 @@ func seqWhy(r *results) string {
 	if rm := median(room); rm <= 0 {
 		why += fmt.Sprintf("the SQL under a watched context alone takes %.1f µs more than that, before any of the driver's own code runs", -rm)
 	} else {
-		why += fmt.Sprintf("the SQL under a watched context leaves %.1f µs of it to the driver and the Locker, and they take %.1f µs", rm, median(took))
+		why += fmt.Sprintf("the SQL under a watched context leaves %.1f µs of it to the driver and the Locker, and they take %.1f µs", rm, took)
 	}
 	return why
 }
 
+// orNoise is why, or, when there is no known cause, a pointer to the spread
+// of the runs.
 func orNoise(why string) string {
 	if why != "" {
 		return why
