@@ -69,17 +69,7 @@ func TestSequenceTokensSurviveCrash(t *testing.T) {
 				srv.Kill()
 				srv.Restart()
 			}
-			var lease *dlock.Lease
-			for { // until recovery is over
-				lease, err = l.TryAcquire(ctx, "burst")
-				if err == nil || ctx.Err() != nil {
-					break
-				}
-				time.Sleep(50 * time.Millisecond) // recovery announces its end to no one
-			}
-			if err != nil {
-				t.Fatalf("TryAcquire after the crash: %v", err)
-			}
+			lease := grantAfterRecovery(t, ctx, l, "burst")
 			defer lease.Release(ctx)
 			t.Logf("highest token before the crash %d (epoch %d, sequence %d); first after %d (epoch %d, sequence %d)",
 				highest, highest>>44, highest&(1<<44-1), lease.Token(), lease.Token()>>44, lease.Token()&(1<<44-1))
@@ -106,26 +96,13 @@ func TestSequenceTokensSurviveCrash(t *testing.T) {
 // the first crash, the token equal to the one before.)
 func TestSequenceEpochBumpSurvivesACrash(t *testing.T) {
 	srv := testenv.StartPostgres(t, testenv.WithPostgresSetting("wal_writer_delay", "10000"))
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	l, err := dlock.Open(ctx, srv.URL()+"&tokens=sequence")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	ctx := testCtx(t)
+	l := openLocker(t, srv.URL()+"&tokens=sequence")
 	grant := func() dlock.Token {
 		t.Helper()
-		for { // until recovery is over
-			lease, err := l.TryAcquire(ctx, "bump")
-			if err == nil {
-				defer lease.Release(ctx)
-				return lease.Token()
-			}
-			if ctx.Err() != nil {
-				t.Fatalf("TryAcquire: %v", err)
-			}
-			time.Sleep(50 * time.Millisecond) // recovery announces its end to no one
-		}
+		lease := grantAfterRecovery(t, ctx, l, "bump")
+		defer lease.Release(ctx)
+		return lease.Token()
 	}
 	prev := grant()
 	for i := range 3 {
@@ -138,6 +115,23 @@ func TestSequenceEpochBumpSurvivesACrash(t *testing.T) {
 				i+1, tok, tok>>44, prev, prev>>44)
 		}
 		prev = tok
+	}
+}
+
+// grantAfterRecovery takes key with l, trying again until the server has
+// finished its crash recovery (it announces the end to no client) or ctx
+// ends.
+func grantAfterRecovery(t *testing.T, ctx context.Context, l dlock.Locker, key string) *dlock.Lease {
+	t.Helper()
+	for {
+		lease, err := l.TryAcquire(ctx, key)
+		if err == nil {
+			return lease
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("TryAcquire after the crash: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond) // recovery announces its end to no one
 	}
 }
 
