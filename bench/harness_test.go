@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/internal/testenv"
 )
 
@@ -69,6 +70,37 @@ func (d dlockLocker) lock(ctx context.Context, key string, wait bool) (func() er
 		return nil, err
 	}
 	return func() error { return lease.Release(context.Background()) }, nil
+}
+
+// driverLocker calls a backend.Driver as the Locker does, without one: an
+// acquire with the benchmarks' TTL (waiting if asked), then a release.
+type driverLocker struct{ d backend.Driver }
+
+func (l driverLocker) lock(ctx context.Context, key string, wait bool) (func() error, error) {
+	g, err := l.d.Acquire(ctx, backend.AcquireRequest{Key: key, Owner: backend.NewOwnerID(), TTL: benchTTL, Wait: wait, OnLost: func(error) {}})
+	if err != nil {
+		return nil, err
+	}
+	return func() error { return l.d.Release(context.Background(), g) }, nil
+}
+
+// openDriver opens dsn's driver without a Locker; tb's cleanup closes it.
+func openDriver(tb testing.TB, dsn string) driverLocker {
+	tb.Helper()
+	u, err := backend.ParseDSN(dsn)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	open, ok := backend.Lookup(u.Scheme)
+	if !ok {
+		tb.Fatalf("no driver for %q", u.Scheme)
+	}
+	d, err := open(context.Background(), u)
+	if err != nil {
+		tb.Fatalf("%s driver: %v", u.Scheme, err)
+	}
+	tb.Cleanup(func() { _ = d.Close() })
+	return driverLocker{d}
 }
 
 // openDlock opens dsn with the given TTL; tb's cleanup closes it.

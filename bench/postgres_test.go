@@ -8,7 +8,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/internal/testenv"
 	_ "github.com/dlock-go/dlock/postgres" // postgres://
 )
@@ -166,19 +165,8 @@ func BenchmarkPostgresSteps(b *testing.B) {
 	}
 	const table = "dlock_steps_fence"
 	dsn := srv.URL() + "&tokens=sequence&table=" + table
-	drv := func(tb testing.TB) locker {
-		u, err := backend.ParseDSN(dsn)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		open, _ := backend.Lookup("postgres")
-		d, err := open(context.Background(), u) // creates the sequence mode's objects
-		if err != nil {
-			tb.Fatalf("postgres driver: %v", err)
-		}
-		tb.Cleanup(func() { _ = d.Close() })
-		return driverLocker{d}
-	}
+	// Opening the driver creates the sequence mode's objects.
+	drv := func(tb testing.TB) locker { return openDriver(tb, dsn) }
 	// The driver's statements for a shared session's lease (postgres/statements.go,
 	// sequenceTokens and tryLockSet): the same text, so that the server plans
 	// and runs the same.
@@ -237,16 +225,4 @@ func (p pgDriverSQL) lock(_ context.Context, key string, _ bool) (func() error, 
 		}
 		return nil
 	}, nil
-}
-
-// driverLocker calls a backend.Driver as the Locker does, without one: a
-// try-acquire with the benchmarks' TTL, then a release.
-type driverLocker struct{ d backend.Driver }
-
-func (l driverLocker) lock(ctx context.Context, key string, _ bool) (func() error, error) {
-	g, err := l.d.Acquire(ctx, backend.AcquireRequest{Key: key, Owner: backend.NewOwnerID(), TTL: benchTTL, OnLost: func(error) {}})
-	if err != nil {
-		return nil, err
-	}
-	return func() error { return l.d.Release(context.Background(), g) }, nil
 }

@@ -1,0 +1,293 @@
+package bench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/rediscore"
+	"github.com/dlock-go/dlock/internal/testenv"
+)
+
+// BenchmarkRedisHandoffSteps takes the fair mode's hand-off apart, step by
+// step from the raw direct hand-off, all interleaved round by round on one
+// server (docs/BENCHMARKS.md measures the fair mode's hand-off target with
+// it). Each implementation has two clients: in every round one holds the
+// lock, the other calls lock and waits, the holder releases after
+// rotateHold, and the hand-off is the time from the start of that release
+// to the waiter's lock call returning. The steps:
+//
+//   - handoff-floor: the least a direct hand-off takes (see redisHandoffFloor):
+//     one script, one message, no token;
+//   - scripts: dlock's own fair-mode scripts (fair_acquire.lua,
+//     fair_release.lua) on a raw client, waiting for the hand-off message on
+//     a channel of its own: the token, the waiters' TTLs and records, but no
+//     driver;
+//   - driver: the redis driver with fair=true, called as the Locker calls it
+//     (its pub/sub multiplexer, its hand-off check), but no Locker;
+//   - dlock-fair: dlock.Open with ?fair=true: the Locker and its lease.
+//
+// Each round also measures round trips made from the same idle state (no
+// request for rotateHold): a PING, and a script call (the floor's release
+// script on a key nobody holds: a GET, an LREM and a reply). A hand-off
+// starts from that state — the holder made no request while it held the
+// lock — so its round trips are these, not those of a busy loop, which on a
+// virtual machine take less (no process to wake).
+//
+// Reported, over the rounds: IMPL.handoff-p50-ns, IMPL.handoff-p99-ns,
+// ping.rtt-p50-ns and script.rtt-p50-ns.
+func BenchmarkRedisHandoffSteps(b *testing.B) {
+	srv := testenv.StartRedis(b)
+	impls := handoffStepImpls(srv)
+	b.Run("Handoff", func(b *testing.B) {
+		r := runHandoffSteps(b, impls, srv.Addr(), b.N)
+		for _, s := range r.steps {
+			report(b, float64(pct(s.handoffs, 50).Nanoseconds()), s.name+".handoff-p50-ns")
+			report(b, float64(pct(s.handoffs, 99).Nanoseconds()), s.name+".handoff-p99-ns")
+		}
+		report(b, float64(pct(r.ping, 50).Nanoseconds()), "ping.rtt-p50-ns")
+		report(b, float64(pct(r.script, 50).Nanoseconds()), "script.rtt-p50-ns")
+	})
+}
+
+// handoffStepImpls are BenchmarkRedisHandoffSteps' steps on srv.
+func handoffStepImpls(srv *testenv.Redis) []impl {
+	return []impl{
+		{name: "handoff-floor", newLocker: func(tb testing.TB) locker { return newRedisHandoffFloor(tb, srv.Addr()) }},
+		{name: "scripts", newLocker: func(tb testing.TB) locker { return newRedisFairScripts(tb, srv.Addr()) }},
+		{name: "driver", newLocker: func(tb testing.TB) locker { return openDriver(tb, srv.URL()+"?fair=true") }},
+		dlockImpl("dlock-fair", srv.URL()+"?fair=true", nil),
+	}
+}
+
+type handoffStep struct {
+	name     string
+	handoffs []time.Duration
+}
+
+type handoffStepsResult struct {
+	steps        []handoffStep
+	ping, script []time.Duration // round trips from idle
+}
+
+// runHandoffSteps makes rounds hand-offs with every implementation of impls,
+// in an order shuffled every round, and measures the round trips from idle
+// on a client of addr. A waiter granted before its holder's release began
+// fails the run.
+func runHandoffSteps(tb testing.TB, impls []impl, addr string, rounds int) handoffStepsResult {
+	ctx := context.Background()
+	type pair struct{ holder, waiter locker }
+	pairs := make([]pair, len(impls))
+	keys := make([]string, len(impls))
+	res := handoffStepsResult{steps: make([]handoffStep, len(impls))}
+	for i, im := range impls {
+		pairs[i] = pair{im.newLocker(tb), im.newLocker(tb)}
+		keys[i] = uniqueKey("handoff-steps", im.name)
+		res.steps[i] = handoffStep{name: im.name, handoffs: make([]time.Duration, 0, rounds)}
+		// One warm-up hand-off: connections, scripts, subscriptions.
+		if _, err := handOff(ctx, pairs[i].holder, pairs[i].waiter, keys[i]); err != nil {
+			tb.Fatalf("%s: warm-up: %v", im.name, err)
+		}
+	}
+	c := newRedisClient(tb, addr)
+	if err := handoffFloorRelease.Load(ctx, c).Err(); err != nil {
+		tb.Fatalf("SCRIPT LOAD: %v", err)
+	}
+	free := []string{uniqueKey("handoff-steps", "rtt"), uniqueKey("handoff-steps", "rtt-queue")}
+	probes := []struct {
+		into *[]time.Duration
+		call func() error
+	}{
+		{&res.ping, func() error { return c.Ping(ctx).Err() }},
+		{&res.script, func() error {
+			return handoffFloorRelease.EvalSha(ctx, c, free, "nobody", benchTTL.Milliseconds(), handoffFloorChannel).Err()
+		}},
+	}
+	order := make([]int, len(impls)+len(probes))
+	for i := range order {
+		order[i] = i
+	}
+	rng := rand.New(rand.NewPCG(1, 2)) // the same orders in every run
+	resetTimer(tb)
+	for range rounds {
+		rng.Shuffle(len(order), func(a, b int) { order[a], order[b] = order[b], order[a] })
+		for _, i := range order {
+			if i >= len(impls) {
+				p := probes[i-len(impls)]
+				time.Sleep(rotateHold)
+				start := time.Now()
+				if err := p.call(); err != nil {
+					tb.Fatalf("round trip: %v", err)
+				}
+				*p.into = append(*p.into, time.Since(start))
+				continue
+			}
+			d, err := handOff(ctx, pairs[i].holder, pairs[i].waiter, keys[i])
+			if err != nil {
+				tb.Fatalf("%s: %v", impls[i].name, err)
+			}
+			res.steps[i].handoffs = append(res.steps[i].handoffs, d)
+		}
+	}
+	stopTimer(tb)
+	return res
+}
+
+// handOff makes one hand-off of key from holder to waiter: holder takes it,
+// waiter calls lock and waits, and after rotateHold (well beyond the waiter's
+// first attempt) holder releases. It returns the time from the start of the
+// release to waiter's lock call returning, and leaves key free.
+func handOff(ctx context.Context, holder, waiter locker, key string) (time.Duration, error) {
+	release, err := holder.lock(ctx, key, false)
+	if err != nil {
+		return 0, fmt.Errorf("holder: lock: %w", err)
+	}
+	type grant struct {
+		unlock func() error
+		at     time.Time
+		err    error
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	got := make(chan grant, 1)
+	go func() {
+		unlock, err := waiter.lock(ctx, key, true)
+		got <- grant{unlock, time.Now(), err}
+	}()
+	time.Sleep(rotateHold)
+	start := time.Now()
+	errRelease := release()
+	g := <-got
+	switch {
+	case errRelease != nil && g.err == nil:
+		errRelease = errors.Join(errRelease, g.unlock())
+		return 0, fmt.Errorf("holder: unlock: %w", errRelease)
+	case errRelease != nil:
+		return 0, fmt.Errorf("holder: unlock: %w (waiter: %w)", errRelease, g.err)
+	case g.err != nil:
+		return 0, fmt.Errorf("waiter: lock: %w", g.err)
+	}
+	if err := g.unlock(); err != nil {
+		return 0, fmt.Errorf("waiter: unlock: %w", err)
+	}
+	if !g.at.After(start) {
+		return 0, fmt.Errorf("the waiter was granted %v before the holder's release began", start.Sub(g.at))
+	}
+	return g.at.Sub(start), nil
+}
+
+// redisFairScripts runs dlock's fair-mode scripts (fair_acquire.lua,
+// fair_release.lua) on a raw client, with the driver's keys and arguments: a
+// refused waiter joins the queue and waits for the hand-off message on a
+// channel of its own, and needs no request of its own to hold the lock. No
+// waiter's renewal of its place, no lease: a step of
+// BenchmarkRedisHandoffSteps, not a lock to use.
+type redisFairScripts struct {
+	c    *goredis.Client
+	id   string // the owner id, and the wake-up channel's name
+	msgs <-chan *goredis.Message
+}
+
+func newRedisFairScripts(tb testing.TB, addr string) *redisFairScripts {
+	c := newRedisClient(tb, addr)
+	ctx := context.Background()
+	for _, sc := range []*goredis.Script{rediscore.FairAcquire, rediscore.FairRelease} {
+		if err := sc.Load(ctx, c).Err(); err != nil {
+			tb.Fatalf("scripts: SCRIPT LOAD: %v", err)
+		}
+	}
+	id := backend.NewOwnerID()
+	ps := c.Subscribe(ctx, "scripts-waiter:"+id)
+	tb.Cleanup(func() { _ = ps.Close() })
+	if _, err := ps.Receive(ctx); err != nil { // the subscription's confirmation
+		tb.Fatalf("scripts: SUBSCRIBE: %v", err)
+	}
+	return &redisFairScripts{c: c, id: id, msgs: ps.Channel()}
+}
+
+func (f *redisFairScripts) lock(ctx context.Context, key string, wait bool) (func() error, error) {
+	k := rediscore.KeysFor("scripts:", key)
+	ms := benchTTL.Milliseconds()
+	join := "0"
+	if wait {
+		join = "1"
+	}
+	unlock := func() error {
+		n, err := rediscore.FairRelease.EvalSha(context.Background(), f.c, k.FairReleaseKeys(), f.id, k.Channel, "0", "1").Int()
+		if err == nil && n != 1 {
+			err = fmt.Errorf("scripts: %q was not ours at release", key)
+		}
+		return err
+	}
+	res, err := rediscore.FairAcquire.EvalSha(ctx, f.c, k.FairAcquireKeys(), f.id, ms, join, ms, k.Channel, "scripts-waiter:"+f.id).Int64Slice()
+	switch {
+	case err != nil:
+		return nil, err
+	case len(res) > 0 && res[0] == 1:
+		return unlock, nil
+	case !wait:
+		return nil, fmt.Errorf("scripts: %q is held", key)
+	}
+	for {
+		select {
+		case m := <-f.msgs:
+			if _, to, ok := rediscore.ParseHandoff(m.Payload); ok && to == f.id {
+				return unlock, nil
+			}
+		case <-ctx.Done():
+			// Leaves the queue, or passes on a lock handed over meanwhile.
+			_ = rediscore.FairRelease.EvalSha(context.Background(), f.c, k.FairReleaseKeys(), f.id, k.Channel, "1", "1").Err()
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// TestSmokeHandoffSteps runs BenchmarkRedisHandoffSteps's steps a few rounds,
+// as TestSmoke does the other scenarios.
+func TestSmokeHandoffSteps(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server: not in -short")
+	}
+	t.Cleanup(func() { goleak.VerifyNone(t) }) // runs after the servers' and clients' cleanups
+	srv := testenv.StartRedis(t)
+	impls := handoffStepImpls(srv)
+	const rounds = 3
+	r := runHandoffSteps(t, impls, srv.Addr(), rounds)
+	if len(r.steps) != len(impls) {
+		t.Fatalf("%d steps measured, want %d", len(r.steps), len(impls))
+	}
+	for _, s := range r.steps {
+		if len(s.handoffs) != rounds || pct(s.handoffs, 50) <= 0 {
+			t.Errorf("%s: hand-offs %v, want %d, all > 0", s.name, s.handoffs, rounds)
+		}
+	}
+	if len(r.ping) != rounds || len(r.script) != rounds || pct(r.ping, 50) <= 0 || pct(r.script, 50) <= 0 {
+		t.Errorf("round trips: PING %v, script %v, want %d of each, all > 0", r.ping, r.script, rounds)
+	}
+}
+
+// TestHandOffCatchesAnEarlyGrant checks that handOff fails a waiter granted
+// before its holder's release: with a lock that never excludes, the waiter
+// returns at once, during the hold.
+func TestHandOffCatchesAnEarlyGrant(t *testing.T) {
+	_, err := handOff(context.Background(), nonExclusive{}, nonExclusive{}, "k")
+	if err == nil || !strings.Contains(err.Error(), "before the holder's release began") {
+		t.Fatalf("handOff with a lock that does not exclude: %v, want the early grant reported", err)
+	}
+}
+
+// nonExclusive grants every lock call at once: a broken lock, for
+// TestHandOffCatchesAnEarlyGrant.
+type nonExclusive struct{}
+
+func (nonExclusive) lock(context.Context, string, bool) (func() error, error) {
+	return func() error { return nil }, nil
+}
