@@ -236,42 +236,51 @@ func runUncontended(tb testing.TB, impls []impl, n int) []uncontendedResult {
 			tb.Fatalf("%s: warm-up unlock: %v", im.name, err)
 		}
 	}
-	order := make([]int, len(impls))
+	resetTimer(tb)
+	inShuffledRounds(len(impls), n, func(i int) {
+		start := time.Now()
+		unlock, err := ls[i].lock(ctx, keys[i], false)
+		if err == nil {
+			err = unlock()
+			if err != nil {
+				err = fmt.Errorf("unlock: %w", err)
+				// The key may stay locked until its TTL: use another.
+				keys[i] = uniqueKey("uncontended", impls[i].name)
+			}
+		} else {
+			err = fmt.Errorf("lock: %w", err)
+		}
+		if err != nil {
+			res[i].errors++
+			tb.Logf("NOTE uncontended: %s: %v", impls[i].name, err)
+			if res[i].errors > maxErrors {
+				tb.Fatalf("%s: more than %d errors", impls[i].name, maxErrors)
+			}
+			return
+		}
+		d := time.Since(start)
+		res[i].samples = append(res[i].samples, d)
+		res[i].total += d
+	})
+	stopTimer(tb)
+	return res
+}
+
+// inShuffledRounds calls f once for each of 0 … n-1 in every one of rounds
+// rounds, in an order shuffled every round — the same orders in every run —
+// so that no implementation always follows the same neighbour.
+func inShuffledRounds(n, rounds int, f func(i int)) {
+	order := make([]int, n)
 	for i := range order {
 		order[i] = i
 	}
-	rng := rand.New(rand.NewPCG(1, 2)) // the same orders in every run
-	resetTimer(tb)
-	for range n {
-		rng.Shuffle(len(order), func(a, b int) { order[a], order[b] = order[b], order[a] })
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range rounds {
+		rng.Shuffle(n, func(a, b int) { order[a], order[b] = order[b], order[a] })
 		for _, i := range order {
-			start := time.Now()
-			unlock, err := ls[i].lock(ctx, keys[i], false)
-			if err == nil {
-				err = unlock()
-				if err != nil {
-					err = fmt.Errorf("unlock: %w", err)
-					// The key may stay locked until its TTL: use another.
-					keys[i] = uniqueKey("uncontended", impls[i].name)
-				}
-			} else {
-				err = fmt.Errorf("lock: %w", err)
-			}
-			if err != nil {
-				res[i].errors++
-				tb.Logf("NOTE uncontended: %s: %v", impls[i].name, err)
-				if res[i].errors > maxErrors {
-					tb.Fatalf("%s: more than %d errors", impls[i].name, maxErrors)
-				}
-				continue
-			}
-			d := time.Since(start)
-			res[i].samples = append(res[i].samples, d)
-			res[i].total += d
+			f(i)
 		}
 	}
-	stopTimer(tb)
-	return res
 }
 
 func reportUncontended(tb testing.TB, res []uncontendedResult) {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -111,32 +110,24 @@ func runHandoffSteps(tb testing.TB, impls []impl, addr string, rounds int) hando
 			return handoffFloorRelease.EvalSha(ctx, c, free, "nobody", benchTTL.Milliseconds(), handoffFloorChannel).Err()
 		}},
 	}
-	order := make([]int, len(impls)+len(probes))
-	for i := range order {
-		order[i] = i
-	}
-	rng := rand.New(rand.NewPCG(1, 2)) // the same orders in every run
 	resetTimer(tb)
-	for range rounds {
-		rng.Shuffle(len(order), func(a, b int) { order[a], order[b] = order[b], order[a] })
-		for _, i := range order {
-			if i >= len(impls) {
-				p := probes[i-len(impls)]
-				time.Sleep(rotateHold)
-				start := time.Now()
-				if err := p.call(); err != nil {
-					tb.Fatalf("round trip: %v", err)
-				}
-				*p.into = append(*p.into, time.Since(start))
-				continue
+	inShuffledRounds(len(impls)+len(probes), rounds, func(i int) {
+		if i >= len(impls) {
+			p := probes[i-len(impls)]
+			time.Sleep(rotateHold)
+			start := time.Now()
+			if err := p.call(); err != nil {
+				tb.Fatalf("round trip: %v", err)
 			}
-			d, err := handOff(ctx, pairs[i].holder, pairs[i].waiter, keys[i])
-			if err != nil {
-				tb.Fatalf("%s: %v", impls[i].name, err)
-			}
-			res.steps[i].handoffs = append(res.steps[i].handoffs, d)
+			*p.into = append(*p.into, time.Since(start))
+			return
 		}
-	}
+		d, err := handOff(ctx, pairs[i].holder, pairs[i].waiter, keys[i])
+		if err != nil {
+			tb.Fatalf("%s: %v", impls[i].name, err)
+		}
+		res.steps[i].handoffs = append(res.steps[i].handoffs, d)
+	})
 	stopTimer(tb)
 	return res
 }
