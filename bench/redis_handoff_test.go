@@ -14,15 +14,17 @@ import (
 	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/internal/rediscore"
 	"github.com/dlock-go/dlock/internal/testenv"
+	dlockredis "github.com/dlock-go/dlock/redis"
 )
 
 // BenchmarkRedisHandoffSteps takes the fair mode's hand-off apart, step by
 // step from the raw direct hand-off, all interleaved round by round on one
 // server (docs/BENCHMARKS.md measures the fair mode's hand-off target with
 // it). Each implementation has two clients: in every round one holds the
-// lock, the other calls lock and waits, the holder releases after
-// rotateHold, and the hand-off is the time from the start of that release
-// to the waiter's lock call returning. The steps:
+// lock, the other calls lock and waits; once the waiter is in the server's
+// queue the holder keeps the lock rotateHold more, making no request, and
+// releases; the hand-off is the time from the start of that release to the
+// waiter's lock call returning. The steps:
 //
 //   - handoff-floor: the least a direct hand-off takes (see redisHandoffFloor):
 //     one script, one message, no token;
@@ -57,13 +59,24 @@ func BenchmarkRedisHandoffSteps(b *testing.B) {
 	})
 }
 
+// handoffImpl is a step of BenchmarkRedisHandoffSteps: an implementation,
+// and the server key of its waiters' queue for a lock key (it exists while
+// anyone waits).
+type handoffImpl struct {
+	impl
+	queue func(key string) string
+}
+
 // handoffStepImpls are BenchmarkRedisHandoffSteps' steps on srv.
-func handoffStepImpls(srv *testenv.Redis) []impl {
-	return []impl{
-		{name: "handoff-floor", newLocker: func(tb testing.TB) locker { return newRedisHandoffFloor(tb, srv.Addr()) }},
-		{name: "scripts", newLocker: func(tb testing.TB) locker { return newRedisFairScripts(tb, srv.Addr()) }},
-		{name: "driver", newLocker: func(tb testing.TB) locker { return openDriver(tb, srv.URL()+"?fair=true") }},
-		dlockImpl("dlock-fair", srv.URL()+"?fair=true", nil),
+func handoffStepImpls(srv *testenv.Redis) []handoffImpl {
+	driverQueue := func(key string) string { return rediscore.KeysFor(dlockredis.DefaultPrefix, key).Queue() }
+	return []handoffImpl{
+		{impl{name: "handoff-floor", newLocker: func(tb testing.TB) locker { return newRedisHandoffFloor(tb, srv.Addr()) }},
+			func(key string) string { return key + ":queue" }},
+		{impl{name: "scripts", newLocker: func(tb testing.TB) locker { return newRedisFairScripts(tb, srv.Addr()) }},
+			func(key string) string { return rediscore.KeysFor(fairScriptsPrefix, key).Queue() }},
+		{impl{name: "driver", newLocker: func(tb testing.TB) locker { return openDriver(tb, srv.URL()+"?fair=true") }}, driverQueue},
+		{dlockImpl("dlock-fair", srv.URL()+"?fair=true", nil), driverQueue},
 	}
 }
 
@@ -81,8 +94,15 @@ type handoffStepsResult struct {
 // in an order shuffled every round, and measures the round trips from idle
 // on a client of addr. A waiter granted before its holder's release began
 // fails the run.
-func runHandoffSteps(tb testing.TB, impls []impl, addr string, rounds int) handoffStepsResult {
+func runHandoffSteps(tb testing.TB, impls []handoffImpl, addr string, rounds int) handoffStepsResult {
 	ctx := context.Background()
+	c := newRedisClient(tb, addr)
+	queued := func(im handoffImpl, key string) func() (bool, error) {
+		return func() (bool, error) {
+			n, err := c.Exists(ctx, im.queue(key)).Result()
+			return n > 0, err
+		}
+	}
 	type pair struct{ holder, waiter locker }
 	pairs := make([]pair, len(impls))
 	keys := make([]string, len(impls))
@@ -92,11 +112,10 @@ func runHandoffSteps(tb testing.TB, impls []impl, addr string, rounds int) hando
 		keys[i] = uniqueKey("handoff-steps", im.name)
 		res.steps[i] = handoffStep{name: im.name, handoffs: make([]time.Duration, 0, rounds)}
 		// One warm-up hand-off: connections, scripts, subscriptions.
-		if _, err := handOff(ctx, pairs[i].holder, pairs[i].waiter, keys[i]); err != nil {
+		if _, err := handOff(ctx, pairs[i].holder, pairs[i].waiter, keys[i], queued(im, keys[i])); err != nil {
 			tb.Fatalf("%s: warm-up: %v", im.name, err)
 		}
 	}
-	c := newRedisClient(tb, addr)
 	if err := handoffFloorRelease.Load(ctx, c).Err(); err != nil {
 		tb.Fatalf("SCRIPT LOAD: %v", err)
 	}
@@ -122,7 +141,7 @@ func runHandoffSteps(tb testing.TB, impls []impl, addr string, rounds int) hando
 			*p.into = append(*p.into, time.Since(start))
 			return
 		}
-		d, err := handOff(ctx, pairs[i].holder, pairs[i].waiter, keys[i])
+		d, err := handOff(ctx, pairs[i].holder, pairs[i].waiter, keys[i], queued(impls[i], keys[i]))
 		if err != nil {
 			tb.Fatalf("%s: %v", impls[i].name, err)
 		}
@@ -133,10 +152,11 @@ func runHandoffSteps(tb testing.TB, impls []impl, addr string, rounds int) hando
 }
 
 // handOff makes one hand-off of key from holder to waiter: holder takes it,
-// waiter calls lock and waits, and after rotateHold (well beyond the waiter's
-// first attempt) holder releases. It returns the time from the start of the
-// release to waiter's lock call returning, and leaves key free.
-func handOff(ctx context.Context, holder, waiter locker, key string) (time.Duration, error) {
+// waiter calls lock and waits, and once queued reports the waiter in the
+// server's queue, holder keeps the lock rotateHold more, making no request,
+// and releases. It returns the time from the start of the release to
+// waiter's lock call returning, and leaves key free.
+func handOff(ctx context.Context, holder, waiter locker, key string, queued func() (bool, error)) (time.Duration, error) {
 	release, err := holder.lock(ctx, key, false)
 	if err != nil {
 		return 0, fmt.Errorf("holder: lock: %w", err)
@@ -153,6 +173,37 @@ func handOff(ctx context.Context, holder, waiter locker, key string) (time.Durat
 		unlock, err := waiter.lock(ctx, key, true)
 		got <- grant{unlock, time.Now(), err}
 	}()
+	// fail ends a hand-off that went wrong before the release: it stops the
+	// waiter, releases, and gives back what the waiter may have got.
+	fail := func(err error) (time.Duration, error) {
+		cancel()
+		err = errors.Join(err, release())
+		if g := <-got; g.err == nil {
+			err = errors.Join(err, g.unlock())
+		}
+		return 0, err
+	}
+	// The waiter's lock call gives no sign that it has queued: ask the
+	// server, then leave both idle for the hold.
+	for {
+		select {
+		case g := <-got:
+			got <- g // for fail
+			return fail(errors.New("the waiter's lock call returned before the holder's release began"))
+		default:
+		}
+		in, err := queued()
+		switch {
+		case err != nil:
+			return fail(fmt.Errorf("is the waiter queued: %w", err))
+		case ctx.Err() != nil:
+			return fail(fmt.Errorf("the waiter did not queue: %w", ctx.Err()))
+		}
+		if in {
+			break
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
 	time.Sleep(rotateHold)
 	start := time.Now()
 	errRelease := release()
@@ -187,6 +238,9 @@ type redisFairScripts struct {
 	msgs <-chan *goredis.Message
 }
 
+// fairScriptsPrefix prefixes redisFairScripts' keys and channels.
+const fairScriptsPrefix = "scripts:"
+
 func newRedisFairScripts(tb testing.TB, addr string) *redisFairScripts {
 	c := newRedisClient(tb, addr)
 	ctx := context.Background()
@@ -196,7 +250,7 @@ func newRedisFairScripts(tb testing.TB, addr string) *redisFairScripts {
 		}
 	}
 	id := backend.NewOwnerID()
-	ps := c.Subscribe(ctx, "scripts-waiter:"+id)
+	ps := c.Subscribe(ctx, fairScriptsPrefix+"waiter:"+id)
 	tb.Cleanup(func() { _ = ps.Close() })
 	if _, err := ps.Receive(ctx); err != nil { // the subscription's confirmation
 		tb.Fatalf("scripts: SUBSCRIBE: %v", err)
@@ -205,7 +259,7 @@ func newRedisFairScripts(tb testing.TB, addr string) *redisFairScripts {
 }
 
 func (f *redisFairScripts) lock(ctx context.Context, key string, wait bool) (func() error, error) {
-	k := rediscore.KeysFor("scripts:", key)
+	k := rediscore.KeysFor(fairScriptsPrefix, key)
 	ms := benchTTL.Milliseconds()
 	join := "0"
 	if wait {
@@ -218,7 +272,7 @@ func (f *redisFairScripts) lock(ctx context.Context, key string, wait bool) (fun
 		}
 		return err
 	}
-	res, err := rediscore.FairAcquire.EvalSha(ctx, f.c, k.FairAcquireKeys(), f.id, ms, join, ms, k.Channel, "scripts-waiter:"+f.id).Int64Slice()
+	res, err := rediscore.FairAcquire.EvalSha(ctx, f.c, k.FairAcquireKeys(), f.id, ms, join, ms, k.Channel, fairScriptsPrefix+"waiter:"+f.id).Int64Slice()
 	switch {
 	case err != nil:
 		return nil, err
@@ -267,9 +321,9 @@ func TestSmokeHandoffSteps(t *testing.T) {
 
 // TestHandOffCatchesAnEarlyGrant checks that handOff fails a waiter granted
 // before its holder's release: with a lock that never excludes, the waiter
-// returns at once, during the hold.
+// returns at once, before it is queued.
 func TestHandOffCatchesAnEarlyGrant(t *testing.T) {
-	_, err := handOff(context.Background(), nonExclusive{}, nonExclusive{}, "k")
+	_, err := handOff(context.Background(), nonExclusive{}, nonExclusive{}, "k", func() (bool, error) { return false, nil })
 	if err == nil || !strings.Contains(err.Error(), "before the holder's release began") {
 		t.Fatalf("handOff with a lock that does not exclude: %v, want the early grant reported", err)
 	}
