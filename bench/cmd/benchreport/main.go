@@ -563,17 +563,18 @@ func writeTargets(w *strings.Builder, r *results) {
 		"Redis/Uncontended", "dlock-redlock5.p50-ns", "Redis/Uncontended", "dlock.p50-ns",
 		func(v float64) bool { return v <= 1.5 }, func(v float64) string { return fmt.Sprintf("by %.0f%%", (v/1.5-1)*100) },
 		"the five requests go out in parallel, so latency is set by the slower replies and the client's fan-out; on this 2-core machine the five redis-servers and the client compete for the cores (redsync shows the same cost: see the next line)")
-	// info adds a ratio that is not a target.
-	info := func(what, na, ua, nb, ub string) {
+	// infoIn adds a ratio that is not a target, printed with format.
+	infoIn := func(format, what, na, ua, nb, ub string) {
 		t := target{what: "(for information) " + what, measured: "—", verdict: "not a target"}
 		if v, ok := r.ratio(na, ua, nb, ub); ok {
-			t.measured = fmt.Sprintf("%.2f×", v)
+			t.measured = fmt.Sprintf(format, v)
 			if lo, hi, n := r.ratioRange(na, ua, nb, ub); n > 1 {
-				t.measured += fmt.Sprintf(" (%.2f× – %.2f×)", lo, hi)
+				t.measured += " (" + fmt.Sprintf(format, lo) + " – " + fmt.Sprintf(format, hi) + ")"
 			}
 		}
 		ts = append(ts, t)
 	}
+	info := func(what, na, ua, nb, ub string) { infoIn("%.2f×", what, na, ua, nb, ub) }
 	for _, tr := range []struct{ what, na, ua, nb, ub string }{
 		{"redsync: 5 pools / 1 pool, uncontended p50", "Redis/Uncontended", "redsync5.p50-ns", "Redis/Uncontended", "redsync.p50-ns"},
 		{"etcd: dlock's read hold / the recipes RWMutex's RLock+RUnlock, uncontended ops/s", "Primitives/Etcd/Uncontended", "rw-read.ops/s", "Primitives/Etcd/Uncontended", "recipes-rw-read.ops/s"},
@@ -666,9 +667,9 @@ func writeTargets(w *strings.Builder, r *results) {
 	add("redis fair mode (issue 16): handoff p50 ≤ 2 round trips (dlock-fair's hand-off p50 / a script call's round trip p50, both made from the same idle state in the same rounds: the hand-off steps below)", "%.2f",
 		hs, "dlock-fair.handoff-p50-ns", hs, "script.rtt-p50-ns",
 		func(v float64) bool { return v <= 2 }, func(v float64) string { return fmt.Sprintf("(%.2f round trips)", v) }, orNoise(fairWhy(r)))
+	infoIn("%.2f", "Redis fair mode: dlock-fair's hand-off p50 in PING round trips from the same idle state (the hand-off steps)", hs, "dlock-fair.handoff-p50-ns", hs, "ping.rtt-p50-ns")
+	infoIn("%.2f", "Redis fair mode: the raw direct hand-off's p50 in PING round trips from the same idle state (handoff-floor, the hand-off steps: the least a hand-off by script and message takes here)", hs, "handoff-floor.handoff-p50-ns", hs, "ping.rtt-p50-ns")
 	for _, tr := range []struct{ what, na, ua, nb, ub string }{
-		{"Redis fair mode: dlock-fair's hand-off p50 in PING round trips from the same idle state (the hand-off steps)", hs, "dlock-fair.handoff-p50-ns", hs, "ping.rtt-p50-ns"},
-		{"Redis fair mode: the raw direct hand-off's p50 in PING round trips from the same idle state (handoff-floor, the hand-off steps: the least a hand-off by script and message takes here)", hs, "handoff-floor.handoff-p50-ns", hs, "ping.rtt-p50-ns"},
 		{"Redis fair mode: dlock-fair's hand-off p50 / the raw direct hand-off's (the hand-off steps: what dlock's scripts, the driver and the Locker add to one script and one message)", hs, "dlock-fair.handoff-p50-ns", hs, "handoff-floor.handoff-p50-ns"},
 		{"Redis fair mode, 8 lockers in rotation: dlock-fair's handoff p50 / the uncontended floor p50 (two round trips of a busy loop, not from idle: the yardstick of earlier reports)", "Redis/Handoff8/dlock-fair", "handoff-p50-ns", "Redis/Uncontended", "floor.p50-ns"},
 		{"Redis fair mode, 8 lockers in rotation: dlock-fair's handoff p50 / the raw direct hand-off's (Handoff8 dlock-fair / handoff-floor)", "Redis/Handoff8/dlock-fair", "handoff-p50-ns", "Redis/Handoff8/handoff-floor", "handoff-p50-ns"},
