@@ -40,8 +40,8 @@ import (
 // request for rotateHold): a PING, and a script call (the floor's release
 // script on a key nobody holds: a GET, an LREM and a reply). A hand-off
 // starts from that state — the holder made no request while it held the
-// lock — so its round trips are these, not those of a busy loop, which on a
-// virtual machine take less (no process to wake).
+// lock — so these are the round trips to compare it with, rather than those
+// of a busy loop.
 //
 // Reported, over the rounds: IMPL.handoff-p50-ns, IMPL.handoff-p99-ns,
 // ping.rtt-p50-ns and script.rtt-p50-ns.

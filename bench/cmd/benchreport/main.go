@@ -701,7 +701,12 @@ func fairWhy(r *results) string {
 	if len(parts) == 0 {
 		return why
 	}
-	return why + ". Against the raw direct hand-off (one script, one message, no token) in the same rounds: " + strings.Join(parts, ", ")
+	why += ". Against the raw direct hand-off (one script, one message, no token) in the same rounds: " + strings.Join(parts, ", ")
+	if v, ok := r.ratio(hs, "handoff-floor.handoff-p50-ns", hs, "script.rtt-p50-ns"); ok {
+		why += fmt.Sprintf(". The raw direct hand-off alone takes %.2f script round trips, so the target leaves dlock %.0f%% over it; "+
+			"most of what dlock adds is its scripts (on a hand-off its release script runs 15 commands, the raw one 4: see docs/redis.md)", v, (2/v-1)*100)
+	}
+	return why
 }
 
 // handoffSteps are BenchmarkRedisHandoffSteps' implementations, in order,
@@ -720,7 +725,7 @@ func writeHandoffSteps(w *strings.Builder, r *results) {
 		return
 	}
 	fmt.Fprintf(w, "## Redis fair mode: the hand-off step by step (runs: %d)\n\n", r.runs(hs))
-	w.WriteString("One redis-server; every implementation has two clients, a holder and a waiter, and all of them take turns round by round, in an order shuffled every round, with two round-trip probes. In each turn the holder takes the lock, the waiter calls lock and waits, and once the waiter is in the server's queue the holder keeps the lock 2ms more, with no request meanwhile, and releases; the hand-off is the time from the start of the release to the waiter's lock call returning. The probes wait 2ms too, then make one request on a client of their own: a PING, and a script call (the floor's release script on a key nobody holds: a GET, an LREM and a reply). They are this machine's round trips from the same idle state as a hand-off, which take longer than those of a busy loop: the Redis uncontended table's floor p50 is two round trips of a busy loop.\n\n")
+	w.WriteString("One redis-server; every implementation has two clients, a holder and a waiter, and all of them take turns round by round, in an order shuffled every round, with two round-trip probes. In each turn the holder takes the lock, the waiter calls lock and waits, and once the waiter is in the server's queue the holder keeps the lock 2ms more, with no request meanwhile, and releases; the hand-off is the time from the start of the release to the waiter's lock call returning. The probes wait 2ms too, then make one request on a client of their own: a PING, and a script call (the floor's release script on a key nobody holds: a GET, an LREM and a reply). They are this machine's round trips from the same idle state as a hand-off (for comparison, the Redis uncontended table's floor p50 is two round trips of a busy loop: a SET and a script call). A fair hand-off is a script (the release must check the holder and pick the next waiter in one step), so the target counts script calls.\n\n")
 	w.WriteString("| implementation | what it adds to the line above | hand-off p50 | hand-off p99 | p50 vs handoff-floor | p50 in script round trips | p50 in PING round trips |\n|---|---|---:|---:|---:|---:|---:|\n")
 	for _, st := range handoffSteps {
 		p50, ok50 := r.get(hs, st.name+".handoff-p50-ns")
