@@ -72,7 +72,7 @@ func handoffStepImpls(srv *testenv.Redis) []handoffImpl {
 	driverQueue := func(key string) string { return rediscore.KeysFor(dlockredis.DefaultPrefix, key).Queue() }
 	return []handoffImpl{
 		{impl{name: "handoff-floor", newLocker: func(tb testing.TB) locker { return newRedisHandoffFloor(tb, srv.Addr()) }},
-			func(key string) string { return key + ":queue" }},
+			handoffFloorQueue},
 		{impl{name: "scripts", newLocker: func(tb testing.TB) locker { return newRedisFairScripts(tb, srv.Addr()) }},
 			func(key string) string { return rediscore.KeysFor(fairScriptsPrefix, key).Queue() }},
 		{impl{name: "driver", newLocker: func(tb testing.TB) locker { return openDriver(tb, srv.URL()+"?fair=true") }}, driverQueue},
@@ -97,22 +97,25 @@ type handoffStepsResult struct {
 func runHandoffSteps(tb testing.TB, impls []handoffImpl, addr string, rounds int) handoffStepsResult {
 	ctx := context.Background()
 	c := newRedisClient(tb, addr)
-	queued := func(im handoffImpl, key string) func() (bool, error) {
-		return func() (bool, error) {
-			n, err := c.Exists(ctx, im.queue(key)).Result()
-			return n > 0, err
-		}
+	// One per implementation: its holder and waiter, its key, and whether
+	// anyone waits for the key on the server.
+	type pair struct {
+		holder, waiter locker
+		key            string
+		queued         func() (bool, error)
 	}
-	type pair struct{ holder, waiter locker }
 	pairs := make([]pair, len(impls))
-	keys := make([]string, len(impls))
 	res := handoffStepsResult{steps: make([]handoffStep, len(impls))}
 	for i, im := range impls {
-		pairs[i] = pair{im.newLocker(tb), im.newLocker(tb)}
-		keys[i] = uniqueKey("handoff-steps", im.name)
+		key := uniqueKey("handoff-steps", im.name)
+		queue := im.queue(key)
+		pairs[i] = pair{im.newLocker(tb), im.newLocker(tb), key, func() (bool, error) {
+			n, err := c.Exists(ctx, queue).Result()
+			return n > 0, err
+		}}
 		res.steps[i] = handoffStep{name: im.name, handoffs: make([]time.Duration, 0, rounds)}
 		// One warm-up hand-off: connections, scripts, subscriptions.
-		if _, err := handOff(ctx, pairs[i].holder, pairs[i].waiter, keys[i], queued(im, keys[i])); err != nil {
+		if _, err := handOff(ctx, pairs[i].holder, pairs[i].waiter, key, pairs[i].queued); err != nil {
 			tb.Fatalf("%s: warm-up: %v", im.name, err)
 		}
 	}
@@ -141,7 +144,8 @@ func runHandoffSteps(tb testing.TB, impls []handoffImpl, addr string, rounds int
 			*p.into = append(*p.into, time.Since(start))
 			return
 		}
-		d, err := handOff(ctx, pairs[i].holder, pairs[i].waiter, keys[i], queued(impls[i], keys[i]))
+		p := pairs[i]
+		d, err := handOff(ctx, p.holder, p.waiter, p.key, p.queued)
 		if err != nil {
 			tb.Fatalf("%s: %v", impls[i].name, err)
 		}

@@ -280,6 +280,9 @@ type redisHandoffFloor struct {
 
 const handoffFloorChannel = "handoff-floor:"
 
+// handoffFloorQueue is the list in which key's waiters queue.
+func handoffFloorQueue(key string) string { return key + ":queue" }
+
 var (
 	handoffFloorAcquire = goredis.NewScript(`
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) or redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -322,7 +325,7 @@ func newRedisHandoffFloor(tb testing.TB, addr string) *redisHandoffFloor {
 }
 
 func (f *redisHandoffFloor) lock(ctx context.Context, key string, wait bool) (func() error, error) {
-	keys := []string{key, key + ":queue"}
+	keys := []string{key, handoffFloorQueue(key)}
 	ms := benchTTL.Milliseconds()
 	join := "0"
 	if wait {

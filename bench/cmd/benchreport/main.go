@@ -663,7 +663,6 @@ func writeTargets(w *strings.Builder, r *results) {
 			name, "reqs/handoff@clients", name, "reqs/handoff@10",
 			func(v float64) bool { return v <= 1.2 }, func(v float64) string { return fmt.Sprintf("(%.2f×)", v) }, orNoise(""))
 	}
-	const hs = "RedisHandoffSteps/Handoff"
 	add("redis fair mode (issue 16): handoff p50 ≤ 2 round trips (dlock-fair's hand-off p50 / a script call's round trip p50, both made from the same idle state in the same rounds: the hand-off steps below)", "%.2f",
 		hs, "dlock-fair.handoff-p50-ns", hs, "script.rtt-p50-ns",
 		func(v float64) bool { return v <= 2 }, func(v float64) string { return fmt.Sprintf("(%.2f round trips)", v) }, orNoise(fairWhy(r)))
@@ -687,11 +686,13 @@ func writeTargets(w *strings.Builder, r *results) {
 	w.WriteString("\n")
 }
 
+// hs is BenchmarkRedisHandoffSteps' results (see writeHandoffSteps).
+const hs = "RedisHandoffSteps/Handoff"
+
 // fairWhy explains the fair mode's hand-off target, from the hand-off steps
 // (BenchmarkRedisHandoffSteps).
 func fairWhy(r *results) string {
 	why := "dlock-fair's hand-off is one script (the release, which makes the head of the queue the holder) and one message; the waiter makes no request"
-	const hs = "RedisHandoffSteps/Handoff"
 	var parts []string
 	for _, st := range handoffSteps[1:] {
 		if v, ok := r.ratio(hs, st.name+".handoff-p50-ns", hs, "handoff-floor.handoff-p50-ns"); ok {
@@ -720,7 +721,6 @@ var handoffSteps = []struct{ name, adds string }{
 
 // writeHandoffSteps writes the table of BenchmarkRedisHandoffSteps, if it ran.
 func writeHandoffSteps(w *strings.Builder, r *results) {
-	const hs = "RedisHandoffSteps/Handoff"
 	if r.vals[hs] == nil {
 		return
 	}
