@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -339,4 +340,77 @@ type nonExclusive struct{}
 
 func (nonExclusive) lock(context.Context, string, bool) (func() error, error) {
 	return func() error { return nil }, nil
+}
+
+// TestHandoffReleaseCommands counts the commands a release script runs when
+// it hands the lock to a waiting client (INFO commandstats, the script call
+// itself not counted): the raw direct hand-off's 4 and dlock's fair mode's
+// 15, the figures docs/redis.md and the report give for what dlock's
+// hand-off adds. A change to either script that changes them must change
+// those texts too.
+func TestHandoffReleaseCommands(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server: not in -short")
+	}
+	srv := testenv.StartRedis(t)
+	ctx := context.Background()
+	c := newRedisClient(t, srv.Addr())
+	// commands runs release after a reset of the server's statistics and
+	// returns how many commands it ran.
+	commands := func(release func() (int, error)) int {
+		t.Helper()
+		if err := c.ConfigResetStat(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := release(); err != nil || n != 1 {
+			t.Fatalf("release: %d, %v; want 1 (released and handed over)", n, err)
+		}
+		stats, err := c.Info(ctx, "commandstats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		total := 0
+		for line := range strings.Lines(stats) {
+			name, rest, ok := strings.Cut(strings.TrimPrefix(line, "cmdstat_"), ":calls=")
+			if !ok || name == "eval" || name == "evalsha" || strings.HasPrefix(name, "config") {
+				continue
+			}
+			calls, _, _ := strings.Cut(rest, ",")
+			n, err := strconv.Atoi(calls)
+			if err != nil {
+				t.Fatalf("INFO commandstats: %q: %v", line, err)
+			}
+			total += n
+		}
+		return total
+	}
+	ms := benchTTL.Milliseconds()
+
+	floor := []string{"floor-key", handoffFloorQueue("floor-key")}
+	for i, owner := range []string{"A", "B"} {
+		if n, err := handoffFloorAcquire.Run(ctx, c, floor, owner, ms, "1").Int(); err != nil || n != 1-i {
+			t.Fatalf("floor: %s's acquire: %d, %v; want %d", owner, n, err, 1-i)
+		}
+	}
+	if got := commands(func() (int, error) {
+		return handoffFloorRelease.Run(ctx, c, floor, "A", ms, handoffFloorChannel).Int()
+	}); got != 4 {
+		t.Errorf("the raw direct hand-off's release ran %d commands, want 4", got)
+	}
+
+	k := rediscore.KeysFor(fairScriptsPrefix, "fair-key")
+	for i, owner := range []string{"A", "B"} {
+		res, err := rediscore.FairAcquire.Run(ctx, c, k.FairAcquireKeys(), owner, ms, "1", ms, k.Channel, fairScriptsPrefix+"waiter:"+owner).Int64Slice()
+		if err != nil || len(res) == 0 || res[0] != int64(1-i) {
+			t.Fatalf("fair: %s's acquire: %v, %v; want granted %d", owner, res, err, 1-i)
+		}
+	}
+	if got := commands(func() (int, error) {
+		return rediscore.FairRelease.Run(ctx, c, k.FairReleaseKeys(), "A", k.Channel, "0", "1").Int()
+	}); got != 15 {
+		t.Errorf("dlock's fair release ran %d commands on a hand-off, want 15", got)
+	}
+	if holder, err := c.Get(ctx, k.Lock).Result(); err != nil || holder != "B" {
+		t.Fatalf("after the fair release the lock is held by %q (%v), want B: it was not handed over", holder, err)
+	}
 }
