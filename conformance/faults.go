@@ -106,9 +106,10 @@ const (
 	// write. Safe with fencing only.
 	Fenced
 
-	// Unsafe: a stale write was accepted, an update was lost, or the
-	// register's history is not linearizable. Documented, never silently
-	// accepted: an expected Unsafe cell must reproduce as Unsafe.
+	// Unsafe: a stale write was accepted, an update was lost, the
+	// register's history is not linearizable, or the next grant's token is
+	// not above the holder's. Documented, never silently accepted: an
+	// expected Unsafe cell must reproduce as Unsafe.
 	Unsafe
 )
 

@@ -143,6 +143,23 @@ func TestClassify(t *testing.T) {
 	}
 }
 
+func TestTokenRegressed(t *testing.T) {
+	for _, tc := range []struct {
+		holder, contender dlock.Token
+		want              bool
+	}{
+		{5, 6, false},
+		{5, 5, true},
+		{5, 4, true},
+		{5, 0, false}, // the contender was never granted
+		{0, 3, false}, // the holder was never granted
+	} {
+		if got := tokenRegressed(tc.holder, tc.contender); got != tc.want {
+			t.Errorf("tokenRegressed(%d, %d) = %v, want %v", tc.holder, tc.contender, got, tc.want)
+		}
+	}
+}
+
 func TestOrderedFaultsAndStrings(t *testing.T) {
 	m := Matrix{"zzz": {}, ClockJump: {}, Partition: {}, "aaa": {}, Stall: {}}
 	got := orderedFaults(m)

@@ -187,8 +187,10 @@ func lasting(f Fault) bool {
 //     time; Fenced: the grant came before the holder's lease ended, and the
 //     checks below pass; Unsafe: a
 //     stale write was accepted (a request of the older lease accepted after
-//     one of the newer lease reached the register), or porcupine finds the
-//     register's history not linearizable (a lost update).
+//     one of the newer lease reached the register), porcupine finds the
+//     register's history not linearizable (a lost update), or the
+//     contender's token is not above the holder's (fencing could not tell
+//     the two apart, whatever the timing).
 //
 // The detection latency of a trial is the holder's loss time minus the time
 // the fault was injected (none when Held). An observed outcome outside
@@ -862,7 +864,8 @@ func (fs *faultSuite) trial(t *testing.T, f Fault) trialResult {
 		g = sent
 	}
 	linErr := reg.checkLinearizable(t)
-	res.outcome = classify(lost, until, g, stale > 0 || linErr != nil)
+	regressed := tokenRegressed(tokH, tokC)
+	res.outcome = classify(lost, until, g, stale > 0 || linErr != nil || regressed)
 	if g != 0 && (until == 0 || g < until) {
 		res.overlaps = 1
 	}
@@ -875,7 +878,11 @@ func (fs *faultSuite) trial(t *testing.T, f Fault) trialResult {
 	if relAt != 0 {
 		fmt.Fprintf(&ev, "; Release called %s", wallString(relAt))
 	}
-	fmt.Fprintf(&ev, "\n  contender: token %d granted %s\n", tokC, wallString(g))
+	fmt.Fprintf(&ev, "\n  contender: token %d granted %s", tokC, wallString(g))
+	if regressed {
+		fmt.Fprintf(&ev, " (not above the holder's token %d)", tokH)
+	}
+	ev.WriteString("\n")
 	fmt.Fprintf(&ev, "  register: %d requests accepted, %d rejected as stale, %d stale accepted", accepted, rejected, stale)
 	for _, e := range staleEv {
 		fmt.Fprintf(&ev, "\n    stale: %s", e)
@@ -885,6 +892,13 @@ func (fs *faultSuite) trial(t *testing.T, f Fault) trialResult {
 	}
 	res.evidence = ev.String()
 	return res
+}
+
+// tokenRegressed reports whether the contender was granted a token not above
+// the holder's (0: no grant): that breaks fencing whatever the timing, for
+// the old holder's writes would pass a Guard that has seen the new one's.
+func tokenRegressed(holder, contender dlock.Token) bool {
+	return holder != 0 && contender != 0 && contender <= holder
 }
 
 // classify names a trial's outcome from the holder's lease (lost or not,

@@ -449,6 +449,7 @@ func Soak(t *testing.T, h FaultHarness, o SoakOptions) {
 		}
 	}
 	linErr := reg.checkLinearizable(t)
+	regressions := tokenRegressions(leases)
 	t.Logf("soak on %s: %d leases, %d requests accepted, %d rejected as stale, %d stale accepted, %d lease overlaps (%d during faults expected to overlap), faults %v",
 		h.Deployment(), len(leases), accepted, rejected, stale, len(overlaps), len(expected), injected)
 	// Whose requests were rejected: a stale write is the guard doing its
@@ -469,6 +470,13 @@ func Soak(t *testing.T, h FaultHarness, o SoakOptions) {
 			break
 		}
 		t.Errorf("lease overlap outside faults expected to overlap: %s", e)
+	}
+	for i, e := range regressions {
+		if i == 10 {
+			t.Errorf("… and %d more grants with a token not above an earlier grant's", len(regressions)-i)
+			break
+		}
+		t.Errorf("token order: %s", e)
 	}
 	for _, e := range childErrs {
 		t.Error(e)
@@ -504,6 +512,34 @@ func heldKey(mu *sync.Mutex, leases map[string]*soakLease, keys []string) string
 		return keys[rand.IntN(len(keys))]
 	}
 	return held[rand.IntN(len(held))]
+}
+
+// tokenRegressions returns the pairs of leases of one lock where the later
+// one's winning request was sent after the earlier one's Acquire returned,
+// and yet its token is not above the earlier one's. The server granted the
+// earlier lease before its Acquire returned and the later one after its
+// request was sent, so tokens that increase with every grant order such a
+// pair whatever the faults did: no timing excuses a regression. A lease
+// whose request time is unknown is compared only as the earlier one.
+func tokenRegressions(leases map[string]*soakLease) []string {
+	byLock := map[string][]*soakLease{}
+	for _, l := range leases {
+		byLock[l.lockKey()] = append(byLock[l.lockKey()], l)
+	}
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(byLock)) {
+		ls := byLock[k]
+		sort.Slice(ls, func(i, j int) bool { return ls[i].grant < ls[j].grant })
+		for i, a := range ls {
+			for _, b := range ls[i+1:] {
+				if b.sent != 0 && b.sent >= a.grant && b.token <= a.token {
+					out = append(out, fmt.Sprintf("%q: %s (token %d) was asked for at %s, after %s (token %d) was granted at %s",
+						k, b.label, b.token, wallString(b.sent), a.label, a.token, wallString(a.grant)))
+				}
+			}
+		}
+	}
+	return out
 }
 
 // findOverlaps returns the pairs of leases of one key where the later was

@@ -162,6 +162,25 @@ func TestFindOverlaps(t *testing.T) {
 	}
 }
 
+func TestSoakTokenOrder(t *testing.T) {
+	leases := map[string]*soakLease{
+		"a": {label: "a", key: "k", token: 10, grant: 100, sent: 90},
+		"b": {label: "b", key: "k", token: 11, grant: 200, sent: 150},                     // asked after a's grant, higher: fine
+		"c": {label: "c", key: "k", token: 9, grant: 210, sent: 95},                       // asked before a's grant returned: no order known
+		"d": {label: "d", key: "k", token: 11, grant: 300, sent: 250},                     // asked after b's grant, the same token
+		"e": {label: "e", key: "k", lock: "k/permits/0", token: 1, grant: 400, sent: 350}, // another lock: its own order
+		"f": {label: "f", key: "j", token: 5, grant: 500},                                 // request time unknown
+	}
+	got := tokenRegressions(leases)
+	if len(got) != 1 || !strings.Contains(got[0], "d (token 11)") || !strings.Contains(got[0], "b (token 11)") {
+		t.Errorf("tokenRegressions = %q, want one: d's token 11 asked for after b's 11 was granted", got)
+	}
+	leases["d"].token = 12
+	if got := tokenRegressions(leases); len(got) != 0 {
+		t.Errorf("tokenRegressions = %q with increasing tokens, want none", got)
+	}
+}
+
 func TestSoakOverlapExpected(t *testing.T) {
 	var none SoakOptions
 	for f, want := range map[Fault]bool{RestartEmpty: true, ClockJump: true, Restart: false, PauseHolder: false, Stall: false} {

@@ -362,8 +362,9 @@ write side of a read/write lock (package rwlock). Outcomes, best first:
 - **loss-detected** — the holder's lease ended (Done closed; for a paused process its Deadline
   passed) no later than the contender's grant. Safe without fencing.
 - **safe-with-fencing** — the two leases overlapped, and the Guard rejected every stale write.
-- **UNSAFE** — a stale write was accepted, or an update was lost (porcupine found the counter's
-  history not linearizable). Documented where expected; a change of outcome fails CI.
+- **UNSAFE** — a stale write was accepted, an update was lost (porcupine found the counter's
+  history not linearizable), or the contender's token was not above the holder's. Documented
+  where expected; a change of outcome fails CI.
 
 *Expected* is the claim made in the driver's test file; *status* says whether every trial's
 outcome was within it. *Observed* is the union over the trials of this run (it may vary within
@@ -400,7 +401,9 @@ Several processes × lockers on a few keys at a capped rate, a random fault ever
 write side, in turn (two holds of one name at once are an overlap). A lease ends at the earliest of its Done, its Release call and (if it
 was lost) its Deadline. Two leases of one key that overlap fail the soak, unless a fault
 whose cell allows safe-with-fencing was in effect: those overlaps are counted here. In
-every case the fenced counter must stay linearizable, with no stale write accepted.
+every case the fenced counter must stay linearizable, with no stale write accepted, and
+two leases of one lock, the later asked for after the earlier was granted, must have
+increasing tokens.
 
 | deployment | status | duration | lockers | faults injected | leases overlapping | requests accepted | stale writes accepted |
 |---|---|---|---|---|---|---|---|
