@@ -16,20 +16,30 @@ import (
 // then a restart through crash recovery; SIGSTOP of all of them).
 type faultHarness struct {
 	*harness
+	name string
 }
 
 func newFaultHarness(t testing.TB) *faultHarness {
-	return &faultHarness{harness: newHarness(t)}
+	return &faultHarness{harness: newHarness(t), name: "postgres"}
 }
 
-func (h *faultHarness) Deployment() string { return "postgres" }
+// newSequenceFaultHarness is newFaultHarness with tokens=sequence: its
+// lockers, in-process and through the proxy, draw their tokens from the
+// sequence and the durable epoch.
+func newSequenceFaultHarness(t testing.TB) *faultHarness {
+	h := newFaultHarness(t)
+	h.name, h.params = "postgres-seq", "&tokens=sequence"
+	return h
+}
+
+func (h *faultHarness) Deployment() string { return h.name }
 
 // LinkedDSN reaches the server through a new proxy, as the superuser with
-// trust authentication (no password needed).
+// trust authentication (no password needed), in the harness's token mode.
 func (h *faultHarness) LinkedDSN(t testing.TB) (string, conformance.Link) {
 	t.Helper()
 	p := testenv.StartProxy(t, h.srv.Addr())
-	return "postgres://postgres@" + p.Addr() + "/postgres?sslmode=disable&connect_timeout=5", p
+	return "postgres://postgres@" + p.Addr() + "/postgres?sslmode=disable&connect_timeout=5" + h.params, p
 }
 
 // ServerFaults: see postgresMatrix for what each fault does and why.
@@ -55,12 +65,37 @@ var postgresMatrix = conformance.Matrix{
 		Why: "the server stops (SIGSTOP) for 2×TTL: renewals hang and the lease ends at its deadline; the waiter is stalled with the server and is granted only after it resumes and ends the holder's session"},
 }
 
+// postgresSequenceMatrix is the row of the same server with tokens=sequence:
+// the locks are the same session advisory locks, so every fault but those
+// that race a new grant against the old holder (Disconnect) or lose the
+// server's memory (Restart) has the same outcome for the same reason.
+var postgresSequenceMatrix = conformance.Matrix{
+	conformance.Partition:   postgresMatrix[conformance.Partition],
+	conformance.PauseHolder: postgresMatrix[conformance.PauseHolder],
+	conformance.Stall:       postgresMatrix[conformance.Stall],
+	conformance.Disconnect: {Outcome: conformance.LossDetected | conformance.Fenced,
+		Why: "the server sees the client die and ends its session at once, freeing the lock, and the holder reads the end off its idle connection at that same moment: a race the holder usually wins by the waiter's round trip, but no driver can be sure to win, since the server frees a session lock when the connection goes; the waiter's token is the epoch and the sequence's next value, above the holder's, and the Guard fences the old holder when it loses"},
+	conformance.Restart: {Outcome: conformance.LossDetected,
+		Why: "the lock dies with the server's processes (SIGKILL), and the holder reads the end of its session off its connection at once, while a waiter can be granted only after crash recovery; recovery may hand the sequence back values it had already given out (it is not flushed per grant), but it empties the unlogged epoch marker, so the first grant after the crash bumps the durable epoch (a flushed commit) and every later token is above every token of the old server"},
+}
+
 func TestFaults(t *testing.T) {
 	conformance.RunFaults(t, newFaultHarness(t), postgresMatrix)
 }
 
+func TestFaultsSequenceTokens(t *testing.T) {
+	conformance.RunFaults(t, newSequenceFaultHarness(t), postgresSequenceMatrix)
+}
+
 func TestSoak(t *testing.T) {
 	conformance.Soak(t, newFaultHarness(t), conformance.SoakOptions{Matrix: postgresMatrix})
+}
+
+// TestSoakSequenceTokens soaks tokens=sequence for 20s by default (the
+// default mode's soak, which shares every fault path but the token's,
+// takes 45s): -soak or $DLOCK_SOAK lengthens both.
+func TestSoakSequenceTokens(t *testing.T) {
+	conformance.Soak(t, newSequenceFaultHarness(t), conformance.SoakOptions{Matrix: postgresSequenceMatrix, Duration: 20 * time.Second})
 }
 
 // TestWaitOutlivesRestart: a waiting Acquire whose server is killed and

@@ -3,6 +3,7 @@ package redis_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
@@ -16,22 +17,28 @@ import (
 // holder's back (the effect of a clock jump on the server).
 type faultHarness struct {
 	*harness
-	srv  *testenv.Redis
-	name string
-	aof  bool // the server has appendonly yes, appendfsync always
+	srv    *testenv.Redis
+	name   string
+	aof    bool   // the server has appendonly yes, appendfsync always
+	params string // added to LinkedDSN's DSN: the lockers' mode, as h.opts sets it
 }
 
-func newFaultHarness(t testing.TB, aof bool) *faultHarness {
+// newFaultHarness starts the server of deployment name: "redis", "redis-aof"
+// (with an AOF) or "redis-fair" (lockers in fair mode).
+func newFaultHarness(t testing.TB, name string) *faultHarness {
 	var opts []testenv.RedisOption
-	name := "redis"
+	aof := name == "redis-aof"
 	if aof {
-		opts, name = append(opts, testenv.WithPersistence()), "redis-aof"
+		opts = append(opts, testenv.WithPersistence())
 	}
 	srv := testenv.StartRedis(t, opts...)
-	h := newHarnessDial(t, func() goredis.UniversalClient {
+	h := &faultHarness{harness: newHarnessDial(t, func() goredis.UniversalClient {
 		return goredis.NewClient(&goredis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
-	})
-	return &faultHarness{harness: h, srv: srv, name: name, aof: aof}
+	}), srv: srv, name: name, aof: aof}
+	if name == "redis-fair" {
+		h.opts, h.params = &redis.Options{Fair: true}, "&fair=true"
+	}
+	return h
 }
 
 func (h *faultHarness) Deployment() string { return h.name }
@@ -40,7 +47,7 @@ func (h *faultHarness) Deployment() string { return h.name }
 // checks are off: the server deliberately runs without persistence.
 func (h *faultHarness) LinkedDSN(t testing.TB) (string, conformance.Link) {
 	p := testenv.StartProxy(t, h.srv.Addr())
-	return "redis://" + p.Addr() + "/0?checks=off&dial_timeout=1s", p
+	return "redis://" + p.Addr() + "/0?checks=off&dial_timeout=1s" + h.params, p
 }
 
 // ServerFaults: the server restarts (from its AOF, or empty without one),
@@ -89,11 +96,35 @@ var redisAOFMatrix = conformance.Matrix{
 		Why: "the key and the counter survive in the AOF; the holder keeps the lock unless a renewal falls while the server is down, and then it is told first"},
 }
 
+// redisFairMatrix is the row of the same server with lockers in fair mode:
+// the lock key, its expiry and the fence are the default mode's, so a fault
+// ends the holder's lease as it does there; what differs is how the next
+// holder is let in (handed the lock by a release, or taking it with its own
+// call once the key expired or vanished), and that the queue is lost with
+// the key on a restart.
+var redisFairMatrix = conformance.Matrix{
+	conformance.Partition:   redisMatrix[conformance.Partition],
+	conformance.Disconnect:  redisMatrix[conformance.Disconnect],
+	conformance.PauseHolder: redisMatrix[conformance.PauseHolder],
+	conformance.Stall:       redisMatrix[conformance.Stall],
+	conformance.RestartEmpty: {Outcome: conformance.LossDetected | conformance.Fenced,
+		Why: "the lock key, the queue and the fence counter die with the server's memory; the waiter joins a new queue and takes the free lock with its next call, which may come before the holder's next renewal fails; new tokens are floored at the server's µs clock, so they are higher and the Guard rejects the old holder"},
+	conformance.ClockJump: {Outcome: conformance.LossDetected | conformance.Fenced,
+		Why: "the key expires early, with no release to hand it over: the head of the queue takes it with its next call (its poll), which may come before the holder's next renewal fails; the fence counter survives, so the Guard rejects the old holder"},
+}
+
 func TestFaults(t *testing.T) {
-	t.Run("redis", func(t *testing.T) { conformance.RunFaults(t, newFaultHarness(t, false), redisMatrix) })
-	t.Run("redis-aof", func(t *testing.T) { conformance.RunFaults(t, newFaultHarness(t, true), redisAOFMatrix) })
+	t.Run("redis", func(t *testing.T) { conformance.RunFaults(t, newFaultHarness(t, "redis"), redisMatrix) })
+	t.Run("redis-aof", func(t *testing.T) { conformance.RunFaults(t, newFaultHarness(t, "redis-aof"), redisAOFMatrix) })
+	t.Run("redis-fair", func(t *testing.T) { conformance.RunFaults(t, newFaultHarness(t, "redis-fair"), redisFairMatrix) })
 }
 
 func TestSoak(t *testing.T) {
-	conformance.Soak(t, newFaultHarness(t, false), conformance.SoakOptions{Matrix: redisMatrix})
+	conformance.Soak(t, newFaultHarness(t, "redis"), conformance.SoakOptions{Matrix: redisMatrix})
+}
+
+// TestSoakFair soaks fair mode for 20s by default (the default mode's soak
+// takes 45s): -soak or $DLOCK_SOAK lengthens both.
+func TestSoakFair(t *testing.T) {
+	conformance.Soak(t, newFaultHarness(t, "redis-fair"), conformance.SoakOptions{Matrix: redisFairMatrix, Duration: 20 * time.Second})
 }
