@@ -167,13 +167,7 @@ func BenchmarkPostgresSteps(b *testing.B) {
 	dsn := srv.URL() + "&tokens=sequence&table=" + table
 	// Opening the driver creates the sequence mode's objects.
 	drv := func(tb testing.TB) locker { return openDriver(tb, dsn) }
-	// The driver's statements for a shared session's lease (postgres/statements.go,
-	// sequenceTokens and tryLockSet): the same text, so that the server plans
-	// and runs the same.
-	acquire := fmt.Sprintf(`WITH l AS (SELECT pg_try_advisory_lock($1::int8) AS ok)
-SELECT pg_sequence_last_value('%s'::regclass) * %d + nextval('%s'),
-	pg_backend_pid(), $3::text, $4::text
-FROM l WHERE l.ok AND $2::text IS NOT NULL AND set_config('synchronous_commit', 'off', true) IS NOT NULL`, pgx.Identifier{table + "_mark"}.Sanitize(), int64(1)<<44, pgx.Identifier{table + "_seq"}.Sanitize())
+	acquire := stepsAcquireSQL(table)
 	sql := func(cancellable bool) func(tb testing.TB) locker {
 		return func(tb testing.TB) locker {
 			ctx := context.Background()
@@ -197,6 +191,77 @@ FROM l WHERE l.ok AND $2::text IS NOT NULL AND set_config('synchronous_commit', 
 	})
 }
 
+// stepsAcquireSQL is the driver's acquire statement for a later lease of its
+// shared session in tokens=sequence mode with table, on PostgreSQL 15 and
+// later (postgres/statements.go: sequenceTokens, tryLockSet), copied so that
+// BenchmarkPostgresSteps' sql steps make the server plan and run the same.
+// TestStepsSQLIsTheDriversSQL fails when the copy drifts.
+func stepsAcquireSQL(table string) string {
+	return fmt.Sprintf(`WITH l AS (SELECT pg_try_advisory_lock($1::int8) AS ok)
+SELECT pg_sequence_last_value('%s'::regclass) * %d + nextval('%s'),
+	pg_backend_pid(), $3::text, $4::text
+FROM l WHERE l.ok AND $2::text IS NOT NULL AND set_config('synchronous_commit', 'off', true) IS NOT NULL`, pgx.Identifier{table + "_mark"}.Sanitize(), int64(1)<<44, pgx.Identifier{table + "_seq"}.Sanitize())
+}
+
+// stepsUnlockSQL is the driver's unlock statement for a lease of its shared
+// session (statements.go: sharedUnlock).
+const stepsUnlockSQL = "SELECT pg_backend_pid(), pg_advisory_unlock($1::int8)"
+
+// TestStepsSQLIsTheDriversSQL: the statements BenchmarkPostgresSteps' sql
+// steps send are, to the byte, the ones the driver sends for a later lease of
+// its shared session, as the server shows them in pg_stat_activity.
+func TestStepsSQLIsTheDriversSQL(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a server: not in -short")
+	}
+	srv := testenv.StartPostgres(t)
+	ctx := context.Background()
+	c := newPgConn(t, srv.URL())
+	var version int
+	if err := c.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+		t.Fatal(err)
+	}
+	if version < 150000 {
+		t.Skipf("PostgreSQL %d: the steps are written for 15 and later", version)
+	}
+	const table = "dlock_steps_fence"
+	d := openDriver(t, srv.URL()+"&tokens=sequence&table="+table)
+	// The first grant of a shared session also sets its TTL and label; the
+	// steps copy the later grants' statement.
+	unlock, err := d.lock(ctx, "steps-key", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pid int
+	if err := c.QueryRow(ctx, "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted").Scan(&pid); err != nil {
+		t.Fatalf("the driver's session: %v", err)
+	}
+	// last is the statement the driver's session ran last.
+	last := func() string {
+		t.Helper()
+		var q string
+		if err := c.QueryRow(ctx, "SELECT query FROM pg_stat_activity WHERE pid = $1", pid).Scan(&q); err != nil {
+			t.Fatal(err)
+		}
+		return q
+	}
+	if err := unlock(); err != nil {
+		t.Fatal(err)
+	}
+	if unlock, err = d.lock(ctx, "steps-key", false); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := last(), stepsAcquireSQL(table); got != want {
+		t.Errorf("the driver's acquire is\n%s\nBenchmarkPostgresSteps' sql steps send\n%s\n(copy it again from postgres/statements.go)", got, want)
+	}
+	if err := unlock(); err != nil {
+		t.Fatal(err)
+	}
+	if got := last(); got != stepsUnlockSQL {
+		t.Errorf("the driver's unlock is\n%s\nBenchmarkPostgresSteps' sql steps send\n%s", got, stepsUnlockSQL)
+	}
+}
+
 // pgDriverSQL sends the driver's acquire and unlock statements on one pgx
 // connection, under ctx (BenchmarkPostgresSteps).
 type pgDriverSQL struct {
@@ -217,7 +282,7 @@ func (p pgDriverSQL) lock(_ context.Context, key string, _ bool) (func() error, 
 	}
 	return func() error {
 		var held bool
-		if err := p.c.QueryRow(p.ctx, "SELECT pg_backend_pid(), pg_advisory_unlock($1::int8)", k).Scan(&pid, &held); err != nil {
+		if err := p.c.QueryRow(p.ctx, stepsUnlockSQL, k).Scan(&pid, &held); err != nil {
 			return err
 		}
 		if !held {
