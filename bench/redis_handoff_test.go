@@ -239,7 +239,7 @@ func handOff(ctx context.Context, holder, waiter locker, key string, queued func
 // BenchmarkRedisHandoffSteps, not a lock to use.
 type redisFairScripts struct {
 	c    *goredis.Client
-	id   string // the owner id, and the wake-up channel's name
+	id   string // the owner id, and the wake-up channel's (rediscore.WaiterChannel)
 	msgs <-chan *goredis.Message
 }
 
@@ -247,20 +247,9 @@ type redisFairScripts struct {
 const fairScriptsPrefix = "scripts:"
 
 func newRedisFairScripts(tb testing.TB, addr string) *redisFairScripts {
-	c := newRedisClient(tb, addr)
-	ctx := context.Background()
-	for _, sc := range []*goredis.Script{rediscore.FairAcquire, rediscore.FairRelease} {
-		if err := sc.Load(ctx, c).Err(); err != nil {
-			tb.Fatalf("scripts: SCRIPT LOAD: %v", err)
-		}
-	}
 	id := backend.NewOwnerID()
-	ps := c.Subscribe(ctx, fairScriptsPrefix+"waiter:"+id)
-	tb.Cleanup(func() { _ = ps.Close() })
-	if _, err := ps.Receive(ctx); err != nil { // the subscription's confirmation
-		tb.Fatalf("scripts: SUBSCRIBE: %v", err)
-	}
-	return &redisFairScripts{c: c, id: id, msgs: ps.Channel()}
+	c, msgs := newRawWaiterClient(tb, addr, "scripts", rediscore.WaiterChannel(fairScriptsPrefix, id), rediscore.FairAcquire, rediscore.FairRelease)
+	return &redisFairScripts{c: c, id: id, msgs: msgs}
 }
 
 func (f *redisFairScripts) lock(ctx context.Context, key string, wait bool) (func() error, error) {
@@ -277,7 +266,7 @@ func (f *redisFairScripts) lock(ctx context.Context, key string, wait bool) (fun
 		}
 		return err
 	}
-	res, err := rediscore.FairAcquire.EvalSha(ctx, f.c, k.FairAcquireKeys(), f.id, ms, join, ms, k.Channel, fairScriptsPrefix+"waiter:"+f.id).Int64Slice()
+	res, err := rediscore.FairAcquire.EvalSha(ctx, f.c, k.FairAcquireKeys(), f.id, ms, join, ms, k.Channel, rediscore.WaiterChannel(fairScriptsPrefix, f.id)).Int64Slice()
 	switch {
 	case err != nil:
 		return nil, err
@@ -400,7 +389,7 @@ func TestHandoffReleaseCommands(t *testing.T) {
 
 	k := rediscore.KeysFor(fairScriptsPrefix, "fair-key")
 	for i, owner := range []string{"A", "B"} {
-		res, err := rediscore.FairAcquire.Run(ctx, c, k.FairAcquireKeys(), owner, ms, "1", ms, k.Channel, fairScriptsPrefix+"waiter:"+owner).Int64Slice()
+		res, err := rediscore.FairAcquire.Run(ctx, c, k.FairAcquireKeys(), owner, ms, "1", ms, k.Channel, rediscore.WaiterChannel(fairScriptsPrefix, owner)).Int64Slice()
 		if err != nil || len(res) == 0 || res[0] != int64(1-i) {
 			t.Fatalf("fair: %s's acquire: %v, %v; want granted %d", owner, res, err, 1-i)
 		}

@@ -308,20 +308,29 @@ return 1`)
 )
 
 func newRedisHandoffFloor(tb testing.TB, addr string) *redisHandoffFloor {
+	id := backend.NewOwnerID()
+	c, msgs := newRawWaiterClient(tb, addr, "handoff-floor", handoffFloorChannel+id, handoffFloorAcquire, handoffFloorRelease)
+	return &redisHandoffFloor{c: c, id: id, msgs: msgs}
+}
+
+// newRawWaiterClient returns a client of addr with scripts loaded, and the
+// messages of channel, to which it is subscribed once this returns (the
+// server has confirmed it): a raw hand-off waiter's client, step naming it in
+// errors. tb's cleanup closes the subscription and the client.
+func newRawWaiterClient(tb testing.TB, addr, step, channel string, scripts ...*goredis.Script) (*goredis.Client, <-chan *goredis.Message) {
 	c := newRedisClient(tb, addr)
 	ctx := context.Background()
-	for _, sc := range []*goredis.Script{handoffFloorAcquire, handoffFloorRelease} {
+	for _, sc := range scripts {
 		if err := sc.Load(ctx, c).Err(); err != nil {
-			tb.Fatalf("handoff-floor: SCRIPT LOAD: %v", err)
+			tb.Fatalf("%s: SCRIPT LOAD: %v", step, err)
 		}
 	}
-	id := backend.NewOwnerID()
-	ps := c.Subscribe(ctx, handoffFloorChannel+id)
+	ps := c.Subscribe(ctx, channel)
 	tb.Cleanup(func() { _ = ps.Close() })
 	if _, err := ps.Receive(ctx); err != nil { // the subscription's confirmation
-		tb.Fatalf("handoff-floor: SUBSCRIBE: %v", err)
+		tb.Fatalf("%s: SUBSCRIBE: %v", step, err)
 	}
-	return &redisHandoffFloor{c: c, id: id, msgs: ps.Channel()}
+	return c, ps.Channel()
 }
 
 func (f *redisHandoffFloor) lock(ctx context.Context, key string, wait bool) (func() error, error) {
