@@ -154,20 +154,11 @@ func BenchmarkPostgres(b *testing.B) {
 //     that driver.
 func BenchmarkPostgresSteps(b *testing.B) {
 	srv := testenv.StartPostgres(b, testenv.WithPostgresSetting("fsync", "on"))
-	var version int
-	if err := newPgConn(b, srv.URL()).QueryRow(context.Background(), "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
-		b.Fatal(err)
-	}
-	if version < 150000 {
-		// Before 15 the driver reads the epoch from its marker table, not
-		// with pg_sequence_last_value: sql below would not be its SQL.
-		b.Skipf("PostgreSQL %d: the steps are written for 15 and later", version)
-	}
-	const table = "dlock_steps_fence"
-	dsn := srv.URL() + "&tokens=sequence&table=" + table
+	skipBeforeSteps(b, newPgConn(b, srv.URL()))
+	dsn := srv.URL() + stepsParams
 	// Opening the driver creates the sequence mode's objects.
 	drv := func(tb testing.TB) locker { return openDriver(tb, dsn) }
-	acquire := stepsAcquireSQL(table)
+	acquire := stepsAcquireSQL(stepsTable)
 	sql := func(cancellable bool) func(tb testing.TB) locker {
 		return func(tb testing.TB) locker {
 			ctx := context.Background()
@@ -189,6 +180,27 @@ func BenchmarkPostgresSteps(b *testing.B) {
 	b.Run("Uncontended", func(b *testing.B) {
 		reportUncontended(b, runUncontended(b, impls, b.N))
 	})
+}
+
+// stepsTable is the sequence mode's table of BenchmarkPostgresSteps, and
+// stepsParams the DSN parameters of its driver.
+const (
+	stepsTable  = "dlock_steps_fence"
+	stepsParams = "&tokens=sequence&table=" + stepsTable
+)
+
+// skipBeforeSteps skips tb on a server before PostgreSQL 15, where the driver
+// reads the epoch from its marker table, not with pg_sequence_last_value:
+// stepsAcquireSQL would not be its SQL.
+func skipBeforeSteps(tb testing.TB, c *pgx.Conn) {
+	tb.Helper()
+	var version int
+	if err := c.QueryRow(context.Background(), "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
+		tb.Fatal(err)
+	}
+	if version < 150000 {
+		tb.Skipf("PostgreSQL %d: the steps are written for 15 and later", version)
+	}
 }
 
 // stepsAcquireSQL is the driver's acquire statement for a later lease of its
@@ -217,15 +229,8 @@ func TestStepsSQLIsTheDriversSQL(t *testing.T) {
 	srv := testenv.StartPostgres(t)
 	ctx := context.Background()
 	c := newPgConn(t, srv.URL())
-	var version int
-	if err := c.QueryRow(ctx, "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
-		t.Fatal(err)
-	}
-	if version < 150000 {
-		t.Skipf("PostgreSQL %d: the steps are written for 15 and later", version)
-	}
-	const table = "dlock_steps_fence"
-	d := openDriver(t, srv.URL()+"&tokens=sequence&table="+table)
+	skipBeforeSteps(t, c)
+	d := openDriver(t, srv.URL()+stepsParams)
 	// The first grant of a shared session also sets its TTL and label; the
 	// steps copy the later grants' statement.
 	unlock, err := d.lock(ctx, "steps-key", false)
@@ -251,7 +256,7 @@ func TestStepsSQLIsTheDriversSQL(t *testing.T) {
 	if unlock, err = d.lock(ctx, "steps-key", false); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := last(), stepsAcquireSQL(table); got != want {
+	if got, want := last(), stepsAcquireSQL(stepsTable); got != want {
 		t.Errorf("the driver's acquire is\n%s\nBenchmarkPostgresSteps' sql steps send\n%s\n(copy it again from postgres/statements.go)", got, want)
 	}
 	if err := unlock(); err != nil {
