@@ -154,7 +154,6 @@ func BenchmarkPostgres(b *testing.B) {
 //     that driver.
 func BenchmarkPostgresSteps(b *testing.B) {
 	srv := testenv.StartPostgres(b, testenv.WithPostgresSetting("fsync", "on"))
-	skipBeforeSteps(b, newPgConn(b, srv.URL()))
 	dsn := srv.URL() + stepsParams
 	// Opening the driver creates the sequence mode's objects.
 	drv := func(tb testing.TB) locker { return openDriver(tb, dsn) }
@@ -189,30 +188,14 @@ const (
 	stepsParams = "&tokens=sequence&table=" + stepsTable
 )
 
-// skipBeforeSteps skips tb on a server before PostgreSQL 15, where the driver
-// reads the epoch from its marker table, not with pg_sequence_last_value:
-// stepsAcquireSQL would not be its SQL.
-func skipBeforeSteps(tb testing.TB, c *pgx.Conn) {
-	tb.Helper()
-	var version int
-	if err := c.QueryRow(context.Background(), "SELECT current_setting('server_version_num')::int").Scan(&version); err != nil {
-		tb.Fatal(err)
-	}
-	if version < 150000 {
-		tb.Skipf("PostgreSQL %d: the steps are written for 15 and later", version)
-	}
-}
-
 // stepsAcquireSQL is the driver's acquire statement for a later lease of its
-// shared session in tokens=sequence mode with table, on PostgreSQL 15 and
-// later (postgres/statements.go: sequenceTokens, tryLockSet), copied so that
+// shared session in tokens=sequence mode with table (postgres/statements.go:
+// sequenceTokens, next), copied so that
 // BenchmarkPostgresSteps' sql steps make the server plan and run the same.
 // TestStepsSQLIsTheDriversSQL fails when the copy drifts.
 func stepsAcquireSQL(table string) string {
-	return fmt.Sprintf(`WITH l AS (SELECT pg_try_advisory_lock($1::int8) AS ok)
-SELECT pg_sequence_last_value('%s'::regclass) * %d + nextval('%s'),
-	pg_backend_pid(), $3::text, $4::text
-FROM l WHERE l.ok AND $2::text IS NOT NULL AND set_config('synchronous_commit', 'off', true) IS NOT NULL`, pgx.Identifier{table + "_mark"}.Sanitize(), int64(1)<<44, pgx.Identifier{table + "_seq"}.Sanitize())
+	return fmt.Sprintf(`SELECT CASE WHEN pg_try_advisory_lock($1::int8) THEN nextval('%s') END, pg_backend_pid()`,
+		pgx.Identifier{table + "_seq"}.Sanitize())
 }
 
 // stepsUnlockSQL is the driver's unlock statement for a lease of its shared
@@ -229,7 +212,6 @@ func TestStepsSQLIsTheDriversSQL(t *testing.T) {
 	srv := testenv.StartPostgres(t)
 	ctx := context.Background()
 	c := newPgConn(t, srv.URL())
-	skipBeforeSteps(t, c)
 	d := openDriver(t, srv.URL()+stepsParams)
 	// The first grant of a shared session also sets its TTL and label; the
 	// steps copy the later grants' statement.
@@ -279,12 +261,13 @@ func (p pgDriverSQL) lock(_ context.Context, key string, _ bool) (func() error, 
 	k := pgKey(key)
 	var token *int64
 	var pid uint32
-	if err := p.c.QueryRow(p.ctx, p.acquire, k, key, "10000", "").Scan(&token, &pid, nil, nil); err != nil {
+	if err := p.c.QueryRow(p.ctx, p.acquire, k).Scan(&token, &pid); err != nil {
 		return nil, err
 	}
 	if token == nil || *token <= 0 {
 		return nil, fmt.Errorf("sql: token %v for %q", token, key)
 	}
+	*token += 1 << 44 // the epoch of the session's first grant, as the driver adds it
 	return func() error {
 		var held bool
 		if err := p.c.QueryRow(p.ctx, stepsUnlockSQL, k).Scan(&pid, &held); err != nil {

@@ -246,22 +246,57 @@ func (d *Driver) runAcquire(ctx context.Context, pc *pgxpool.Conn, stmt string, 
 	case d.sql.newEpoch == "":
 		return fmt.Errorf("fence counter of %q in %s is NULL", name, d.table)
 	}
-	// The server lost its marker (a crash, a promotion): a new epoch first.
-	// The lock is held; an error here is handled as one after the grant.
-	// On a caller's pool, in a transaction whose setup makes its commit
-	// flush, as counter mode's grants are.
+	return d.newEpoch(ctx, pc, msText, r)
+}
+
+// runNext runs stmt, a lockStatements.next, for key on pc: as runAcquire,
+// for a later grant of a shared session in sequence mode, whose token is in
+// epoch, the session's.
+func (d *Driver) runNext(ctx context.Context, pc *pgxpool.Conn, stmt string, key AdvisoryKey, ms int64, epoch int64, r *grantRow) error {
+	var value *int64 // NULL: not granted
+	var err error
+	if d.sql.owned {
+		err = pc.QueryRow(ctx, stmt, key.args()...).Scan(&value, &r.pid)
+	} else {
+		err = pc.SendBatch(ctx, d.sql.acquireBatch(stmt, key.args(), strconv.FormatInt(ms, 10), func(rows pgx.Rows) error {
+			return scanOne(rows, &value, &r.pid)
+		})).Close()
+	}
+	if err != nil || value == nil {
+		return err
+	}
+	if *value <= 0 || *value >= epochUnit {
+		return fmt.Errorf("the token sequence in %s returned %d, not in 1 to 2^44-1", d.table, *value)
+	}
+	r.granted = true
+	r.token = epoch*epochUnit + *value
+	return nil
+}
+
+// scanOne scans the one row rows must have into dest, and closes rows.
+func scanOne(rows pgx.Rows, dest ...any) error {
+	defer rows.Close()
+	if !rows.Next() {
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		return errors.New("the statement returned no row")
+	}
+	return rows.Scan(dest...)
+}
+
+// newEpoch is the rest of a sequence-mode grant whose server lost its
+// marker (a crash, a promotion): a new epoch first, which r's token is
+// drawn in. The lock is held; an error here is handled as one after the
+// grant. On a caller's pool, in a transaction whose setup makes its commit
+// flush (idle in it for at most msText), as counter mode's grants are.
+func (d *Driver) newEpoch(ctx context.Context, pc *pgxpool.Conn, msText string, r *grantRow) error {
+	var err error
 	if d.sql.owned {
 		err = pc.QueryRow(ctx, d.sql.newEpoch).Scan(&r.token)
 	} else {
 		err = pc.SendBatch(ctx, d.sql.acquireBatch(d.sql.newEpoch, nil, msText, func(rows pgx.Rows) error {
-			defer rows.Close()
-			if !rows.Next() {
-				if err := rows.Err(); err != nil {
-					return err
-				}
-				return errors.New("the statement returned no row")
-			}
-			return rows.Scan(&r.token)
+			return scanOne(rows, &r.token)
 		})).Close()
 	}
 	if err != nil {

@@ -246,7 +246,18 @@ func newDriver(ctx context.Context, pool *pgxpool.Pool, opts *Options, owned boo
 	if err != nil {
 		return nil, fmt.Errorf("connect: %w", err)
 	}
-	defer conn.Release()
+	if owned && o.Tokens == TokensSequence {
+		// The sessions of this pool commit with synchronous_commit off
+		// (sessionDefaults). The objects created below must survive a
+		// crash, so their session commits durably and is then closed, not
+		// given back with a setting its pool's sessions do not have.
+		defer func() { _ = conn.Hijack().Close(context.WithoutCancel(ctx)) }()
+		if _, err := conn.Exec(ctx, "SELECT set_config('synchronous_commit', "+durableCommit+", false)"); err != nil {
+			return nil, fmt.Errorf("connect: %w", err)
+		}
+	} else {
+		defer conn.Release()
+	}
 	if d.proxied, err = checkPooling(ctx, conn, pool.Config().ConnConfig); err != nil {
 		return nil, err
 	}
@@ -294,7 +305,8 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 	if err := p.Done(); err != nil {
 		return nil, err
 	}
-	if _, err := o.withDefaults(); err != nil {
+	eff, err := o.withDefaults()
+	if err != nil {
 		return nil, fmt.Errorf("%w: %w", dlock.ErrInvalidOption, err)
 	}
 	cu := *u
@@ -308,9 +320,10 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 	}
 	// The pool is the driver's alone: set the session defaults an acquire
 	// needs once per connection rather than in every acquire.
+	defaults := sessionDefaults(eff.Tokens == TokensSequence)
 	cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
 		var appName string
-		if err := conn.QueryRow(ctx, sessionDefaults).Scan(nil, nil, nil, nil, nil, &appName); err != nil {
+		if err := conn.QueryRow(ctx, defaults).Scan(nil, nil, nil, nil, nil, &appName); err != nil {
 			return err
 		}
 		conn.PgConn().CustomData()[appNameData] = appName

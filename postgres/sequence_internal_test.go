@@ -17,8 +17,9 @@ import (
 // without unlogged sequences (before PostgreSQL 15): grants read the marker
 // table, no marker sequence is made, and a grant after the table was
 // emptied and the sequence sent back (what a crash can do) gets a higher
-// token, from a new epoch. The same statements serve, on a caller's pool,
-// a driver that may not create the marker sequence.
+// token, from a new epoch, in a new session (a crash ends them all: here, a
+// new driver). The same statements serve, on a caller's pool, a driver
+// that may not create the marker sequence.
 func TestSequenceTokensFromTheMarkerTable(t *testing.T) {
 	defer func(v int) { markSequenceSince = v }(markSequenceSince)
 	markSequenceSince = math.MaxInt
@@ -35,6 +36,7 @@ func TestSequenceTokensFromTheMarkerTable(t *testing.T) {
 		t.Fatal("the marker sequence was created on a server taken for one without unlogged sequences")
 	}
 	execAll(t, pool, "DELETE FROM dlock_fence_live", "ALTER SEQUENCE dlock_fence_seq RESTART WITH 1")
+	d, _ = poolDriverAt(t, srv.URL(), &Options{Tokens: TokensSequence})
 	after := grantOnce(t, d, "table-marker")
 	t.Logf("before: %d (epoch %d); after the marker table was emptied and the sequence sent back: %d (epoch %d)",
 		before, before>>44, after, after>>44)
@@ -84,7 +86,7 @@ func TestSequenceMarkWithoutPrivilege(t *testing.T) {
 	}
 	first := grantOnce(t, d, "no-privilege")
 	execAll(t, pool, "DELETE FROM dlock_fence_live")
-	second := grantOnce(t, d, "no-privilege")
+	second := grantOnce(t, open(limited), "no-privilege") // a new session, as after a crash
 	if second>>44 != first>>44+1 {
 		t.Fatalf("epoch after the marker table was emptied: %d, want %d", second>>44, first>>44+1)
 	}

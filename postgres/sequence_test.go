@@ -118,6 +118,24 @@ func TestSequenceEpochBumpSurvivesACrash(t *testing.T) {
 	}
 }
 
+// TestSequenceObjectsSurviveACrashAtOpen: the objects sequence mode creates
+// when a driver opens survive a crash that comes before any grant, although
+// the driver's sessions commit with synchronous_commit off (the WAL writer
+// is slowed to every 10s, so nothing else writes them out first). A lost
+// object would fail every grant until the driver is opened again.
+func TestSequenceObjectsSurviveACrashAtOpen(t *testing.T) {
+	srv := testenv.StartPostgres(t, testenv.WithPostgresSetting("wal_writer_delay", "10000"))
+	ctx := testCtx(t)
+	l := openLocker(t, srv.URL()+"&tokens=sequence")
+	srv.Kill()
+	srv.Restart()
+	lease := grantAfterRecovery(t, ctx, l, "after")
+	defer lease.Release(ctx)
+	if lease.Token()>>44 == 0 {
+		t.Fatalf("token %d: want a sequence-mode token (epoch above 0)", lease.Token())
+	}
+}
+
 // grantAfterRecovery takes key with l, trying again until the server has
 // finished its crash recovery (it announces the end to no client) or ctx
 // ends.
@@ -160,8 +178,9 @@ func TestTokenModesDoNotMix(t *testing.T) {
 // TestSequenceEpochOutrunsARegressedSequence: what crash recovery can do to
 // the sequence mode's objects — empty the unlogged marker table, reset the
 // unlogged marker sequence, and send the sequence back (values handed out
-// under a WAL record that was lost) — is done here by hand; the next grant
-// must still get a higher token, from a new epoch.
+// under a WAL record that was lost) — is done here by hand; the next grant,
+// in a new session (a crash ends them all: here, a new Locker), must still
+// get a higher token, from a new epoch.
 func TestSequenceEpochOutrunsARegressedSequence(t *testing.T) {
 	srv := testenv.StartPostgres(t)
 	ctx := context.Background()
@@ -190,6 +209,12 @@ func TestSequenceEpochOutrunsARegressedSequence(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	l.Close()
+	l, err = dlock.Open(ctx, srv.URL()+"&tokens=sequence")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
 	lease, err := l.TryAcquire(ctx, "regress")
 	if err != nil {
 		t.Fatal(err)
@@ -208,17 +233,19 @@ func TestSequenceEpochOutrunsARegressedSequence(t *testing.T) {
 // was not made, or an earlier driver version, which reads the table, marked
 // it first) takes the table's epoch and makes the copy, without bumping the
 // epoch; so does the first grant on a database whose sequence-mode objects
-// an earlier version created.
+// an earlier version created. Each grant is the first of a new Locker: a
+// session's later grants keep the epoch of its first (the marker changes
+// only in crash recovery or a promotion, which end every session).
 func TestSequenceMarkCopiesTheTable(t *testing.T) {
 	srv, conn := withUnloggedSequences(t)
 	ctx := context.Background()
-	l, err := dlock.Open(ctx, srv.URL()+"&tokens=sequence")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
 	grant := func() dlock.Token {
 		t.Helper()
+		l, err := dlock.Open(ctx, srv.URL()+"&tokens=sequence")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
 		lease, err := l.TryAcquire(ctx, "mark")
 		if err != nil {
 			t.Fatal(err)

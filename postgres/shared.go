@@ -37,9 +37,13 @@ type shared struct {
 	label string // its application_name: the leases' label (Inspect reports it)
 	p     *pin   // its connection; p.key is unused
 	// set: a grant on p set its idle_session_timeout to ms and its
-	// application_name to label, so later grants need not (tryLockSet).
+	// application_name to label, so later grants need not (tryLockSet, next).
 	// Guarded by p.mu; relabel keeps application_name equal to label.
 	set bool
+	// epoch is, in sequence mode, the token epoch of the session's first
+	// grant, which its later grants use (lockStatements.next). Guarded by
+	// p.mu.
+	epoch int64
 
 	// Guarded by d.mu.
 	leases     map[AdvisoryKey]*sharedLease // held, and reserved by acquires in flight (nil)
@@ -248,11 +252,15 @@ func (d *Driver) acquireShared(ctx context.Context, req backend.AcquireRequest, 
 	var r grantRow
 	qctx, cancel := d.bound.Context(context.WithoutCancel(ctx))
 	start := time.Now()
-	stmt := d.sql.mode(req.Shared).tryLock
-	if s.set {
-		stmt = d.sql.mode(req.Shared).tryLockSet
+	ls := d.sql.mode(req.Shared)
+	switch {
+	case !s.set:
+		err = d.runAcquire(qctx, p.pc, ls.tryLock, key, req.Key, req.Label, ms, &r)
+	case ls.next != "" && s.epoch > 0:
+		err = d.runNext(qctx, p.pc, ls.next, key, ms, s.epoch, &r)
+	default:
+		err = d.runAcquire(qctx, p.pc, ls.tryLockSet, key, req.Key, req.Label, ms, &r)
 	}
-	err = d.runAcquire(qctx, p.pc, stmt, key, req.Key, req.Label, ms, &r)
 	cancel()
 	token, pid, granted := r.token, r.pid, r.granted
 	switch {
@@ -285,6 +293,9 @@ func (d *Driver) acquireShared(ctx context.Context, req backend.AcquireRequest, 
 	}
 	p.pid = pid
 	s.set = true
+	if d.sql.newEpoch != "" {
+		s.epoch = token / epochUnit
+	}
 	if ctx.Err() != nil { // granted, but the caller has gone: give it back
 		err := s.unlock(key, req.Shared)
 		p.startWatchLater()
