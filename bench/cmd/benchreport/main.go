@@ -221,7 +221,7 @@ var backends = []backend{
 	{"Semaphore and read/write lock: PostgreSQL", "Primitives/Postgres", "", nil, "floor", primitivesNote},
 	{"Semaphore and read/write lock: MySQL (MariaDB)", "Primitives/MySQL", "", nil, "floor", primitivesNote},
 	{"PostgreSQL, tokens=sequence, step by step", "PostgresSteps", "", nil, "floor",
-		"One PostgreSQL server (15 or later), fsync on: dlock's uncontended cycle with tokens=sequence taken apart. `floor` is `pg_try_advisory_lock` / `pg_advisory_unlock`, as in the PostgreSQL table (where pg-advisory matches it); `sql` is the driver's own two statements for a lease of its shared session — the acquire (the lock, the epoch from the marker sequence, nextval, the session's pid) and the unlock — sent on a pgx connection under `context.Background`; `sql+ctx` the same under a cancellable context, which pgx watches (a `context.AfterFunc` per statement) as it must for any statement that can be bounded or cancelled; `driver` the postgres driver itself, called as the Locker calls it (its pool, its shared session, its bounded statements; no Locker); `dlock-seq` the Locker over it. The three token-drawing implementations share one sequence; none of them waits for its WAL (the server's synchronous_commit is off, and the driver's grants set it off for their own transactions)."},
+		"One PostgreSQL server, fsync on: dlock's uncontended cycle with tokens=sequence taken apart. `floor` is `pg_try_advisory_lock` / `pg_advisory_unlock`, as in the PostgreSQL table (where pg-advisory matches it); `sql` is the driver's own two statements for a later lease of its shared session — the acquire (the lock, then nextval if granted, and the session's pid) and the unlock (the session's pid, the unlock) — sent on a pgx connection under `context.Background`; `sql+ctx` the same under a cancellable context, which pgx watches (a `context.AfterFunc` per statement) as it must for any statement that can be bounded or cancelled; `driver` the postgres driver itself, called as the Locker calls it (its pool, its shared session, its bounded statements; no Locker); `dlock-seq` the Locker over it. The three token-drawing implementations share one sequence; none of them waits for its WAL (the server's synchronous_commit is off, and so are the driver's sessions' in this mode)."},
 	{"Observability overhead (Redis)", "Observe", "", nil, "dlock",
 		"One redis-server; dlock with no observer (`dlock`, this table's reference: both ratio columns are against it; `dlock-again` is a second one, an A/A control: its ratio to `dlock` is the noise), and with `dlockotel` over the OpenTelemetry API's no-op providers (`otel-noop`), over the SDK's MeterProvider (manual reader) with a no-op tracer (`otel-metrics`), and over the SDK's MeterProvider and TracerProvider (every span sampled, no exporter: `otel-sdk`). `floor` is the raw Redis floor (as in the Redis table), and `floor+sdk` that floor wrapped in the spans and recordings dlockotel makes, made by hand with the same providers: what the SDK itself costs a cycle. Server requests: as for Redis."},
 }
@@ -746,7 +746,7 @@ func writeHandoffSteps(w *strings.Builder, r *results) {
 // seqWhy explains the tokens=sequence target: what the acquire is, and where
 // its cycle's time goes, step by step from the floor (BenchmarkPostgresSteps).
 func seqWhy(r *results) string {
-	why := "no WAL flush and no row written per grant: the acquire is one SELECT (the lock; the epoch, from the marker sequence on PostgreSQL 15+; nextval; the session's TTL and label only on a shared session's first grant), nextval writes WAL once per 32 values, and the grant commits without waiting for it (synchronous_commit off for its own transaction)"
+	why := "no WAL flush and no row written per grant: a shared session's later grants are one SELECT (pg_try_advisory_lock, then nextval if granted, and the session's pid; the epoch is the one the session's first grant read), nextval writes WAL once per 32 values, and the grant commits without waiting for it (the driver's sessions run with synchronous_commit off in this mode)"
 	const st = "PostgresSteps/Uncontended"
 	ratio := func(im string) (float64, bool) { return r.ratio(st, im+".ops/s", st, "floor.ops/s") }
 	sql, ok1 := ratio("sql")
@@ -776,7 +776,7 @@ func seqWhy(r *results) string {
 		noise = " (it does all the raw statements do and more: the difference is this machine's noise)"
 	}
 	why += fmt.Sprintf(". Step by step, interleaved on one server (the step-by-step table below, ratios to the floor): "+
-		"the driver's two statements sent raw %.2f× (the token's marker read and nextval in the server, the session's pid, two more columns), "+
+		"the driver's two statements sent raw %.2f× (nextval in the server, the session's pid in both), "+
 		"under a cancellable context, which pgx watches, %.2f×%s; the driver without a Locker %.2f×; dlock-seq %.2f×. "+
 		"The target allows a cycle of 1/0.85 the floor's (pg-advisory runs as fast as the floor: see the PostgreSQL table); ",
 		sql, ctx, noise, drv, seq)
