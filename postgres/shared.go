@@ -41,8 +41,8 @@ type shared struct {
 	// Guarded by p.mu; relabel keeps application_name equal to label.
 	set bool
 	// epoch is, in sequence mode, the token epoch of the session's first
-	// grant, which its later grants use (lockStatements.next). Guarded by
-	// p.mu.
+	// grant, which its later grants use (lockStatements.next); 0 before it
+	// and in counter mode. Guarded by p.mu.
 	epoch int64
 
 	// Guarded by d.mu.
@@ -256,7 +256,7 @@ func (d *Driver) acquireShared(ctx context.Context, req backend.AcquireRequest, 
 	switch {
 	case !s.set:
 		err = d.runAcquire(qctx, p.pc, ls.tryLock, key, req.Key, req.Label, ms, &r)
-	case ls.next != "" && s.epoch > 0:
+	case s.epoch > 0: // sequence mode, after the session's first grant
 		err = d.runNext(qctx, p.pc, ls.next, key, ms, s.epoch, &r)
 	default:
 		err = d.runAcquire(qctx, p.pc, ls.tryLockSet, key, req.Key, req.Label, ms, &r)
@@ -292,10 +292,10 @@ func (d *Driver) acquireShared(ctx context.Context, req backend.AcquireRequest, 
 		return fail(fmt.Errorf("fence counter of %q in %s is %d; tokens must be positive", req.Key, d.table, token))
 	}
 	p.pid = pid
-	s.set = true
-	if d.sql.newEpoch != "" {
+	if !s.set && d.opts.Tokens == TokensSequence {
 		s.epoch = token / epochUnit
 	}
+	s.set = true
 	if ctx.Err() != nil { // granted, but the caller has gone: give it back
 		err := s.unlock(key, req.Shared)
 		p.startWatchLater()
