@@ -24,3 +24,6 @@ require (
 	go.uber.org/atomic v1.12.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
 )
+
+// go-zookeeper v1.0.4 with a data race fixed: see third_party/go-zookeeper-zk/README.md.
+replace github.com/go-zookeeper/zk => ./third_party/go-zookeeper-zk

@@ -61,4 +61,5 @@ replace (
 	github.com/dlock-go/dlock => ../
 	github.com/dlock-go/dlock/dlockotel => ../dlockotel
 	github.com/dlock-go/dlock/etcd => ../etcd
+	github.com/go-zookeeper/zk => ../third_party/go-zookeeper-zk
 )

@@ -40,4 +40,5 @@ require (
 replace (
 	github.com/dlock-go/dlock => ../
 	github.com/dlock-go/dlock/etcd => ../etcd
+	github.com/go-zookeeper/zk => ../third_party/go-zookeeper-zk
 )

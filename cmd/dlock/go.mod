@@ -82,4 +82,5 @@ replace (
 	github.com/dlock-go/dlock/dlockotel => ../../dlockotel
 	github.com/dlock-go/dlock/etcd => ../../etcd
 	github.com/dlock-go/dlock/migrate => ../../migrate
+	github.com/go-zookeeper/zk => ../../third_party/go-zookeeper-zk
 )
