@@ -75,6 +75,23 @@ func TestRootModuleStaysLean(t *testing.T) {
 	}
 }
 
+// TestZooKeeperClientReplaced: every module of the repository that requires
+// go-zookeeper builds against the copy in third_party/go-zookeeper-zk, which
+// fixes a data race of v1.0.4 (see its README), so that no -race run of
+// dlock's tests meets it.
+func TestZooKeeperClientReplaced(t *testing.T) {
+	for _, dir := range modules(t) {
+		gomod, err := os.ReadFile(filepath.Join(dir, "go.mod"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mod := string(gomod)
+		if strings.Contains(mod, "github.com/go-zookeeper/zk v") && !strings.Contains(mod, "github.com/go-zookeeper/zk =>") {
+			t.Errorf("%s/go.mod requires go-zookeeper without replacing it with third_party/go-zookeeper-zk", dir)
+		}
+	}
+}
+
 // TestImportRules enforces the import rules of docs/DESIGN.md with go list: the root
 // imports only backend, internal/clock and internal/sharedctx; backend only the
 // standard library; internal/clock and internal/sockstate only the standard library and x/sys;
