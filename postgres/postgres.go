@@ -19,7 +19,6 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
-	"github.com/dlock-go/dlock/internal/sharedctx"
 	"github.com/dlock-go/dlock/internal/sqlstate"
 )
 
@@ -191,11 +190,6 @@ type Driver struct {
 	listen listener           // LISTEN for Watch (watch.go)
 	quit   context.Context    // cancelled by Close
 	stop   context.CancelFunc // cancels quit
-
-	// bound bounds, by cleanupTimeout, the statements of a shared
-	// session that ctx must not cut short (a cut would end every lease of
-	// the session), sharing one deadline among them instead of a timer each.
-	bound *sharedctx.Bound
 }
 
 var (
@@ -237,7 +231,6 @@ func newDriver(ctx context.Context, pool *pgxpool.Pool, opts *Options, owned boo
 		pins:        map[*pin]struct{}{},
 		shared:      map[sharedKey]*shared{},
 		contendedAt: map[AdvisoryKey]time.Time{},
-		bound:       sharedctx.New(cleanupTimeout),
 	}
 	d.listen.d = d
 	d.quit, d.stop = context.WithCancel(context.Background())
@@ -496,7 +489,6 @@ func (d *Driver) Close() error {
 		<-p.mu
 	}
 	d.closing.Wait()
-	d.bound.Stop()
 	if d.owned {
 		d.pool.Close()
 	}

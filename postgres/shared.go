@@ -242,7 +242,7 @@ func (d *Driver) acquireShared(ctx context.Context, req backend.AcquireRequest, 
 		unreserve()
 		return nil, false, err
 	}
-	if err := p.usable(); err != nil { // the session ended while idle
+	if err := p.ready(); err != nil { // the session ended while idle
 		<-p.mu
 		return nil, true, err
 	}
@@ -250,7 +250,7 @@ func (d *Driver) acquireShared(ctx context.Context, req backend.AcquireRequest, 
 	// of the session. pg_try_advisory_lock does not wait; ctx is checked
 	// after.
 	var r grantRow
-	qctx, cancel := d.bound.Context(context.WithoutCancel(ctx))
+	qctx := p.hot(ctx)
 	start := time.Now()
 	ls := d.sql.mode(req.Shared)
 	switch {
@@ -261,7 +261,6 @@ func (d *Driver) acquireShared(ctx context.Context, req backend.AcquireRequest, 
 	default:
 		err = d.runAcquire(qctx, p.pc, ls.tryLockSet, key, req.Key, req.Label, ms, &r)
 	}
-	cancel()
 	token, pid, granted := r.token, r.pid, r.granted
 	switch {
 	case err != nil:
@@ -313,6 +312,7 @@ func (d *Driver) acquireShared(ctx context.Context, req backend.AcquireRequest, 
 	}
 	d.mu.Unlock()
 	if req.Announce {
+		p.cool()
 		_ = notifyOn(ctx, p.pc.Conn(), key) // best effort: followers also poll
 	}
 	p.startWatchLater()
@@ -327,16 +327,14 @@ func (d *Driver) acquireShared(ctx context.Context, req backend.AcquireRequest, 
 	}, false, nil
 }
 
-// unlock releases key, held shared if share, in s's session; p.mu must be
-// held and the watcher stopped. On an error the session is given up (its
-// leases end).
+// unlock releases key, held shared if share, in s's session, bounded by
+// hot; p.mu must be held and ready checked. On an error the session is
+// given up (its leases end).
 func (s *shared) unlock(key AdvisoryKey, share bool) error {
 	p := s.p
-	ctx, cancel := s.d.bound.Context(context.Background())
-	defer cancel()
 	var pid uint32
 	var held bool
-	err := p.pc.QueryRow(ctx, s.d.sql.mode(share).sharedUnlock, key.args()...).Scan(&pid, &held)
+	err := p.pc.QueryRow(p.hot(context.Background()), s.d.sql.mode(share).sharedUnlock, key.args()...).Scan(&pid, &held)
 	return p.unlocked(err, pid, held) // a lock not held is no reason to end the others
 }
 
@@ -373,12 +371,15 @@ func (l *sharedLease) releaseLocked() error {
 	if !mine {
 		return fmt.Errorf("%w: %w", backend.ErrNotHeld, errSessionGone)
 	}
-	if err := p.usable(); err != nil {
+	if err := p.ready(); err != nil {
 		return err
 	}
 	err := s.unlock(l.key, l.share)
-	if err == nil && l.announce && p.pc != nil && notifyOn(context.Background(), p.pc.Conn(), l.key) != nil {
-		p.destroy() // its other leases end: the session is in an unknown state
+	if err == nil && l.announce && p.pc != nil {
+		p.cool()
+		if notifyOn(context.Background(), p.pc.Conn(), l.key) != nil {
+			p.destroy() // its other leases end: the session is in an unknown state
+		}
 	}
 	if p.pc != nil {
 		p.startWatchLater()

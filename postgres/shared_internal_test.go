@@ -210,3 +210,66 @@ func waitIdlePool(t *testing.T, pool *pgxpool.Pool, bound time.Duration) {
 		}
 	}
 }
+
+// The statements of a busy shared session are bounded by a deadline on its
+// connection (pin.hot), not by a context. The deadline must not outlive
+// them: the idle watcher hears of the session's end however long after the
+// last statement it comes, and the connection goes back to the pool
+// without it.
+func TestHotDeadlineDoesNotOutliveTheStatements(t *testing.T) {
+	srv := testenv.StartPostgres(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	const past = cleanupTimeout + cleanupTimeout/8 + watchDelay // the latest deadline hot sets, and then some
+
+	// An idle session ends long after its last statement's deadline.
+	d, _ := poolDriver(t, srv, "")
+	lost := make(chan error, 1)
+	g, err := d.Acquire(ctx, backend.AcquireRequest{Key: "hot/held", Owner: backend.NewOwnerID(), TTL: time.Minute,
+		OnLost: func(err error) { lost <- err }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := g.Data.(*sharedLease).s.p
+	p.mu <- struct{}{}
+	if p.watch == nil && p.hotUntil.IsZero() {
+		t.Error("the acquire left no deadline on the busy session's connection")
+	}
+	pid := p.pid
+	p.startWatchLater() // as the acquire's own unlock did: the watcher may have skipped its turn
+	<-p.mu
+	time.Sleep(past) // what is tested: time passing, idle, beyond the deadline
+	srv.TerminateBackend(t, int(pid))
+	select {
+	case err := <-lost:
+		t.Logf("lost: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the session was terminated %v after its last statement, and 10s later its lease is not lost (TTL 1m, no refresh)", past)
+	}
+
+	// A connection back in the pool keeps no deadline: the pool's check of
+	// a connection idle for a while (a ping) would fail on it, and the pool
+	// replace it with another session.
+	d2, pool := poolDriver(t, srv, "&pool_max_conns=1")
+	g, err = d2.Acquire(ctx, backend.AcquireRequest{Key: "hot/released", Owner: backend.NewOwnerID(), TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p = g.Data.(*sharedLease).s.p
+	p.mu <- struct{}{}
+	pid = p.pid
+	<-p.mu
+	if err := d2.Release(ctx, g); err != nil {
+		t.Fatal(err)
+	}
+	released := time.Now()
+	waitIdlePool(t, pool, 2*shareLinger+2*time.Second)
+	time.Sleep(time.Until(released.Add(past)))
+	var now uint32
+	if err := pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&now); err != nil {
+		t.Fatal(err)
+	}
+	if now != pid {
+		t.Fatalf("%v after the driver gave session %d back to the pool, the pool's only connection is session %d", past, pid, now)
+	}
+}
