@@ -145,11 +145,13 @@ func BenchmarkPostgres(b *testing.B) {
 //     marker and the sequence, and the unlock), on a pgx connection, under
 //     context.Background — the SQL alone;
 //   - sql+ctx: the same under a cancellable context, made once: pgx watches
-//     every context but Background (a context.AfterFunc per statement), as it
-//     must for any statement with a bound or a cancel;
+//     every context that can end (a context.AfterFunc per statement), as it
+//     must for any statement with a bound or a cancel; the driver's busy
+//     shared session avoids it (a deadline on the connection bounds its
+//     statements instead), so this step is what that saves;
 //   - driver: the postgres driver itself (backend.Driver's Acquire and Release,
 //     as the Locker calls them), with its pool, its shared session and its
-//     bounded statements, but no Locker;
+//     statements' deadline, but no Locker;
 //   - dlock-seq: dlock.Open with tokens=sequence: the Locker and its lease on
 //     that driver.
 func BenchmarkPostgresSteps(b *testing.B) {
