@@ -19,6 +19,7 @@ import (
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/internal/batch"
+	"github.com/dlock-go/dlock/internal/sharedctx"
 )
 
 // Defaults for Options and the DSN parameters.
@@ -56,7 +57,11 @@ type Options struct {
 
 	// RequestTimeout bounds each request the driver sends on its own
 	// initiative or on behalf of an Acquire, TryAcquire or Release: a
-	// transaction, a read, a lease grant or revocation. It does not bound
+	// transaction, a read, a lease grant or revocation. The client ends a
+	// request that outlasts it; the request does not carry it to etcd (no
+	// grpc-timeout). Requests whose ctx can never end share one bound, which
+	// gives each at least RequestTimeout and at most an eighth more, and a
+	// request whose ctx ends within that anyway is bounded by its ctx. It does not bound
 	// waiting for a held lock (the caller's ctx does), nor a refresh, which
 	// dlock bounds by the lease's deadline and which the driver retries,
 	// member after member, until then. Zero means DefaultRequestTimeout (5s);
@@ -90,6 +95,7 @@ type Driver struct {
 	owned   bool // Close closes cli
 	prefix  string
 	timeout time.Duration
+	bound   *sharedctx.Bound // timeout, shared by requests whose ctx cannot end (reqCtx)
 
 	bg   context.Context // cancelled by Close: ends the loss watch
 	loss lossWatch       // watch.go
@@ -133,6 +139,7 @@ func NewDriver(cli *clientv3.Client, opts *Options) (*Driver, error) {
 		cli:      cli,
 		prefix:   o.Prefix,
 		timeout:  o.RequestTimeout,
+		bound:    sharedctx.New(o.RequestTimeout),
 		bg:       bg,
 		stopBg:   stop,
 		idle:     map[int64][]*lease{},
@@ -241,6 +248,7 @@ func (d *Driver) Close() error {
 	wg.Wait()
 	cancel()
 	d.wg.Wait()
+	d.bound.Stop()
 	if d.owned {
 		return d.cli.Close()
 	}

@@ -5,7 +5,6 @@ package etcd
 import (
 	"context"
 	"fmt"
-	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -59,14 +58,12 @@ func (d *Driver) TryAcquireAll(ctx context.Context, reqs []backend.AcquireReques
 		cmps = append(cmps, freeFor(names[i], false)...)
 		puts[i] = clientv3.OpPut(keys[i], holderValue(r.Owner, r.Label), clientv3.WithLease(ls.id))
 	}
-	// As in enqueue: the request that may create keys is not cancelled the
-	// moment ctx ends, so that its answer says whether there are keys to
-	// delete.
-	rctx, cancel := d.reqCtx(context.WithoutCancel(ctx))
-	stop := context.AfterFunc(ctx, func() { time.AfterFunc(cancelGrace, cancel) })
+	// As in enqueue: the request that may create keys outlives ctx by up to
+	// cancelGrace (graceCtx), so that its answer says whether there are keys
+	// to delete.
+	rctx, done := d.graceCtx(ctx)
 	resp, err := d.cli.Txn(rctx).If(cmps...).Then(puts...).Commit()
-	stop()
-	cancel()
+	done()
 	switch {
 	case err != nil:
 		if isLeaseNotFound(err) {

@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -315,15 +314,12 @@ func firstTxn(rs []*etcdserverpb.ResponseOp) *etcdserverpb.TxnResponse {
 	return rs[0].GetResponseTxn()
 }
 
-// commit sends a transaction that may write. It is not cancelled the moment
-// ctx ends: its answer tells what there is to delete. It is cancelled
-// cancelGrace after ctx ends if it has not answered by then (see enqueue).
+// commit sends a transaction that may write. It outlives ctx by up to
+// cancelGrace (graceCtx): its answer tells what there is to delete.
 func (d *Driver) commit(ctx context.Context, txn func(context.Context) (*clientv3.TxnResponse, error)) (*clientv3.TxnResponse, error) {
-	rctx, cancel := d.reqCtx(context.WithoutCancel(ctx))
-	stop := context.AfterFunc(ctx, func() { time.AfterFunc(cancelGrace, cancel) })
+	rctx, done := d.graceCtx(ctx)
 	resp, err := txn(rctx)
-	stop()
-	cancel()
+	done()
 	return resp, err
 }
 
