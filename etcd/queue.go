@@ -60,7 +60,7 @@ func (g *grant) markLost(cause error) {
 // reqCtx bounds one request by the driver's request timeout, on the
 // client: the request ends when the bound does, but carries no deadline to
 // etcd. gRPC sends a context's deadline along (grpc-timeout), and a
-// deadline on every request cost 3–6% of an uncontended acquire+release on
+// deadline on every request cost 3–5% of an uncontended acquire+release on
 // one etcd, where a cancel-only context cost nothing (docs/etcd.md); the
 // client's bound ends the request all the same (gRPC resets the stream,
 // which cancels the server's handling of it). A ctx that can never end
