@@ -213,8 +213,8 @@ type Cluster struct {
 // yes (each on a free 127.0.0.1 port, with its cluster bus on another free
 // port via --cluster-port, in its own temp dir), assigns each a third of the
 // slots with CLUSTER ADDSLOTSRANGE, joins them with CLUSTER MEET, and returns
-// once every node reports cluster_state:ok and knows the other two (about
-// 1–2s). opts apply to every node. Everything is stopped in t.Cleanup.
+// once every node reports cluster_state:ok, knows the other two, and has its
+// bus links to them connected (about 1–2s). opts apply to every node. Everything is stopped in t.Cleanup.
 func StartCluster(t testing.TB, opts ...RedisOption) *Cluster {
 	t.Helper()
 	cl := &Cluster{}
@@ -258,6 +258,27 @@ func StartCluster(t testing.TB, opts ...RedisOption) *Cluster {
 			}
 			if !strings.Contains(info, "cluster_state:ok") || !strings.Contains(info, "cluster_known_nodes:3") {
 				return fmt.Errorf("%s", info)
+			}
+			return nil
+		})
+		// A node can report the cluster ok while its bus link to a node it
+		// learned of by gossip is still in handshake: a PUBLISH it makes
+		// then reaches no subscriber on that node (a released lock's
+		// waiter there was not woken in CI).
+		poll(ctx, t, "every cluster bus link connected on "+cl.Nodes[i].Addr(), func() error {
+			nodes, err := c.ClusterNodes(ctx).Result()
+			if err != nil {
+				return err
+			}
+			lines := strings.Split(strings.TrimSpace(nodes), "\n")
+			if len(lines) != 3 {
+				return fmt.Errorf("%d nodes known:\n%s", len(lines), nodes)
+			}
+			for _, line := range lines {
+				f := strings.Fields(line)
+				if len(f) < 8 || f[7] != "connected" || strings.Contains(f[2], "handshake") || strings.Contains(f[2], "noaddr") {
+					return fmt.Errorf("link not connected: %s", line)
+				}
 			}
 			return nil
 		})
