@@ -730,7 +730,9 @@ func (fs *faultSuite) trial(t *testing.T, f Fault) trialResult {
 	base, r := baseFault(f)
 	// A holder that ends before its grant (its Open or Acquire failed: a
 	// connect timeout on a loaded host, say) is started once more, saying
-	// why; the trial is about what happens to a lease once granted.
+	// why, on a new LinkedDSN, where a harness repairs what it can (the
+	// table lock's restarts a PgBouncer that crashed after the last trial's
+	// end); the trial is about what happens to a lease once granted.
 	for start := 1; ; start++ {
 		if base == PauseHolder {
 			hv, ch, stopHolder = fs.childHolder(t, dsn, k, reg, r)
@@ -742,6 +744,7 @@ func (fs *faultSuite) trial(t *testing.T, f Fault) trialResult {
 		case !ended:
 		case start == 1:
 			t.Logf("%s: the holder finished before it was granted %q (%v); starting it again", f, k, err)
+			dsn, link = fs.h.LinkedDSN(t)
 			continue
 		default:
 			t.Fatalf("%s: the holder, started twice, finished before it was granted %q: %v", f, k, err)
