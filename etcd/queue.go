@@ -97,8 +97,7 @@ func (noDeadline) Deadline() (time.Time, bool) { return time.Time{}, false }
 // request. Call done once the request has returned.
 func (d *Driver) graceCtx(ctx context.Context) (rctx context.Context, done func()) {
 	if ctx.Done() == nil { // nothing to outlive: the shared bound will do
-		rctx, cancel := d.reqCtx(ctx)
-		return rctx, cancel
+		return d.reqCtx(ctx)
 	}
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.timeout)
 	stop := context.AfterFunc(ctx, func() { time.AfterFunc(cancelGrace, cancel) })
