@@ -12,9 +12,9 @@ import (
 	_ "github.com/dlock-go/dlock/memlock" // registers mem://
 )
 
-// Open picks a backend by DSN. "mem://" is an in-process backend, always
-// available; import a driver package (e.g. github.com/dlock-go/dlock/redis)
-// to register its scheme.
+// Open picks a backend by DSN. "mem://" is an in-process backend, registered
+// by importing package memlock (as this file does); import a driver package
+// (e.g. github.com/dlock-go/dlock/redis) to register its scheme.
 func ExampleOpen() {
 	ctx := context.Background()
 	locker, err := dlock.Open(ctx, "mem://example-open?ttl=10s")

@@ -7,7 +7,7 @@ import (
 )
 
 // Observer receives the events of a Locker's leases, for metrics, traces and
-// logs: package github.com/dlock-go/dlock/otel implements it with
+// logs: package github.com/dlock-go/dlock/dlockotel implements it with
 // OpenTelemetry, and WithLogger with log/slog. Set it with WithObserver. A
 // Locker without one pays a nil check per event.
 //
