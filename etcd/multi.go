@@ -13,50 +13,98 @@ import (
 
 var _ backend.MultiAcquirer = (*Driver)(nil)
 
-// maxMultiKeys is the most keys TryAcquireAll takes in one transaction
-// (etcd refuses transactions of more than --max-txn-ops operations, 128 by
-// default); dlock takes larger sets one key at a time.
-const maxMultiKeys = 64
+// maxTxnKeys is the most keys TryAcquireAll creates in one transaction: each
+// key is a compare and a put, and etcd refuses a transaction of more than
+// --max-txn-ops compares or operations (128 by default).
+const maxTxnKeys = 64
 
 // TryAcquireAll implements backend.MultiAcquirer: one transaction creates
 // every holder's key, only if no key exists under any of the lock names.
-// Every key's token is the transaction's revision (each key's create
-// revision): tokens still strictly increase per key.
+// More than maxTxnKeys keys take one such transaction per maxTxnKeys, in
+// order; if one finds a key held or fails, the keys the earlier ones created
+// are deleted before it returns. Every key's token is its transaction's
+// revision (the key's create revision): tokens still strictly increase per
+// key.
 func (d *Driver) TryAcquireAll(ctx context.Context, reqs []backend.AcquireRequest) ([]*backend.Grant, error) {
-	if len(reqs) > maxMultiKeys {
-		return nil, fmt.Errorf("%d keys in one transaction, at most %d: %w", len(reqs), maxMultiKeys, backend.ErrHeld)
+	parts := make([]*multiPart, 0, (len(reqs)+maxTxnKeys-1)/maxTxnKeys)
+	for lo := 0; lo < len(reqs); lo += maxTxnKeys {
+		p, err := d.createAll(ctx, reqs[lo:min(lo+maxTxnKeys, len(reqs))], len(reqs))
+		if err != nil {
+			for _, q := range parts {
+				d.dropPart(q)
+			}
+			return nil, err
+		}
+		parts = append(parts, p)
 	}
-	names := make([]string, len(reqs))
-	keys := make([]string, len(reqs))
-	lss := make([]*lease, len(reqs))
-	undo := func(created bool, rev int64) {
-		for i, ls := range lss {
+	gs := make([]*backend.Grant, 0, len(reqs))
+	for pi, p := range parts {
+		for i, r := range p.reqs {
+			g := &grant{key: p.keys[i], name: p.names[i], rev: p.rev, ls: p.lss[i]}
+			bg, err := d.granted(r, g) // unkeys g if it fails
+			if err != nil {
+				for j := i + 1; j < len(p.reqs); j++ {
+					d.unkey(p.lss[j], p.names[j], p.keys[j], p.rev)
+				}
+				for _, q := range parts[pi+1:] {
+					d.dropPart(q)
+				}
+				for _, prev := range gs {
+					_ = d.Release(context.Background(), prev)
+				}
+				return nil, err
+			}
+			gs = append(gs, bg)
+		}
+	}
+	return gs, nil
+}
+
+// multiPart is what one transaction of TryAcquireAll created: a key for each
+// of reqs, at revision rev.
+type multiPart struct {
+	reqs  []backend.AcquireRequest
+	names []string // each request's lock name + "/"
+	keys  []string // each request's holder key
+	lss   []*lease // each key's lease
+	rev   int64    // the transaction's revision: every key's create revision
+}
+
+// createAll creates the holder keys of reqs (at most maxTxnKeys) in one
+// transaction, only if none of their locks is held: all of them, or none and
+// an error (wrapping backend.ErrHeld if a lock is held, ctx.Err() if ctx
+// ended). total is the number of keys the caller takes, for its errors.
+func (d *Driver) createAll(ctx context.Context, reqs []backend.AcquireRequest, total int) (*multiPart, error) {
+	p := &multiPart{
+		reqs:  reqs,
+		names: make([]string, len(reqs)),
+		keys:  make([]string, len(reqs)),
+		lss:   make([]*lease, len(reqs)),
+	}
+	undo := func() { // nothing was created: give the leases back
+		for i, ls := range p.lss {
 			if ls == nil {
 				continue
 			}
-			switch {
-			case created:
-				d.unkey(ls, names[i], keys[i], rev) // detaches once the key is gone
-				continue
-			case ls.shared == nil:
+			if ls.shared == nil {
 				d.putLease(ls)
 			}
-			d.detach(ls, names[i])
+			d.detach(ls, p.names[i])
 		}
 	}
 	cmps := make([]clientv3.Cmp, 0, len(reqs))
 	puts := make([]clientv3.Op, len(reqs))
 	for i, r := range reqs {
-		names[i] = LockName(d.prefix, r.Key) + "/"
-		ls, err := d.takeLease(ctx, r.TTL, names[i])
+		p.names[i] = LockName(d.prefix, r.Key) + "/"
+		ls, err := d.takeLease(ctx, r.TTL, p.names[i])
 		if err != nil {
-			undo(false, 0)
+			undo()
 			return nil, err
 		}
-		lss[i] = ls
-		keys[i] = holdKey(names[i], false, ls.id)
-		cmps = append(cmps, freeFor(names[i], false)...)
-		puts[i] = clientv3.OpPut(keys[i], holderValue(r.Owner, r.Label), clientv3.WithLease(ls.id))
+		p.lss[i] = ls
+		p.keys[i] = holdKey(p.names[i], false, ls.id)
+		cmps = append(cmps, freeFor(p.names[i], false)...)
+		puts[i] = clientv3.OpPut(p.keys[i], holderValue(r.Owner, r.Label), clientv3.WithLease(ls.id))
 	}
 	// As in enqueue: the request that may create keys outlives ctx by up to
 	// cancelGrace (graceCtx), so that its answer says whether there are keys
@@ -67,43 +115,57 @@ func (d *Driver) TryAcquireAll(ctx context.Context, reqs []backend.AcquireReques
 	switch {
 	case err != nil:
 		if isLeaseNotFound(err) {
-			for _, ls := range lss {
+			for _, ls := range p.lss {
 				d.leaseGone(ls)
 			}
-			undo(false, 0)
-			return nil, fmt.Errorf("acquire %d keys: %w", len(reqs), err)
+			undo()
+			return nil, fmt.Errorf("acquire %d keys: %w", total, err)
 		}
-		for _, ls := range lss {
+		for _, ls := range p.lss {
 			d.retire(ls)
 		}
-		for i, ls := range lss {
-			d.unkey(ls, names[i], keys[i], 0)
+		for i, ls := range p.lss {
+			d.unkey(ls, p.names[i], p.keys[i], 0)
 		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, fmt.Errorf("acquire %d keys: %w", len(reqs), err)
-	case ctx.Err() != nil:
-		undo(resp.Succeeded, resp.Header.Revision)
-		return nil, ctx.Err()
+		return nil, fmt.Errorf("acquire %d keys: %w", total, err)
 	case !resp.Succeeded:
-		undo(false, 0)
-		return nil, fmt.Errorf("one of %d keys is held: %w", len(reqs), backend.ErrHeld)
-	}
-	gs := make([]*backend.Grant, len(reqs))
-	for i, r := range reqs {
-		g := &grant{key: keys[i], name: names[i], rev: resp.Header.Revision, ls: lss[i]}
-		bg, err := d.granted(r, g)
-		if err != nil {
-			for j := i + 1; j < len(reqs); j++ {
-				d.unkey(lss[j], names[j], keys[j], resp.Header.Revision)
-			}
-			for _, prev := range gs[:i] {
-				_ = d.Release(context.Background(), prev)
-			}
-			return nil, err
+		undo()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
 		}
-		gs[i] = bg
+		return nil, fmt.Errorf("one of %d keys is held: %w", total, backend.ErrHeld)
 	}
-	return gs, nil
+	p.rev = resp.Header.Revision
+	if ctx.Err() != nil {
+		d.dropPart(p)
+		return nil, ctx.Err()
+	}
+	return p, nil
+}
+
+// dropPart deletes the keys p created, none of them granted: in one
+// transaction of plain deletes (as Release, a key's name ends with its
+// lease's ID: nobody else makes it), or, if that fails, one at a time by
+// unkey, which retries in the background.
+func (d *Driver) dropPart(p *multiPart) {
+	dels := make([]clientv3.Op, len(p.keys))
+	for i, k := range p.keys {
+		dels[i] = clientv3.OpDelete(k)
+	}
+	ctx, cancel := d.reqCtx(d.bg)
+	_, err := d.cli.Txn(ctx).Then(dels...).Commit()
+	cancel()
+	for i, ls := range p.lss {
+		switch {
+		case err != nil:
+			d.unkey(ls, p.names[i], p.keys[i], p.rev) // detaches once the key is gone
+		case ls.shared == nil:
+			d.putLease(ls)
+		default:
+			d.detach(ls, p.names[i])
+		}
+	}
 }
