@@ -9,12 +9,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	gomysql "github.com/go-sql-driver/mysql"
 
 	"github.com/dlock-go/dlock/backend"
-	"github.com/dlock-go/dlock/internal/sockstate"
 )
 
 // statements are the driver's SQL, for one fence table.
@@ -63,10 +63,12 @@ func newStatements(table string) statements {
 }
 
 // connState is what the driver knows of one of the pool's connections: its
-// session's id, and the wait_timeout it set (0: the server's default).
+// session's id, the wait_timeout it set (0: the server's default), and the
+// socket it was dialed over (nil unless the driver dialed it).
 type connState struct {
 	id          int64
 	waitTimeout int
+	sock        *sock
 }
 
 // held is a grant's Data: the connection pinned to the lease.
@@ -76,7 +78,7 @@ type held struct {
 	name   string
 	onLost func(error) // AcquireRequest.OnLost
 
-	mu       sync.Mutex // one statement at a time; the watcher's check
+	mu       sync.Mutex // one statement at a time
 	released bool
 }
 
@@ -196,7 +198,7 @@ func (d *Driver) grant(ctx context.Context, req backend.AcquireRequest, conn *sq
 	d.heldMu.Lock()
 	d.held[h] = struct{}{}
 	d.heldMu.Unlock()
-	if d.reg != nil && sockstate.Supported && req.OnLost != nil {
+	if cs.sock != nil && req.OnLost != nil {
 		d.watch(h)
 	}
 	return &backend.Grant{
@@ -244,6 +246,9 @@ func (d *Driver) prepare(ctx context.Context, conn *sql.Conn, secs int) (*connSt
 		cs = &connState{}
 		if err := conn.QueryRowContext(ctx, "SELECT CONNECTION_ID()").Scan(&cs.id); err != nil {
 			return nil, fmt.Errorf("read the session id: %w", err)
+		}
+		if d.reg != nil {
+			cs.sock = d.reg.sock(key)
 		}
 		d.mu.Lock()
 		if len(d.conns) > 4*max(d.db.Stats().MaxOpenConnections, 256) {
@@ -389,6 +394,9 @@ func (d *Driver) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duratio
 	defer cancel()
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if f := refreshHook.Load(); f != nil {
+		(*f)(h.name)
+	}
 	if h.released {
 		return 0, fmt.Errorf("%w: released", backend.ErrNotHeld)
 	}
@@ -407,6 +415,10 @@ func (d *Driver) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duratio
 	}
 	return ttl - backend.DriftAllowance(ttl), nil
 }
+
+// refreshHook, if set, is called by Refresh with the lease's lock name while
+// it holds the lease's mutex, before its statements (tests).
+var refreshHook atomic.Pointer[func(name string)]
 
 // statementCtx is ctx without its cancel but with its deadline, or
 // cleanupTimeout when it has none.

@@ -288,7 +288,7 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: DSN: %w", dlock.ErrInvalidOption, backend.RedactError(err, u))
 	}
-	db := sql.OpenDB(conn)
+	db := sql.OpenDB(connector{Connector: conn, r: reg})
 	db.SetMaxOpenConns(maxConns)
 	db.SetMaxIdleConns(maxConns)
 	d, err := newDriver(ctx, db, &o, reg)

@@ -5,9 +5,11 @@ package mysql
 
 import (
 	"context"
+	"database/sql/driver"
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/dlock-go/dlock/backend"
@@ -19,15 +21,42 @@ import (
 // connection cut) ends within about this long, without a renewal.
 const lossPoll = 50 * time.Millisecond
 
-// registry holds the connections a driver opened from a DSN dialed, by the
-// id of the session the server announced in its greeting (the low 32 bits
-// of CONNECTION_ID()).
+// registry pairs each connection of a pool the driver opened with the socket
+// it was dialed over, by the driver connection (what sql.Conn.Raw gives), so
+// that a lease watches its own socket: never one found by session id, which
+// a restarted server gives out again, and another server does on its own.
 type registry struct {
 	mu    sync.Mutex
-	conns map[uint32]*net.TCPConn
+	socks map[any]*sock // by driver.Conn
 }
 
-func newRegistry() *registry { return &registry{conns: make(map[uint32]*net.TCPConn)} }
+func newRegistry() *registry { return &registry{socks: make(map[any]*sock)} }
+
+// sock is a socket the driver dialed for its pool.
+type sock struct {
+	*net.TCPConn
+	r      *registry
+	closed atomic.Bool // go-sql-driver closed it
+	dc     any         // its driver connection, once Connect returned (under r.mu)
+}
+
+// Close may come from another goroutine than the connection's reader
+// (go-sql-driver closes a connection whose ctx was cancelled).
+func (s *sock) Close() error {
+	s.r.mu.Lock()
+	s.closed.Store(true)
+	if s.dc != nil {
+		delete(s.r.socks, s.dc)
+	}
+	s.r.mu.Unlock()
+	return s.TCPConn.Close()
+}
+
+// dialSlot carries the socket dial made from Connect's call to the inner
+// connector (in its ctx) back to Connect.
+type dialSlot struct{ s *sock }
+
+type dialSlotKey struct{}
 
 // dial is the go-sql-driver/mysql DialFunc of the pools the driver opens.
 func (r *registry) dial(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -37,74 +66,42 @@ func (r *registry) dial(ctx context.Context, network, addr string) (net.Conn, er
 		return nil, err
 	}
 	tcp, ok := c.(*net.TCPConn)
-	if !ok {
+	slot, _ := ctx.Value(dialSlotKey{}).(*dialSlot)
+	if !ok || slot == nil {
 		return c, nil
 	}
-	return &greetConn{TCPConn: tcp, r: r}, nil
+	slot.s = &sock{TCPConn: tcp, r: r}
+	return slot.s, nil
 }
 
-func (r *registry) get(id int64) *net.TCPConn {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.conns[uint32(id)]
+// connector is the driver.Connector of the pools the driver opens: it
+// registers each connection with the socket dial made for it.
+type connector struct {
+	driver.Connector
+	r *registry
 }
 
-// greetConn is a connection that reads the session id from the server's
-// greeting (the first packet: a 4-byte header, the protocol version, the
-// server version ending in NUL, then the id, 4 bytes little-endian) and
-// passes every byte through.
-type greetConn struct {
-	*net.TCPConn
-	r    *registry
-	head []byte // the greeting so far; nil once read (Read's goroutine)
-	done bool   // (Read's goroutine)
-	id   uint32 // the session's id, 0 until read (under r.mu)
-}
-
-func (c *greetConn) Read(p []byte) (int, error) {
-	n, err := c.TCPConn.Read(p)
-	if !c.done && n > 0 {
-		c.head = append(c.head, p[:n]...)
-		c.parse()
+func (c connector) Connect(ctx context.Context) (driver.Conn, error) {
+	slot := new(dialSlot)
+	dc, err := c.Connector.Connect(context.WithValue(ctx, dialSlotKey{}, slot))
+	if err != nil || slot.s == nil {
+		return dc, err
 	}
-	return n, err
-}
-
-func (c *greetConn) parse() {
-	b := c.head
-	if len(b) < 5 {
-		return
-	}
-	for i := 5; i < len(b); i++ {
-		if b[i] != 0 {
-			continue
-		}
-		if len(b) < i+5 {
-			return
-		}
-		id := uint32(b[i+1]) | uint32(b[i+2])<<8 | uint32(b[i+3])<<16 | uint32(b[i+4])<<24
-		c.done, c.head = true, nil
-		c.r.mu.Lock()
-		c.id = id
-		c.r.conns[id] = c.TCPConn
-		c.r.mu.Unlock()
-		return
-	}
-	if len(b) > 512 { // not a greeting this driver knows: give up
-		c.done, c.head = true, nil
-	}
-}
-
-// Close may come from another goroutine than Read's (go-sql-driver closes a
-// connection whose ctx was cancelled): id is shared under the registry's
-// lock.
-func (c *greetConn) Close() error {
 	c.r.mu.Lock()
-	if c.id != 0 && c.r.conns[c.id] == c.TCPConn {
-		delete(c.r.conns, c.id)
+	if !slot.s.closed.Load() {
+		slot.s.dc = dc
+		c.r.socks[dc] = slot.s
 	}
 	c.r.mu.Unlock()
-	return c.TCPConn.Close()
+	return dc, nil
+}
+
+// sock returns the socket of the driver connection dc (from sql.Conn.Raw),
+// nil if the registry does not know it.
+func (r *registry) sock(dc any) *sock {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.socks[dc]
 }
 
 // watcher follows the connections of the held leases, for a driver that
@@ -136,12 +133,19 @@ func (d *Driver) watch(h *held) {
 	}
 }
 
-// unwatch stops following h's connection.
-func (d *Driver) unwatch(h *held) {
+// unwatch stops following h's connection, and reports whether it followed
+// it.
+func (d *Driver) unwatch(h *held) bool {
 	d.watcher.mu.Lock()
+	defer d.watcher.mu.Unlock()
+	_, ok := d.watcher.leases[h]
 	delete(d.watcher.leases, h)
-	d.watcher.mu.Unlock()
+	return ok
 }
+
+// watchHook, if set, is called at the start of each round of a watcher
+// (tests).
+var watchHook atomic.Pointer[func()]
 
 func (d *Driver) watchLoop() {
 	t := time.NewTicker(lossPoll)
@@ -154,6 +158,9 @@ func (d *Driver) watchLoop() {
 			d.watcher.mu.Unlock()
 			return
 		case <-t.C:
+		}
+		if f := watchHook.Load(); f != nil {
+			(*f)()
 		}
 		w := &d.watcher
 		w.mu.Lock()
@@ -168,8 +175,8 @@ func (d *Driver) watchLoop() {
 		}
 		w.mu.Unlock()
 		for _, h := range hs {
-			if cause := d.check(h); cause != nil {
-				d.unwatch(h)
+			// Not for a lease whose Release began since the snapshot.
+			if cause := check(h); cause != nil && d.unwatch(h) {
 				h.onLost(cause)
 			}
 		}
@@ -177,18 +184,14 @@ func (d *Driver) watchLoop() {
 }
 
 // check returns why h's session has ended, or nil if it has not, as far as
-// its connection tells.
-func (d *Driver) check(h *held) error {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.released {
-		return nil
-	}
-	c := d.reg.get(h.cs.id)
-	if c == nil {
+// its socket tells. It reads only the socket's state and takes no lock of
+// h's: a renewal stuck in its statement holds h.mu, and delays no check.
+func check(h *held) error {
+	s := h.cs.sock
+	if s.closed.Load() {
 		return fmt.Errorf("%w: the connection of the lock's session %d was closed", backend.ErrNotHeld, h.cs.id)
 	}
-	closed, err := sockstate.PeerClosed(c)
+	closed, err := sockstate.PeerClosed(s.TCPConn)
 	if err != nil || !closed {
 		return nil
 	}
