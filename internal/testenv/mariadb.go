@@ -28,8 +28,8 @@ type MariaDB struct {
 // package mariadb-server; the test is skipped, or fails under CI=true, when
 // it is missing):
 //
-//	mariadb-install-db --no-defaults --datadir=D/data --auth-root-authentication-method=normal --skip-test-db
-//	mariadbd --no-defaults --datadir=D/data --port=P --bind-address=127.0.0.1 --socket=D/sock
+//	mariadb-install-db --no-defaults --datadir=D/data --tmpdir=D/tmp --auth-root-authentication-method=normal --skip-test-db
+//	mariadbd --no-defaults --datadir=D/data --tmpdir=D/tmp --port=P --bind-address=127.0.0.1 --socket=D/sock
 //	         --skip-log-bin --skip-name-resolve --innodb-buffer-pool-size=64M
 //
 // root connects over TCP from 127.0.0.1 without a password. Commits are
@@ -43,7 +43,11 @@ func StartMariaDB(t testing.TB) *MariaDB {
 	install := Binary(t, "mariadb-install-db", "mariadb-server")
 	dir := t.TempDir()
 	dataDir := filepath.Join(dir, "data")
-	args := []string{"--no-defaults", "--datadir=" + dataDir, "--auth-root-authentication-method=normal", "--skip-test-db"}
+	tmpDir := filepath.Join(dir, "tmp") // not /tmp: servers starting at once clash on temporary table names
+	if err := os.Mkdir(tmpDir, 0o755); err != nil {
+		t.Fatalf("testenv: %v", err)
+	}
+	args := []string{"--no-defaults", "--datadir=" + dataDir, "--tmpdir=" + tmpDir, "--auth-root-authentication-method=normal", "--skip-test-db"}
 	if os.Geteuid() == 0 {
 		args = append(args, "--user=root")
 	}
@@ -54,7 +58,7 @@ func StartMariaDB(t testing.TB) *MariaDB {
 	}
 	return startRetrying(t, "StartMariaDB", func() (*MariaDB, error) {
 		port := FreePort(t)
-		argv := []string{"--no-defaults", "--datadir=" + dataDir, "--port=" + strconv.Itoa(port),
+		argv := []string{"--no-defaults", "--datadir=" + dataDir, "--tmpdir=" + tmpDir, "--port=" + strconv.Itoa(port),
 			"--bind-address=127.0.0.1", "--socket=" + filepath.Join(dir, "sock"),
 			"--pid-file=" + filepath.Join(dir, "mariadbd.pid"), "--log-error=" + filepath.Join(dir, "err.log"),
 			"--skip-log-bin", "--skip-name-resolve", "--innodb-buffer-pool-size=64M", "--max-connections=500"}
