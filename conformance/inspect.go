@@ -171,10 +171,10 @@ func (s *suite) testBreak(t *testing.T) {
 }
 
 // testRelabel: SetLabel changes the label Inspect reports (from another
-// client) while the lease stays held, renewals racing it included, and a
-// Watch of the key hears the change; Refresh and Release still work after
-// it; a label that cannot be stored is refused; a broken (lost) or released
-// lease's SetLabel says so.
+// client) while the lease stays held, renewals racing it included; setting
+// the label it has keeps the lease; a Watch of the key hears the change;
+// Refresh and Release still work after it; a label that cannot be stored is
+// refused; a broken (lost) or released lease's SetLabel says so.
 func (s *suite) testRelabel(t *testing.T) {
 	ctx := s.ctx(t)
 	holder, viewer := s.locker(t), s.locker(t)
@@ -204,6 +204,16 @@ func (s *suite) testRelabel(t *testing.T) {
 		if s.fences() && info.Token != 0 && info.Token != uint64(lease.Token()) {
 			t.Fatalf("Inspect after SetLabel: token %d, want the holder's %d", info.Token, lease.Token())
 		}
+	}
+	readLabel("after")
+
+	// Setting the label it already has changes nothing and keeps the lease
+	// (election's Proclaim of the current value).
+	if err := lease.SetLabel(ctx, "after"); err != nil {
+		t.Fatalf("SetLabel to the label the lease already has: %v", err)
+	}
+	if err := lease.Err(); err != nil {
+		t.Fatalf("after SetLabel to the same label the lease ended: %v", err)
 	}
 	readLabel("after")
 

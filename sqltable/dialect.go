@@ -25,7 +25,10 @@ type dialect struct {
 	// release: $1 key, $2 owner. One row affected if freed. The token stays.
 	release string
 	// relabel: $1 key, $2 owner, $3 label. One row affected if changed.
-	relabel string
+	// heldBy, where affected rows count only changed rows (MySQL): $1 key,
+	// $2 owner; a row if the owner holds the key (a relabel to the label
+	// the row has affects none).
+	relabel, heldBy string
 	// inspect: $1 key; list: $1 a LIKE pattern (escape \). Rows of held locks:
 	// key, owner, label, token, granted_at, remaining TTL in µs.
 	inspect, list string
@@ -109,6 +112,7 @@ func mysqlDialect(table string) *dialect {
 		refresh:    r.Replace("UPDATE {t} SET expires_at = NOW(6) + INTERVAL ? MICROSECOND WHERE `key` = ? AND owner = ? AND expires_at > NOW(6)"),
 		release:    r.Replace("UPDATE {t} SET owner = '', label = '', expires_at = '1000-01-01' WHERE `key` = ? AND owner = ? AND owner <> ''"),
 		relabel:    r.Replace("UPDATE {t} SET label = ? WHERE `key` = ? AND owner = ? AND expires_at > NOW(6)"),
+		heldBy:     r.Replace("SELECT 1 FROM {t} WHERE `key` = ? AND owner = ? AND expires_at > NOW(6)"),
 		inspect:    r.Replace("SELECT " + cols + " FROM {t} WHERE `key` = ? AND owner <> '' AND expires_at > NOW(6)"),
 		list:       r.Replace("SELECT " + cols + " FROM {t} WHERE `key` LIKE ? AND owner <> '' AND expires_at > NOW(6) ORDER BY `key`"),
 		// MySQL's placeholders are positional: the arguments in statement

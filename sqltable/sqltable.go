@@ -437,7 +437,7 @@ func (d *Driver) Release(ctx context.Context, g *backend.Grant) error {
 }
 
 // Relabel implements backend.Relabeler: it sets the row's label if g's owner
-// holds it and it has not expired.
+// holds it and it has not expired; setting the label the row has succeeds.
 func (d *Driver) Relabel(ctx context.Context, g *backend.Grant, label string) error {
 	if d.closed.Load() {
 		return errClosed
@@ -452,10 +452,20 @@ func (d *Driver) Relabel(ctx context.Context, g *backend.Grant, label string) er
 	}
 	if n, err := res.RowsAffected(); err != nil {
 		return fmt.Errorf("relabel: %w", err)
-	} else if n == 0 {
-		return fmt.Errorf("%w: the row is another owner's, or expired", backend.ErrNotHeld)
+	} else if n == 1 {
+		return nil
 	}
-	return nil
+	if d.d.heldBy != "" { // the label may have been the same
+		var one int
+		err := d.db.QueryRowContext(ctx, d.d.heldBy, g.Key, g.Owner).Scan(&one)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("relabel: %w", err)
+		}
+	}
+	return fmt.Errorf("%w: the row is another owner's, or expired", backend.ErrNotHeld)
 }
 
 // Inspect implements backend.Inspector: the row, if it is held and not
