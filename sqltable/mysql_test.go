@@ -53,7 +53,7 @@ func (h *mysqlHarness) Expire(t testing.TB, key string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	res, err := h.db(t).ExecContext(ctx, "UPDATE "+sqltable.DefaultTable+" SET expires_at = NOW(6) - INTERVAL 1 SECOND WHERE `key` = ? AND owner <> '' AND expires_at > NOW(6)", key)
+	res, err := h.db(t).ExecContext(ctx, "UPDATE "+sqltable.DefaultTable+" SET expires_utc = UTC_TIMESTAMP(6) - INTERVAL 1 SECOND WHERE `key` = ? AND owner <> '' AND expires_utc > UTC_TIMESTAMP(6)", key)
 	if err != nil {
 		t.Fatalf("Expire(%q): %v", key, err)
 	}

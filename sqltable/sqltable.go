@@ -48,6 +48,13 @@ var errClosed = fmt.Errorf("sqltable driver: %w", backend.ErrClosed)
 // a crash, and tokens would go backwards.
 var ErrAsyncCommit = errors.New("sqltable: commits are not durable")
 
+// ErrTableFormat is returned by NewDriver (and Open) when the lock table's
+// time columns are not what the driver needs: a PostgreSQL table whose times
+// are not timestamptz, or a MySQL table of an older dlock (times in the
+// session's time zone) that cannot be upgraded while an older client may
+// hold one of its rows. The error says what to do.
+var ErrTableFormat = errors.New("sqltable: the lock table's format does not fit")
+
 func init() {
 	backend.Register("pgtable", openPG)
 }
@@ -113,8 +120,10 @@ const (
 )
 
 // NewDriver returns a table lock over db, whose SQL dialect is dialect
-// (PostgreSQL). opts may be nil for the defaults. It creates the table if it
-// is missing, bounded by ctx. The caller keeps db: Close does not close it.
+// (PostgreSQL or MySQL). opts may be nil for the defaults. It creates the
+// table if it is missing and checks its time columns (ErrTableFormat),
+// upgrading a MySQL table of an older version where that is safe, bounded
+// by ctx. The caller keeps db: Close does not close it.
 func NewDriver(ctx context.Context, db *sql.DB, dialectName string, opts *Options) (*Driver, error) {
 	return newDriver(ctx, db, dialectName, opts, false)
 }
@@ -148,6 +157,9 @@ func newDriver(ctx context.Context, db *sql.DB, dialectName string, opts *Option
 	if commit == "off" {
 		return nil, fmt.Errorf("%w: the server commits asynchronously (%s): a crash could lose a grant "+
 			"and its token, and tokens would go backwards", ErrAsyncCommit, d.asyncAdvice)
+	}
+	if err := d.checkTable(ctx, db, o.Table); err != nil {
+		return nil, err
 	}
 	return &Driver{db: db, owned: owned, opts: o, d: d, quit: make(chan struct{})}, nil
 }
@@ -503,11 +515,12 @@ func (d *Driver) query(ctx context.Context, stmt string, arg any) ([]backend.Loc
 	var out []backend.LockInfo
 	for rows.Next() {
 		var info backend.LockInfo
-		var leftUS int64
-		if err := rows.Scan(&info.Key, &info.Owner, &info.Label, &info.Token, &info.Granted, &leftUS); err != nil {
+		var grantedUS, leftUS int64
+		if err := rows.Scan(&info.Key, &info.Owner, &info.Label, &info.Token, &grantedUS, &leftUS); err != nil {
 			return nil, fmt.Errorf("read %s: %w", d.opts.Table, err)
 		}
 		info.Held, info.Waiters = true, -1
+		info.Granted = time.UnixMicro(grantedUS)
 		info.Expires = time.Now().Add(time.Duration(leftUS) * time.Microsecond)
 		out = append(out, info)
 	}
