@@ -51,6 +51,13 @@ var (
 	// exclusive hold) is a nested hold of the exclusive lease.
 	ErrUpgrade = errors.New("an exclusive acquire under a shared hold of the same key would wait for itself")
 
+	// ErrLockOrder means AcquireAll was asked, with WithReentrant, for a set
+	// of which ctx already holds a key that sorts above a key still to take:
+	// waiting for that key out of order could deadlock with another
+	// AcquireAll of the same keys. Nothing was taken. Take the held key in
+	// the same AcquireAll as the rest, or use TryAcquireAll.
+	ErrLockOrder = errors.New("keys taken out of sorted order")
+
 	// ErrSizeMismatch means a counted acquire (WithPermits) found a holder
 	// of the semaphore that uses another number of permits; nothing was
 	// granted. It is backend.ErrSizeMismatch, which drivers wrap, and

@@ -44,7 +44,11 @@ type LeaseSet struct {
 //
 // opts apply to every key. keys must not be empty or name a key twice (an
 // error matching ErrInvalidKey). With WithReentrant, keys that ctx already
-// holds on l are nested holds.
+// holds on l are nested holds, and if one of them sorts above a key of the
+// set that ctx does not hold, AcquireAll takes nothing and returns an error
+// matching ErrLockOrder and ErrNotAcquired: it would wait for the lower key
+// while holding the higher one. Keys held outside the set are the caller's
+// to order, as for Acquire.
 func AcquireAll(ctx context.Context, l Locker, keys []string, opts ...Option) (*LeaseSet, error) {
 	return acquireAll(ctx, l, keys, true, opts)
 }
@@ -60,6 +64,11 @@ func acquireAll(ctx context.Context, l Locker, keys []string, wait bool, opts []
 	sorted, err := sortedKeys(keys)
 	if err != nil {
 		return nil, err
+	}
+	if lk, ok := l.(*locker); ok && wait {
+		if err := lk.lockOrder(ctx, sorted, opts); err != nil {
+			return nil, err
+		}
 	}
 	if len(sorted) > 1 {
 		err := errNoAtomic
@@ -249,6 +258,29 @@ func (l *locker) tryAll(ctx context.Context, sorted []string, opts []Option) ([]
 		leases = append(leases, lease)
 	}
 	return leases, nil
+}
+
+// lockOrder returns an error matching ErrLockOrder if the acquires of
+// sorted with opts are re-entrant and ctx holds, on l, a key of sorted that
+// sorts above one it does not hold.
+func (l *locker) lockOrder(ctx context.Context, sorted []string, opts []Option) error {
+	s, err := l.settingsFor(opts)
+	if err != nil || !s.reentrant || s.permits > 0 {
+		return nil // a bad option is reported by the acquire
+	}
+	free := ""
+	for _, k := range sorted {
+		held := enclosing(ctx, l, k)
+		switch {
+		case held == nil || held.Err() != nil:
+			if free == "" {
+				free = k
+			}
+		case free != "":
+			return l.errorf("acquire-all", k, withKind(ErrNotAcquired, fmt.Errorf("%w: ctx holds %q and would wait for %q, which sorts below it (a deadlock with another AcquireAll of both)", ErrLockOrder, k, free)))
+		}
+	}
+	return nil
 }
 
 // sortedKeys returns keys sorted, or an error if it is empty or has a
