@@ -137,8 +137,11 @@ func Break(ctx context.Context, l Locker, key string) (LockInfo, error) {
 // goroutine, until ctx ends or l is closed; it returns once the watch is in
 // place. Calls may be spurious; a grant right after a release may be
 // reported only as the release, so read the state again shortly after a
-// call that finds nobody holding the lock. Where the backend cannot push
-// changes (PostgreSQL, Redlock), it returns an error matching
+// call that finds nobody holding the lock. Some changes are not pushed: an
+// expiry on Redis and Redlock, and on PostgreSQL anything but the grants,
+// relabels and releases of leases taken WithAnnounce and its own breaks;
+// read again where that matters. Where the backend cannot push changes at
+// all (MySQL, the table locks), it returns an error matching
 // errors.ErrUnsupported: poll Inspect instead.
 func Watch(ctx context.Context, l Locker, key string, changed func()) error {
 	w, ok := l.(Watcher)
