@@ -329,7 +329,9 @@ func (m *RWMutex) lock(ctx context.Context, wait bool) (*Hold, error) {
 }
 
 // RLock waits for a read hold or until ctx ends (the error then matches
-// dlock.ErrNotAcquired and ctx's error, and nothing is left behind).
+// dlock.ErrNotAcquired and ctx's error, and nothing is left behind). It
+// rides out what a Locker's Acquire rides out (a link cut, a server
+// restarting).
 func (m *RWMutex) RLock(ctx context.Context) (*Hold, error) {
 	h, err := m.rlock(ctx, true)
 	if err != nil {
@@ -360,35 +362,44 @@ func (m *RWMutex) rlock(ctx context.Context, wait bool) (*Hold, error) {
 		}
 		return newHold(m, false, r.Token(), r.Granted(), r, nil), nil
 	}
-	w, err := m.take(ctx, wait, m.opts)
-	if err != nil {
-		return nil, err
+	for {
+		w, err := m.take(ctx, wait, m.opts)
+		if err != nil {
+			return nil, err
+		}
+		var p *semaphore.Permit
+		if wait {
+			p, err = m.readers.Acquire(ctx)
+		} else {
+			p, err = m.readers.TryAcquire(ctx)
+		}
+		var lost error
+		if err == nil && w.Err() != nil {
+			// The write lock ended before the slot was granted: a writer may
+			// already have found this slot free.
+			lost = fmt.Errorf("%w: the write lock was lost while taking a read slot: %w", dlock.ErrNotAcquired, w.Err())
+			_ = p.Release(context.WithoutCancel(ctx))
+		}
+		// Passed through: give the write lock back, whatever ctx has become
+		// (Release bounds a ctx without deadline by the release timeout).
+		_ = w.Release(context.WithoutCancel(ctx))
+		if err == nil && lost == nil && p.Err() != nil {
+			// Giving the write lock back (a round trip, longer under load) may
+			// have outlasted the read slot: never hand out a read hold that is
+			// already lost, whose slot a writer may hold by now.
+			lost = fmt.Errorf("%w: the read slot was lost while the write lock was given back: %w", dlock.ErrNotAcquired, p.Err())
+		}
+		switch {
+		case err != nil:
+			return nil, err
+		case lost == nil:
+			return newHold(m, false, w.Token(), p.Lease().Granted(), p.Lease(), nil), nil
+		case !wait:
+			return nil, lost
+		}
+		// A waiting RLock whose write lock or slot was lost (a session that
+		// ended with a cut link, a renewal that failed) passes through again.
 	}
-	var p *semaphore.Permit
-	if wait {
-		p, err = m.readers.Acquire(ctx)
-	} else {
-		p, err = m.readers.TryAcquire(ctx)
-	}
-	if err == nil && w.Err() != nil {
-		// The write lock ended before the slot was granted: a writer may
-		// already have found this slot free.
-		err = fmt.Errorf("%w: the write lock was lost while taking a read slot: %w", dlock.ErrNotAcquired, w.Err())
-		_ = p.Release(context.WithoutCancel(ctx))
-	}
-	// Passed through: give the write lock back, whatever ctx has become
-	// (Release bounds a ctx without deadline by the release timeout).
-	_ = w.Release(context.WithoutCancel(ctx))
-	if err == nil && p.Err() != nil {
-		// Giving the write lock back (a round trip, longer under load) may
-		// have outlasted the read slot: never hand out a read hold that is
-		// already lost, whose slot a writer may hold by now.
-		err = fmt.Errorf("%w: the read slot was lost while the write lock was given back: %w", dlock.ErrNotAcquired, p.Err())
-	}
-	if err != nil {
-		return nil, err
-	}
-	return newHold(m, false, w.Token(), p.Lease().Granted(), p.Lease(), nil), nil
 }
 
 // take acquires WriteKey with opts (m.opts: exclusively; m.shared:

@@ -24,8 +24,11 @@
 // queue in the backend's order: FIFO where the backend's locks are), and the
 // waiter at the head watches the slots (dlock.Watch; pushed where the backend
 // pushes) and reads them again every poll interval, which catches what a
-// backend does not push, such as an expiry. TryAcquire makes one attempt at
-// each slot and does not queue.
+// backend does not push, such as an expiry. The head keeps what it gathers
+// only while it holds the queue lock: if that lease is lost, it gives back
+// what it gathered and queues again. A waiting Acquire rides out what
+// dlock's Acquire rides out (a link cut, a server restarting). TryAcquire
+// makes one attempt at each slot and does not queue.
 //
 // Where the backend has a counted semaphore of its own that dlock drives
 // (dlock.Capabilities().Counted: ZooKeeper, in the layout of Apache
@@ -265,7 +268,9 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (*Permit, error) {
 
 // Acquire waits until a permit is granted or ctx ends; then the error
 // matches dlock.ErrNotAcquired and ctx's error, and nothing is left behind.
-// ctx bounds the wait only, never the permit's life.
+// It rides out what a Locker's Acquire rides out (a link cut, a server
+// restarting) and returns what it returns. ctx bounds the wait only, never
+// the permit's life.
 func (s *Semaphore) Acquire(ctx context.Context) (*Permit, error) {
 	ps, err := s.AcquireN(ctx, 1)
 	if err != nil {
@@ -290,9 +295,10 @@ func (s *Semaphore) TryAcquireN(ctx context.Context, k int) ([]*Permit, error) {
 
 // AcquireN waits until it holds k permits (1 ≤ k ≤ n), in slot order, or
 // ctx ends (the error then matches dlock.ErrNotAcquired and ctx's error,
-// and it gives back what it took). Only the waiter at the head of the queue
-// keeps the permits it gathers while it waits for the rest, so two callers
-// of AcquireN never hold part of what the other needs.
+// and it gives back what it took), riding out what Acquire rides out. Only
+// the waiter at the head of the queue, while it holds the queue lock, keeps
+// the permits it gathers while it waits for the rest, so two callers of
+// AcquireN do not hold part of what the other needs.
 func (s *Semaphore) AcquireN(ctx context.Context, k int) ([]*Permit, error) {
 	ps, err := s.acquire(ctx, k, true)
 	if err != nil {
@@ -313,7 +319,13 @@ func (s *Semaphore) acquire(ctx context.Context, k int, wait bool) (ps []*Permit
 			s.giveBack(ctx, held)
 		}
 	}()
-	if err := s.tryMore(ctx, held, k, nil); err != nil || len(held) == k {
+	err = s.tryMore(ctx, held, k, nil)
+	if wait && err != nil && ctx.Err() == nil && !permanent(err) {
+		// A try failed (a link cut, a server restarting): queue, below,
+		// where a waiting Acquire rides out what Acquire rides out.
+		err = nil
+	}
+	if err != nil || len(held) == k {
 		if ps, err := s.complete(ctx, held, err); !wait || !errors.Is(err, errLostInCheck) {
 			return ps, err
 		}
@@ -325,6 +337,9 @@ func (s *Semaphore) acquire(ctx context.Context, k int, wait bool) (ps []*Permit
 	for {
 		s.giveBack(ctx, held)
 		ps, err := s.waitQueued(ctx, held, k)
+		if errors.Is(err, errQueueLost) {
+			continue // give back what it gathered, and queue again
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -343,7 +358,9 @@ func (s *Semaphore) acquire(ctx context.Context, k int, wait bool) (ps []*Permit
 // gathers permits into held until it has k or ctx ends; it leaves the queue
 // before it returns. The queue's lock admits one waiter at a time to watch
 // the slots (and keep what it gathers); the others wait in the backend's
-// order.
+// order. If the queue lock is lost before it has k (broken, its session
+// ended), another waiter may be at the head and gathering: it returns
+// errQueueLost, and the caller gives back what it gathered and queues again.
 func (s *Semaphore) waitQueued(ctx context.Context, held map[int]*dlock.Lease, k int) ([]*Permit, error) {
 	q, err := s.l.Acquire(ctx, s.queueKey(), s.cfg.lease...)
 	if err != nil {
@@ -351,21 +368,64 @@ func (s *Semaphore) waitQueued(ctx context.Context, held map[int]*dlock.Lease, k
 	}
 	defer q.Release(context.WithoutCancel(ctx)) // bounded by the release timeout
 
-	if s.counted {
-		return s.waitCounted(ctx, held, k)
+	// qctx ends with ctx, or with the cause errQueueLost when q is lost.
+	qctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() { // owned by waitQueued: ends when qctx does, at its return at the latest
+		select {
+		case <-q.Done():
+			cancel(errQueueLost)
+		case <-qctx.Done():
+		}
+	}()
+	fail := func(err error) ([]*Permit, error) {
+		if ctx.Err() == nil && errors.Is(context.Cause(qctx), errQueueLost) {
+			return nil, fmt.Errorf("%w: %w", errQueueLost, q.Err())
+		}
+		return nil, err
 	}
-	changed, watched, stop := s.watch(ctx)
+
+	if s.counted {
+		ps, err := s.waitCounted(qctx, held, k)
+		if err != nil {
+			return fail(err)
+		}
+		return ps, nil
+	}
+	changed, set, unwatched, stop := s.watch(qctx)
 	defer stop()
+	watched := true
 	tick := time.NewTicker(s.cfg.poll)
 	defer tick.Stop()
 	var first *int
 	for next := rand.IntN(s.n); ; next = (next + 1) % s.n {
-		if err := s.tryMore(ctx, held, k, first); err != nil || len(held) == k {
+		err := s.tryMore(qctx, held, k, first)
+		if i, ok := ridable(err); ok && qctx.Err() == nil {
+			// A try failed (a link cut, a server restarting): a waiting
+			// Acquire of that slot, for at most an interval, rides out
+			// what Acquire rides out, and returns what it does not.
+			if err := s.waitOn(qctx, held, i); err != nil {
+				return fail(err)
+			}
+			first = nil
+			continue
+		}
+		if err != nil || len(held) == k {
 			ps, err := s.complete(ctx, held, err)
+			if err == nil {
+				return ps, nil
+			}
 			if !errors.Is(err, errLostInCheck) {
-				return ps, err
+				return fail(err)
 			}
 			s.giveBack(ctx, held) // and gather again
+		}
+		if watched {
+			select {
+			case <-unwatched:
+				watched = false
+			default:
+			}
 		}
 		if !watched {
 			// Wait on one slot not held yet, in the backend's own way, for
@@ -373,8 +433,8 @@ func (s *Semaphore) waitQueued(ctx context.Context, held map[int]*dlock.Lease, k
 			for held[next] != nil {
 				next = (next + 1) % s.n
 			}
-			if err := s.waitOn(ctx, held, next); err != nil {
-				return nil, err
+			if err := s.waitOn(qctx, held, next); err != nil {
+				return fail(err)
 			}
 			continue
 		}
@@ -383,11 +443,19 @@ func (s *Semaphore) waitQueued(ctx context.Context, held map[int]*dlock.Lease, k
 			first = &i // try the slot that changed first
 		case <-tick.C:
 			first = nil
-		case <-ctx.Done():
-			return nil, notAcquired(ctx)
+		case <-set:
+			set, first = nil, nil // read every slot: a change before the watches were in place went unreported
+		case <-unwatched:
+			watched, first = false, nil
+		case <-qctx.Done():
+			return fail(notAcquired(ctx))
 		}
 	}
 }
+
+// errQueueLost means the head waiter's queue lock was lost before it had
+// every permit it waits for.
+var errQueueLost = errors.New("the queue lock was lost")
 
 // waitCounted gathers permits into held, in the backend's own layout, until
 // it has k or ctx ends: one waiting counted acquire at a time, each queued
@@ -427,28 +495,38 @@ func (s *Semaphore) add(held map[int]*dlock.Lease, lease *dlock.Lease) error {
 }
 
 // watch watches every slot until stop is called, and sends a slot's index
-// on changed when it may have changed. watched is false where the backend
-// cannot watch (MySQL, the table lock) or the semaphore has more than
-// maxWatched slots: then nothing is sent.
-func (s *Semaphore) watch(ctx context.Context) (changed chan int, watched bool, stop func()) {
+// on changed when it may have changed. It sets the watches up in the
+// background, so the head waiter polls meanwhile (a link cut can hold a
+// setup up for long): it closes set once they are in place, or unwatched,
+// ending those already set up, if one cannot be (the backend cannot watch,
+// as the table lock) or the semaphore has more than maxWatched slots.
+func (s *Semaphore) watch(ctx context.Context) (changed chan int, set, unwatched <-chan struct{}, stop func()) {
 	changed = make(chan int, maxWatched)
+	ok, failed := make(chan struct{}), make(chan struct{})
 	if s.n > maxWatched {
-		return changed, false, func() {}
+		close(failed)
+		return changed, ok, failed, func() {}
 	}
-	wctx, stop := context.WithCancel(ctx)
-	for i := range s.n {
-		err := dlock.Watch(wctx, s.l, s.SlotKey(i), func() {
-			select {
-			case changed <- i:
-			default:
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { // owned by stop, which waits for it
+		defer close(done)
+		for i := range s.n {
+			err := dlock.Watch(wctx, s.l, s.SlotKey(i), func() {
+				select {
+				case changed <- i:
+				default:
+				}
+			})
+			if err != nil {
+				cancel() // end the watches already set up
+				close(failed)
+				return
 			}
-		})
-		if err != nil {
-			stop() // end the watches already set up
-			return changed, false, stop
 		}
-	}
-	return changed, true, stop
+		close(ok)
+	}()
+	return changed, ok, failed, func() { cancel(); <-done }
 }
 
 // waitOn waits up to the poll interval for slot i, and adds it to held if
@@ -512,7 +590,7 @@ func (s *Semaphore) tryMore(ctx context.Context, held map[int]*dlock.Lease, k in
 		switch {
 		case err == nil:
 		case !errors.Is(err, dlock.ErrNotAcquired):
-			return err
+			return &tryError{slot: i, err: err}
 		case ctx.Err() == nil:
 			continue
 		case errors.Is(err, ctx.Err()):
@@ -526,6 +604,36 @@ func (s *Semaphore) tryMore(ctx context.Context, held map[int]*dlock.Lease, k in
 		held[i] = lease
 	}
 	return nil
+}
+
+// tryError is the error of a try at one slot that failed (not one that
+// found the slot held).
+type tryError struct {
+	slot int
+	err  error
+}
+
+func (e *tryError) Error() string { return e.err.Error() }
+func (e *tryError) Unwrap() error { return e.err }
+
+// ridable reports whether err is a try's failure that a waiting acquire
+// rides out, unless a waiting Acquire of the slot says otherwise, and which
+// slot failed.
+func ridable(err error) (slot int, ok bool) {
+	var te *tryError
+	if !errors.As(err, &te) || permanent(err) {
+		return 0, false
+	}
+	return te.slot, true
+}
+
+// permanent reports whether err, from an acquire, is one that no wait can
+// change: the Locker closed, a bad key or option, a disagreement on n, an
+// operation the backend lacks.
+func permanent(err error) bool {
+	return errors.Is(err, dlock.ErrClosed) || errors.Is(err, dlock.ErrInvalidKey) ||
+		errors.Is(err, dlock.ErrInvalidOption) || errors.Is(err, dlock.ErrSizeMismatch) ||
+		errors.Is(err, errors.ErrUnsupported)
 }
 
 // complete makes the leases in held permits, once the size check passed
