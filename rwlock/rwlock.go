@@ -3,11 +3,12 @@
 // server when its holder vanishes, and fenced.
 //
 // Where the backend holds locks shared (dlock.Capabilities().Shared:
-// PostgreSQL's pg_advisory_lock_shared, ZooKeeper's reader nodes, and
-// mem://), the read/write lock
-// NAME is the lock NAME itself, in the backend's own layout: a writer holds
-// it exclusively, a reader shared
-// (dlock.WithShared). Each hold is one lease, one request; any number of
+// PostgreSQL's pg_advisory_lock_shared, etcd's recipes RWMutex layout,
+// ZooKeeper's reader nodes, Redis in its default mode (a sorted set of
+// readers beside the lock key; not fair mode, nor Redlock), and mem://), the
+// read/write lock NAME is the lock NAME itself, in the backend's own layout:
+// a writer holds it exclusively, a reader shared (dlock.WithShared). Each
+// hold is one lease, one request; any number of
 // readers hold it at once; the backend queues a waiting writer ahead of
 // later readers; a write's token is its lease's, and a read's is above every
 // earlier write's and below every later one's. Other clients of the
