@@ -78,7 +78,7 @@ func (d *Driver) readHolder(ctx context.Context, key string) (info backend.LockI
 			return info, nil, false, nil
 		}
 		if err != nil {
-			return info, nil, false, fmt.Errorf("list %s: %w", parent, err)
+			return info, nil, false, fmt.Errorf("list %s: %w", parent, d.refused(err, parent))
 		}
 		locks := sortedLocks(children, st.Cversion)
 		h := holders(locks)
@@ -92,7 +92,7 @@ func (d *Driver) readHolder(ctx context.Context, key string) (info backend.LockI
 			continue
 		}
 		if err != nil {
-			return info, nil, false, fmt.Errorf("read %s: %w", path, err)
+			return info, nil, false, fmt.Errorf("read %s: %w", path, d.refused(err, path))
 		}
 		info.Held = true
 		if isShared(last) {
@@ -141,7 +141,7 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, e
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("list %s: %w", d.root, err)
+		return nil, fmt.Errorf("list %s: %w", d.root, d.refused(err, d.root))
 	}
 	esc := EscapeKey(prefix)
 	if prefix == "" {
@@ -208,7 +208,7 @@ func (d *Driver) Break(ctx context.Context, key string) (backend.LockInfo, error
 			deleted++
 		case errors.Is(err, zk.ErrNoNode): // went on its own meanwhile
 		default:
-			return info, fmt.Errorf("delete %s: %w", path, err)
+			return info, fmt.Errorf("delete %s: %w", path, d.refused(err, parentOf(path)))
 		}
 	}
 	if deleted == 0 {

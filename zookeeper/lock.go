@@ -253,7 +253,7 @@ func (d *Driver) createNode(ctx context.Context, s *session, wait bool, parent, 
 			}
 		case transient(err), errors.Is(err, zk.ErrSessionExpired):
 		default:
-			return nil, fmt.Errorf("create lock node under %s: %w", parent, err)
+			return nil, fmt.Errorf("create lock node under %s: %w", parent, d.refused(err, parent))
 		}
 		if err := d.pause(ctx, &b, s); err != nil && !s.isLost() {
 			return nil, err
@@ -298,14 +298,17 @@ func (d *Driver) findOwn(s *session, parent, prefix string) (*lockNode, error) {
 }
 
 // ensureParent creates the key's node as a container (and, for a
-// semaphore's locks and leases, the key's node above them), and the root's
-// nodes if they are missing.
+// semaphore's locks and leases, the key's node above them) with the ACL of
+// Options.ACL, and the root's nodes, with Options.RootACL, if they are
+// missing.
 func (d *Driver) ensureParent(parent string) error {
 	for range 2 {
 		_, err := d.conn.CreateContainer(parent, nil, zk.FlagContainer, d.acl)
 		switch {
 		case err == nil, errors.Is(err, zk.ErrNodeExists):
 			return nil
+		case errors.Is(err, zk.ErrNoAuth):
+			return fmt.Errorf("create %s: %w", parent, d.refused(err, parentOf(parent)))
 		case errors.Is(err, zk.ErrNoNode):
 			up := parent[:strings.LastIndexByte(parent, '/')]
 			if up == d.root || len(up) <= len(d.root) {
@@ -327,12 +330,14 @@ func (d *Driver) ensureParent(parent string) error {
 	return nil
 }
 
+// ensureRoot creates the root and the nodes above it that are missing, open
+// to every client (Options.RootACL).
 func (d *Driver) ensureRoot() error {
 	p := ""
 	for _, part := range strings.Split(d.root[1:], "/") {
 		p += "/" + part
-		if _, err := d.conn.Create(p, nil, zk.FlagPersistent, d.acl); err != nil && !errors.Is(err, zk.ErrNodeExists) {
-			return fmt.Errorf("create %s: %w", p, err)
+		if _, err := d.conn.Create(p, nil, zk.FlagPersistent, d.rootACL); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+			return fmt.Errorf("create %s: %w", p, d.refused(err, parentOf(p)))
 		}
 	}
 	return nil
@@ -647,7 +652,7 @@ func (d *Driver) Release(ctx context.Context, g *backend.Grant) error {
 		if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
 			err = fmt.Errorf("%w (%w)", ctx.Err(), err)
 		}
-		return fmt.Errorf("delete %s: %w", n.path, err)
+		return fmt.Errorf("delete %s: %w", n.path, d.refused(err, n.parent))
 	}
 }
 

@@ -83,9 +83,21 @@ type Options struct {
 	// info. Default: none.
 	Digest string
 
-	// ACL is the ACL of the nodes the driver creates. Default:
-	// zk.AuthACL(zk.PermAll) when Digest is set, else zk.WorldACL(zk.PermAll).
+	// ACL is the ACL of the nodes a lock lives in: each key's node (and a
+	// semaphore's locks and leases nodes under it) and the lock and lease
+	// nodes. ZooKeeper checks a delete against the parent's ACL, so the
+	// ACL of a key's node, set by the client that created it, decides who
+	// may delete the key's lock nodes and queue for the key. Default: with
+	// Digest, all permissions for its identity and read for anyone
+	// (zk.AuthACL(zk.PermAll) and world:anyone:r); without, open
+	// (zk.WorldACL(zk.PermAll)). DSN parameter "acl", in the form of
+	// ZooKeeper's command line: "digest:app:HASH:cdrwa,world:anyone:r".
 	ACL []zk.ACL
+
+	// RootACL is the ACL of the root and of the nodes above it that the
+	// driver creates, which every client of the root shares. Default: open,
+	// zk.WorldACL(zk.PermAll). DSN parameter "rootacl", written as "acl".
+	RootACL []zk.ACL
 
 	// Logger receives go-zookeeper's log lines (Dial only). Default: they are
 	// discarded.
@@ -121,11 +133,10 @@ func (o *Options) withDefaults(dialing bool) (Options, error) {
 		return r, errors.New(`digest credentials must read "user:password"`)
 	}
 	if len(r.ACL) == 0 {
-		if r.Digest != "" {
-			r.ACL = zk.AuthACL(zk.PermAll)
-		} else {
-			r.ACL = zk.WorldACL(zk.PermAll)
-		}
+		r.ACL = defaultACL(r.Digest != "")
+	}
+	if len(r.RootACL) == 0 {
+		r.RootACL = zk.WorldACL(zk.PermAll)
 	}
 	if r.Logger == nil {
 		r.Logger = discard{}
@@ -145,8 +156,12 @@ type Driver struct {
 	owned   bool            // Close closes conn (it was dialled by Dial)
 	events  <-chan zk.Event // owned connections: closed once go-zookeeper is done
 	root    string
-	acl     []zk.ACL
-	timeout time.Duration // asked for (Dial) or declared (NewDriver)
+	acl     []zk.ACL // of key, lock and lease nodes (Options.ACL)
+	rootACL []zk.ACL // of the root and the nodes above it
+	// identity names the client in refusals: "digest:<user>",
+	// "anonymous", or "" when unknown (a connection of the caller's).
+	identity string
+	timeout  time.Duration // asked for (Dial) or declared (NewDriver)
 
 	sess   *sessions
 	syncs  *batch.Group  // the refreshes' shared syncs (renew.go)
@@ -174,6 +189,7 @@ func newDriver(o Options) *Driver {
 	d := &Driver{
 		root:    o.Root,
 		acl:     o.ACL,
+		rootACL: o.RootACL,
 		timeout: o.SessionTimeout,
 		sess:    newSessions(),
 		quit:    make(chan struct{}),
@@ -204,6 +220,10 @@ func Dial(ctx context.Context, servers []string, opts *Options) (*Driver, error)
 	servers = zk.FormatServers(servers)
 	d := newDriver(o)
 	d.owned = true
+	d.identity = "anonymous"
+	if user, _, ok := strings.Cut(o.Digest, ":"); ok {
+		d.identity = "digest:" + user
+	}
 	conn, events, err := zk.Connect(servers, o.SessionTimeout,
 		zk.WithDialer(d.dial),
 		zk.WithLogger(o.Logger),
@@ -269,6 +289,19 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 	o := Options{
 		SessionTimeout: p.Duration("session", DefaultSessionTimeout),
 		ConnectTimeout: p.Duration("connect", DefaultConnectTimeout),
+	}
+	q := u.Query()
+	for _, a := range []struct {
+		name string
+		acl  *[]zk.ACL
+	}{{"acl", &o.ACL}, {"rootacl", &o.RootACL}} {
+		if s := p.String(a.name, ""); q.Has(a.name) {
+			acl, err := parseACL(s)
+			if err != nil {
+				return nil, fmt.Errorf("%w: parameter %s: %w", dlock.ErrInvalidOption, a.name, err)
+			}
+			*a.acl = acl
+		}
 	}
 	if err := p.Done(); err != nil {
 		return nil, err
