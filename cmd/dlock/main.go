@@ -191,7 +191,7 @@ The backend is a DSN, given with --dsn or in $DLOCK_DSN:
   zk://host1:2181,host2:2181/dlock                ZooKeeper
   postgres://user:password@host:5432/db           PostgreSQL advisory locks
   mem://NAME                                      in-process, for trying things out
-Passwords in DSNs are never printed.
+Passwords in DSNs are never printed (but by dlock migrate dsn --show-passwords).
 
 Examples:
   export DLOCK_DSN=redis://127.0.0.1:6379/0
