@@ -43,7 +43,12 @@ func Redact(u *url.URL) string {
 	if u == nil {
 		return ""
 	}
-	return redactURL(u, 0).Redacted()
+	r := redactURL(u, 0).Redacted()
+	if u.Opaque == "" && u.Host == "" && u.User == nil && u.Path == "" && u.Scheme != "" {
+		// url.URL drops the "//" of an empty authority (migrate://?from=…).
+		r = u.Scheme + "://" + strings.TrimPrefix(r, u.Scheme+":")
+	}
+	return r
 }
 
 // maxNesting bounds the recursion into DSNs nested in query values.
