@@ -61,16 +61,11 @@ type Options struct {
 	// DSN: the path.
 	Root string
 
-	// SessionTimeout is, for Dial, the session timeout to ask the servers for;
-	// they clamp it to [2, 20] × tickTime, and the driver uses the timeout
-	// they grant. Zero means DefaultSessionTimeout (10s). DSN parameter
+	// SessionTimeout is, for Dial, the session timeout to ask for (the
+	// servers clamp it); zero means DefaultSessionTimeout (10s). For
+	// NewDriver and New it is required, and at most the timeout conn
+	// negotiated: leases' validity is computed from it. DSN parameter
 	// "session".
-	//
-	// For NewDriver and New it is required: the session timeout the server
-	// negotiated for conn, or less. The driver cannot learn it from a
-	// connection it did not dial, and it computes every lease's validity from
-	// it, so a value above the negotiated timeout would let a lease be
-	// believed after the server dropped it.
 	SessionTimeout time.Duration
 
 	// ConnectTimeout bounds how long Dial waits for the first session, on top
@@ -83,15 +78,10 @@ type Options struct {
 	// info. Default: none.
 	Digest string
 
-	// ACL is the ACL of the nodes a lock lives in: each key's node (and a
-	// semaphore's locks and leases nodes under it) and the lock and lease
-	// nodes. ZooKeeper checks a delete against the parent's ACL, so the
-	// ACL of a key's node, set by the client that created it, decides who
-	// may delete the key's lock nodes and queue for the key. Default: with
-	// Digest, all permissions for its identity and read for anyone
-	// (zk.AuthACL(zk.PermAll) and world:anyone:r); without, open
-	// (zk.WorldACL(zk.PermAll)). DSN parameter "acl", in the form of
-	// ZooKeeper's command line: "digest:app:HASH:cdrwa,world:anyone:r".
+	// ACL is the ACL of the key, lock and lease nodes. Default: with Digest,
+	// all permissions for its identity and read for anyone; without, open.
+	// DSN parameter "acl", as ZooKeeper's command line writes it
+	// ("digest:app:HASH:cdrwa,world:anyone:r"); docs/zookeeper.md, ACLs.
 	ACL []zk.ACL
 
 	// RootACL is the ACL of the root and of the nodes above it that the
@@ -198,12 +188,10 @@ func newDriver(o Options) *Driver {
 	return d
 }
 
-// Dial connects to the ZooKeeper servers ("host:port" each; a host without a
-// port gets DefaultPort) and returns a driver that owns the connection: its
-// Close closes the connection, which ends the session and so deletes every
-// lock node the driver still has. It returns once the servers have granted a
-// session, or fails when ctx ends or Options.ConnectTimeout passes first.
-// opts may be nil for the defaults.
+// Dial connects to the ZooKeeper servers ("host:port", DefaultPort if none)
+// and returns, once they grant a session, a driver that owns the connection;
+// it fails when ctx ends or Options.ConnectTimeout passes first. opts may be
+// nil for the defaults.
 func Dial(ctx context.Context, servers []string, opts *Options) (*Driver, error) {
 	o, err := opts.withDefaults(true)
 	if err != nil {
@@ -250,14 +238,10 @@ func Dial(ctx context.Context, servers []string, opts *Options) (*Driver, error)
 	return d, nil
 }
 
-// NewDriver returns a driver that locks over conn, a connection your program
-// made with zk.Connect and keeps: the driver's Close does not close it.
-// opts.SessionTimeout is required (see Options). The driver watches conn's
-// state by polling it every 50ms, since go-zookeeper reports events only to
-// the creator of a connection.
-//
-// Lock nodes live in conn's session, so they end with it; a node the driver
-// could not delete by the time Close returns stays until you close conn.
+// NewDriver returns a driver that locks over conn, which the caller made with
+// zk.Connect and keeps (Close does not close it); opts.SessionTimeout is
+// required. Lock nodes live in conn's session, so one not deleted by Close
+// stays until conn is closed.
 func NewDriver(conn *zk.Conn, opts *Options) (*Driver, error) {
 	if conn == nil {
 		return nil, fmt.Errorf("%w: nil ZooKeeper connection", dlock.ErrInvalidOption)
@@ -383,10 +367,9 @@ func (d *Driver) Conn() *zk.Conn { return d.conn }
 // Root returns the node under which the driver's locks live (see LockPath).
 func (d *Driver) Root() string { return d.root }
 
-// SessionTimeout returns the timeout of the driver's current session: the one
-// the servers negotiated for a connection the driver dialled, else
-// Options.SessionTimeout. Before the first session it returns the timeout
-// asked for.
+// SessionTimeout returns the timeout of the driver's current session: the
+// negotiated one for a connection it dialled (before the first session, the
+// one asked for), else Options.SessionTimeout.
 func (d *Driver) SessionTimeout() time.Duration {
 	if c := d.sess.current(); c != nil {
 		return c.timeout
@@ -394,13 +377,9 @@ func (d *Driver) SessionTimeout() time.Duration {
 	return d.timeout
 }
 
-// Capabilities reports strict fencing (czxid tokens), FIFO waiting with a
-// watch on the predecessor, fault tolerance (when ZooKeeper runs as an
-// ensemble: a lock survives the loss of a minority of servers), server-side
-// expiry (the session timeout, on the servers' clocks), immediate loss
-// notification when the session ends, shared locks (reader nodes in the
-// same queue, "_c_<uuid>-read-lock-<seq>"), and counted semaphores in the
-// layout of Curator's InterProcessSemaphoreV2 (see semaphore.go).
+// Capabilities reports strict fencing, FIFO push-based waiting, fault
+// tolerance (on an ensemble), server-side expiry, loss notification, shared
+// locks and counted semaphores.
 func (d *Driver) Capabilities() backend.Capabilities {
 	return backend.Capabilities{
 		Fencing:       backend.FencingStrict,
@@ -414,10 +393,9 @@ func (d *Driver) Capabilities() backend.Capabilities {
 	}
 }
 
-// Close ends the driver. For a connection the driver owns it closes the
-// connection, which ends the session: the server deletes every lock node the
-// driver still had. A connection passed to NewDriver stays open. Waiting
-// Acquire calls return an error. A second Close returns an error.
+// Close ends the driver and closes the connection if it dialled it, which
+// ends the session and its lock nodes. Waiting Acquires and a second Close
+// fail with ErrClosed.
 func (d *Driver) Close() error {
 	if d.closed.Swap(true) {
 		return errClosed
