@@ -20,25 +20,17 @@ import (
 // claims of a semaphore of more than one permit and of a reader.
 const (
 	// SemaphoreCrowdPartition is Partition with the holder taking one permit
-	// of a semaphore of 3 and four contenders taking permits of it: two hold
-	// the free permits and two wait. The holder and the contender granted its
-	// slot are classified as a lock's holder and contender are, each
-	// holder's requests going to its slot's counter; the cell also fails if
-	// a permit is granted on a slot that is not one of the 3, if two
-	// contenders hold one slot at once (so more than 3 ever hold), or if the
-	// holder's slot is granted before the fault. Without a cell of its own
-	// it has Partition's claim.
+	// of a semaphore of 3 and four contenders taking permits of it, each slot
+	// fenced apart; it also fails on a slot outside the 3, two contenders on
+	// one slot, or the holder's slot granted before the fault. Without a cell
+	// of its own it has Partition's claim.
 	SemaphoreCrowdPartition Fault = "semaphore-3-partition"
 
-	// ReaderPartition is Partition with the holder holding a read/write
-	// lock's read side and the contender waiting for its write side; once
-	// the writer is in, a later reader asks and must wait for it. The
-	// reader's fenced reads and the writer's increments go to one counter,
-	// behind one guard keyed by the lock's name. The holder and the writer
-	// are classified as a lock's holder and contender are; the cell also
-	// fails if the writer is granted before the fault, or the later reader
-	// while the writer holds or not within the liveness bound after it
-	// releases. Without a cell of its own it has Partition's claim.
+	// ReaderPartition is Partition with the holder reading a read/write lock
+	// and the contender writing it, behind one guard; it also fails if the
+	// writer is granted before the fault, or a later reader while the writer
+	// holds or not within the liveness bound after. Without a cell of its own
+	// it has Partition's claim.
 	ReaderPartition Fault = "rw-reader-partition"
 )
 

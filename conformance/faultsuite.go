@@ -22,9 +22,8 @@ import (
 )
 
 // FailoverTimer is an optional interface on a FaultHarness whose deployment
-// needs time to serve again after a fault is healed (a leader election, a
-// session re-established): the liveness check after heal waits TTL +
-// FailoverTime + 5s. Without it, FailoverTime counts as 0.
+// needs time to serve again after a heal (a leader election): the liveness
+// check waits TTL + FailoverTime + 5s, FailoverTime 0 without it.
 type FailoverTimer interface {
 	FailoverTime() time.Duration
 }
@@ -162,56 +161,11 @@ func lasting(f Fault) bool {
 	return true
 }
 
-// RunFaults runs the fault matrix m against h: for each cell, in a stable
-// order (the order of the Fault constants, then by name), a subtest named
-// after the fault runs one trial (more with the test flag -faults.trials=N or
-// $DLOCK_FAULT_TRIALS). A cell with Expect.Skip is skipped with its reason,
-// and so is a fault the harness cannot inject (a server fault missing from
-// ServerFaults, a link fault with a nil Link, PauseHolder without Main in
-// TestMain).
-//
-// A trial: a holder — in-process through dlock.Open(LinkedDSN), or for
-// PauseHolder a child process — acquires a fresh key with the short TTL
-// (ShortTTLer, else DefaultShortTTL) and auto-renew, and keeps incrementing a
-// counter in a fenced register (a fencing.Guard in the test process; a child
-// reaches it over a pipe): a fenced read, think time, a fenced write. A
-// contender from h.NewLocker waits for the key. The fault is injected at a
-// random phase of the refresh tick (TTL/3 + U[0, TTL/3) after the grant); link
-// faults, PauseHolder, Stall and KillLeader last 2×TTL, the others are healed
-// as soon as they are in effect. Then the trial checks liveness (someone holds
-// the key within TTL + FailoverTime + 5s of the heal), lets the holder notice
-// its loss (up to 2×TTL + 5s), stops both, checks Residue when h is an
-// Inspector, and classifies the trial (see Outcome). Times are compared on
-// the wall clock, so a child's times compare with the parent's:
-//
-//   - the holder's lease counts until the earliest of when its Done closed,
-//     its Deadline if it was lost (for the child holder, the last Deadline it
-//     reported, every TTL/100), and when it called Release: Done is scheduled
-//     at the Deadline but fires late on a loaded machine, and a paused process
-//     cannot close it at all, while no holder is entitled to write after its
-//     Deadline or once it has asked to release; its loss time is that end,
-//     when the lease was lost;
-//   - the contender's grant time is when its Acquire returned;
-//   - Held: the holder never lost its lease and the contender was granted
-//     only after the holder called Release; LossDetected: loss time ≤ grant
-//     time; Fenced: the grant came before the holder's lease ended, and the
-//     checks below pass; Unsafe: a
-//     stale write was accepted (a request of the older lease accepted after
-//     one of the newer lease reached the register), porcupine finds the
-//     register's history not linearizable (a lost update), or the
-//     contender's token is not above the holder's (fencing could not tell
-//     the two apart, whatever the timing).
-//
-// The crowd cells (SemaphoreCrowdPartition, ReaderPartition) run the same
-// schedule with more contenders: the holder's outcome is classified against
-// the first contender granted a hold that excludes the holder's, and a
-// breach among the contenders themselves, none of them cut off, fails the
-// trial whatever the cell expects.
-//
-// The detection latency of a trial is the holder's loss time minus the time
-// the fault was injected (none when Held). An observed outcome outside
-// Expect.Outcome fails the trial with the evidence. Each cell appends a
-// Record to $DLOCK_SAFETY_OUT when set (see WriteRecord).
+// RunFaults runs the fault matrix m against h: one subtest per cell, one
+// trial each (-faults.trials=N or $DLOCK_FAULT_TRIALS for more), skipping the
+// cells with Expect.Skip and the faults h cannot inject. A trial whose
+// outcome is outside Expect.Outcome fails; each cell appends a Record to
+// $DLOCK_SAFETY_OUT when set. CONTRIBUTING.md says how a trial is judged.
 func RunFaults(t *testing.T, h FaultHarness, m Matrix) {
 	t.Helper()
 	fs := &faultSuite{h: h, ttl: DefaultShortTTL}
