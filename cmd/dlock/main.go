@@ -7,12 +7,13 @@
 //
 // Every subcommand takes the backend as a DSN, with --dsn or in the
 // environment variable DLOCK_DSN. Every scheme of dlock's drivers works:
-// redis, rediss, redlock, redlocks, etcd, etcds, zk, postgres, postgresql,
-// and mem (in-process, for trying things out). Passwords in DSNs are never
-// printed. Messages go to standard error, prefixed "dlock: ", and so do the
-// drivers' warnings (such as the Redis driver's about a server configured to
-// evict keys); -v shows the drivers' notes too. `dlock help COMMAND` shows a
-// command's flags and exit statuses.
+// redis and rediss (with their +sentinel and +cluster forms), redlock,
+// redlocks, etcd, etcds, zk, postgres, postgresql, mysql, pgtable,
+// mysqltable, migrate, and mem (in-process, for trying things out).
+// Passwords in DSNs are never printed. Messages go to standard error,
+// prefixed "dlock: ", and so do the drivers' warnings (such as the Redis
+// driver's about a server configured to evict keys); -v shows the drivers'
+// notes too. `dlock help COMMAND` shows a command's flags and exit statuses.
 //
 // # dlock run
 //
