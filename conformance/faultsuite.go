@@ -383,8 +383,10 @@ func (v *holderView) end(at int64, lost bool, err string) {
 	close(v.ended)
 }
 
-// localHolder runs the holder in-process, through dlock.Open(dsn). stop
-// releases its lease, closes its locker and waits for it.
+// localHolder runs the holder in-process, through dlock.Open(dsn). It
+// releases its hold once the hold ends, or when stop is called; it closes
+// its Locker only when stop is called (after the heal), as the child holder
+// does. stop waits for it.
 func (fs *faultSuite) localHolder(t *testing.T, dsn, k string, reg *register, r role) (*holderView, func() error) {
 	v := newHolderView()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -431,6 +433,7 @@ func (fs *faultSuite) localHolder(t *testing.T, dsn, k string, reg *register, r 
 			v.mu.Unlock()
 			err = h.release(context.Background())
 			<-watched
+			<-ctx.Done() // the Locker finishes its clean-up until the trial stops the holder
 			if err != nil && !errors.Is(err, dlock.ErrLeaseLost) && !errors.Is(err, dlock.ErrReleased) {
 				return fmt.Errorf("holder: release: %w", err)
 			}
