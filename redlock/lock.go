@@ -2,12 +2,15 @@ package redlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/hashicorp/go-multierror"
 
 	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/internal/rediscore"
@@ -127,7 +130,7 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *redisc
 			// keep waiting, as Acquire promises, until ctx ends.
 			// (A quorum that granted too late is a matter of timing: try again.)
 			splits = 0
-			if a.kind == attemptNoQuorum && !rediscore.Transient(a.err) {
+			if a.kind == attemptNoQuorum && !transientRound(ctx, a.err) {
 				return nil, a.err
 			}
 			delay = backoff.Next()
@@ -155,6 +158,23 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *redisc
 			return nil, a.err
 		}
 	}
+}
+
+// transientRound reports whether a round that reached too few nodes is worth
+// another: whether some node's failure is transient (see
+// rediscore.Transient), a request that ran out of its own node timeout
+// counting as transient while ctx is live.
+func transientRound(ctx context.Context, err error) bool {
+	var nodes *multierror.Error
+	if !errors.As(err, &nodes) {
+		return rediscore.Transient(err)
+	}
+	for _, e := range nodes.Errors {
+		if rediscore.Transient(e) || ctx.Err() == nil && errors.Is(e, context.DeadlineExceeded) {
+			return true
+		}
+	}
+	return false
 }
 
 // attempt runs round number round (0, 1, …) of the algorithm: the acquire script on
