@@ -25,8 +25,8 @@ type LockInfo = backend.LockInfo
 // it where they have room: the lock's value (Redis, etcd), node data
 // (ZooKeeper, as Curator stores a participant's address), the session's
 // application_name (PostgreSQL).
-func WithLabel(label string) Option {
-	return func(s *settings) { s.label, s.labelSet = label, true }
+func WithLabel(label string) LeaseOption {
+	return LeaseOption{func(s *settings) { s.label, s.labelSet = label, true }}
 }
 
 // DefaultLabel is the label stored with grants unless WithLabel says
@@ -158,8 +158,8 @@ func Watch(ctx context.Context, l Locker, key string, changed func()) error {
 // commit is flushed to disk. The backends that announce every change anyway
 // (etcd, ZooKeeper, Redis, Redlock) ignore it. Package election's Campaign
 // sets it. Off by default; given to Open or New it applies to every acquire.
-func WithAnnounce() Option {
-	return func(s *settings) { s.announce = true }
+func WithAnnounce() LeaseOption {
+	return LeaseOption{func(s *settings) { s.announce = true }}
 }
 
 func (l *locker) Watch(ctx context.Context, key string, changed func()) error {

@@ -62,11 +62,11 @@ type Locker interface {
 	// Acquire waits until the lock key is granted or ctx is done. ctx bounds the
 	// wait only, never the lease's life. If ctx ends first, the error matches both
 	// ErrNotAcquired and ctx.Err(), and nothing is left behind on the backend.
-	Acquire(ctx context.Context, key string, opts ...Option) (*Lease, error)
+	Acquire(ctx context.Context, key string, opts ...AcquireOption) (*Lease, error)
 
 	// TryAcquire makes one attempt. If another owner holds the lock it returns an
 	// error matching ErrNotAcquired at once.
-	TryAcquire(ctx context.Context, key string, opts ...Option) (*Lease, error)
+	TryAcquire(ctx context.Context, key string, opts ...AcquireOption) (*Lease, error)
 
 	// Capabilities says what this backend guarantees.
 	Capabilities() Capabilities
@@ -102,7 +102,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (Locker, error) {
 	if err != nil {
 		return nil, &Error{Op: "open", Backend: u.Scheme, Err: err}
 	}
-	s, err := defaultSettings().with(append(dsnOpts, opts...))
+	s, err := defaultSettings().withLocker(append(dsnOpts, opts...))
 	if err != nil {
 		return nil, &Error{Op: "open", Backend: u.Scheme, Err: err}
 	}
@@ -122,7 +122,7 @@ func New(d backend.Driver, opts ...Option) (Locker, error) {
 		return nil, &Error{Op: "open", Err: fmt.Errorf("%w: nil driver", ErrInvalidOption)}
 	}
 	name := driverName(d)
-	s, err := defaultSettings().with(opts)
+	s, err := defaultSettings().withLocker(opts)
 	if err != nil {
 		_ = d.Close()
 		return nil, &Error{Op: "open", Backend: name, Err: err}
@@ -185,11 +185,11 @@ func newLockerClock(d backend.Driver, name string, s settings, clk clock.Clock) 
 
 func (l *locker) Capabilities() Capabilities { return l.caps }
 
-func (l *locker) Acquire(ctx context.Context, key string, opts ...Option) (*Lease, error) {
+func (l *locker) Acquire(ctx context.Context, key string, opts ...AcquireOption) (*Lease, error) {
 	return l.acquire(ctx, "acquire", key, true, opts)
 }
 
-func (l *locker) TryAcquire(ctx context.Context, key string, opts ...Option) (*Lease, error) {
+func (l *locker) TryAcquire(ctx context.Context, key string, opts ...AcquireOption) (*Lease, error) {
 	return l.acquire(ctx, "try-acquire", key, false, opts)
 }
 
@@ -200,18 +200,18 @@ func (l *locker) errorf(op, key string, err error) error {
 // settingsFor returns the settings of a call with opts: the Locker's own,
 // shared by every lease taken without options (a lease keeps a pointer to
 // its settings, not a copy of about 100 bytes), or a copy with opts applied.
-func (l *locker) settingsFor(opts []Option) (*settings, error) {
+func (l *locker) settingsFor(opts []AcquireOption) (*settings, error) {
 	if len(opts) == 0 {
 		return &l.base, nil
 	}
-	s, err := l.base.with(opts)
+	s, err := l.base.withAcquire(opts)
 	if err != nil {
 		return nil, err
 	}
 	return &s, nil
 }
 
-func (l *locker) acquire(ctx context.Context, op, key string, wait bool, opts []Option) (*Lease, error) {
+func (l *locker) acquire(ctx context.Context, op, key string, wait bool, opts []AcquireOption) (*Lease, error) {
 	if err := validateKey(key); err != nil {
 		return nil, l.errorf(op, key, err)
 	}

@@ -14,16 +14,17 @@ import (
 // for a reason other than the lock being held, and a renewal that failed
 // (the lease is lost then); at Error, every lost lease, with its cause. Each
 // record has the attributes backend, key (see WithLogKeys), token and, where
-// there is one, err or cause; never a password. Only options given to Open
-// or New set it. Default none: dlock logs nothing.
+// there is one, err or cause; never a password. It is a Locker option only.
+// Default none: dlock logs nothing.
 func WithLogger(logger *slog.Logger) Option {
-	return func(s *settings) { s.logger = logger }
+	return lockerOption(func(s *settings) { s.logger = logger })
 }
 
 // WithLogKeys says whether WithLogger's records carry the lock's key (an
-// attribute "key"); turn it off where keys are sensitive. Default true.
+// attribute "key"); turn it off where keys are sensitive. It is a Locker
+// option only. Default true.
 func WithLogKeys(on bool) Option {
-	return func(s *settings) { s.logKeys = on }
+	return lockerOption(func(s *settings) { s.logKeys = on })
 }
 
 // slogObserver is the Observer of WithLogger.

@@ -49,18 +49,18 @@ type LeaseSet struct {
 // matching ErrLockOrder and ErrNotAcquired: it would wait for the lower key
 // while holding the higher one. Keys held outside the set are the caller's
 // to order, as for Acquire.
-func AcquireAll(ctx context.Context, l Locker, keys []string, opts ...Option) (*LeaseSet, error) {
+func AcquireAll(ctx context.Context, l Locker, keys []string, opts ...AcquireOption) (*LeaseSet, error) {
 	return acquireAll(ctx, l, keys, true, opts)
 }
 
 // TryAcquireAll is AcquireAll with one attempt per key: if any key is held by
 // another owner, it releases the keys it took and returns an error matching
 // ErrNotAcquired that names that key.
-func TryAcquireAll(ctx context.Context, l Locker, keys []string, opts ...Option) (*LeaseSet, error) {
+func TryAcquireAll(ctx context.Context, l Locker, keys []string, opts ...AcquireOption) (*LeaseSet, error) {
 	return acquireAll(ctx, l, keys, false, opts)
 }
 
-func acquireAll(ctx context.Context, l Locker, keys []string, wait bool, opts []Option) (*LeaseSet, error) {
+func acquireAll(ctx context.Context, l Locker, keys []string, wait bool, opts []AcquireOption) (*LeaseSet, error) {
 	sorted, err := sortedKeys(keys)
 	if err != nil {
 		return nil, err
@@ -155,7 +155,7 @@ func forEach(n int, f func(i int)) {
 // tryEach tries every key of sorted at once, one TryAcquire each: all the
 // leases, or, if any try failed, it releases the ones taken and returns the
 // first error that is not ErrNotAcquired, else the first error.
-func tryEach(ctx context.Context, l Locker, sorted []string, opts []Option) ([]*Lease, error) {
+func tryEach(ctx context.Context, l Locker, sorted []string, opts []AcquireOption) ([]*Lease, error) {
 	leases := make([]*Lease, len(sorted))
 	errs := make([]error, len(sorted))
 	forEach(len(sorted), func(i int) { leases[i], errs[i] = l.TryAcquire(ctx, sorted[i], opts...) })
@@ -189,7 +189,7 @@ var errNoAtomic = errors.New("no atomic multi-key acquire")
 // matching ErrNotAcquired if one is held, or errNoAtomic if the driver
 // cannot, or the acquire is re-entrant (nested holds are per key), shared or
 // counted.
-func (l *locker) tryAll(ctx context.Context, sorted []string, opts []Option) ([]*Lease, error) {
+func (l *locker) tryAll(ctx context.Context, sorted []string, opts []AcquireOption) ([]*Lease, error) {
 	ma, ok := l.drv.(backend.MultiAcquirer)
 	if !ok {
 		return nil, errNoAtomic
@@ -263,7 +263,7 @@ func (l *locker) tryAll(ctx context.Context, sorted []string, opts []Option) ([]
 // lockOrder returns an error matching ErrLockOrder if the acquires of
 // sorted with opts are re-entrant and ctx holds, on l, a key of sorted that
 // sorts above one it does not hold.
-func (l *locker) lockOrder(ctx context.Context, sorted []string, opts []Option) error {
+func (l *locker) lockOrder(ctx context.Context, sorted []string, opts []AcquireOption) error {
 	s, err := l.settingsFor(opts)
 	if err != nil || !s.reentrant || s.permits > 0 {
 		return nil // a bad option is reported by the acquire

@@ -82,10 +82,10 @@ const (
 	LossBackendReported LossCause = "backend-reported" // the backend said the lock is gone (expired, broken, session ended)
 )
 
-// WithObserver sets the Locker's Observer (see Observer). Options given to
-// Acquire cannot change it. Default none.
+// WithObserver sets the Locker's Observer (see Observer); it is a Locker
+// option only. Default none.
 func WithObserver(o Observer) Option {
-	return func(s *settings) { s.observer = o }
+	return lockerOption(func(s *settings) { s.observer = o })
 }
 
 // resultOf classifies an acquire's error.

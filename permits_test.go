@@ -8,6 +8,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/mode"
 	"github.com/dlock-go/dlock/memlock"
 )
 
@@ -22,7 +23,7 @@ func TestPermitsOptions(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer plain.Close()
-	if _, err := plain.TryAcquire(ctx, "k", dlock.WithPermits(2)); !errors.Is(err, errors.ErrUnsupported) {
+	if _, err := plain.TryAcquire(ctx, "k", mode.WithPermits(2)); !errors.Is(err, errors.ErrUnsupported) {
 		t.Errorf("WithPermits on a backend without Counted: %v, want errors.ErrUnsupported", err)
 	}
 	l, err := dlock.Open(ctx, "mem://permits-options", dlock.WithReentrant())
@@ -32,13 +33,13 @@ func TestPermitsOptions(t *testing.T) {
 	defer l.Close()
 	for _, tc := range []struct {
 		key  string
-		opts []dlock.Option
+		opts []dlock.AcquireOption
 		want error
 	}{
-		{"k", []dlock.Option{dlock.WithPermits(0)}, dlock.ErrInvalidOption},
-		{"k", []dlock.Option{dlock.WithPermits(-1)}, dlock.ErrInvalidOption},
-		{"k", []dlock.Option{dlock.WithPermits(2), dlock.WithShared()}, dlock.ErrInvalidOption},
-		{strings.Repeat("k", dlock.MaxKeyLen-len("/permits/1")+1), []dlock.Option{dlock.WithPermits(2)}, dlock.ErrInvalidKey},
+		{"k", []dlock.AcquireOption{mode.WithPermits(0)}, dlock.ErrInvalidOption},
+		{"k", []dlock.AcquireOption{mode.WithPermits(-1)}, dlock.ErrInvalidOption},
+		{"k", []dlock.AcquireOption{mode.WithPermits(2), mode.WithShared()}, dlock.ErrInvalidOption},
+		{strings.Repeat("k", dlock.MaxKeyLen-len("/permits/1")+1), []dlock.AcquireOption{mode.WithPermits(2)}, dlock.ErrInvalidKey},
 	} {
 		if lease, err := l.TryAcquire(ctx, tc.key, tc.opts...); !errors.Is(err, tc.want) {
 			if err == nil {
@@ -52,7 +53,7 @@ func TestPermitsOptions(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer outer.Release(ctx)
-	p, err := l.TryAcquire(dlock.ContextWithLease(ctx, outer), "k", dlock.WithPermits(2))
+	p, err := l.TryAcquire(dlock.ContextWithLease(ctx, outer), "k", mode.WithPermits(2))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -130,7 +130,7 @@ type flakyTries struct{ dlock.Locker }
 
 var errSlowNode = errors.New("no reply within 100ms")
 
-func (flakyTries) TryAcquire(context.Context, string, ...dlock.Option) (*dlock.Lease, error) {
+func (flakyTries) TryAcquire(context.Context, string, ...dlock.AcquireOption) (*dlock.Lease, error) {
 	return nil, errSlowNode
 }
 
@@ -187,7 +187,7 @@ type cancelOnTry struct {
 	cancel context.CancelFunc
 }
 
-func (c cancelOnTry) TryAcquire(ctx context.Context, key string, opts ...dlock.Option) (*dlock.Lease, error) {
+func (c cancelOnTry) TryAcquire(ctx context.Context, key string, opts ...dlock.AcquireOption) (*dlock.Lease, error) {
 	c.cancel()
 	return c.Locker.TryAcquire(context.WithoutCancel(ctx), key, opts...)
 }

@@ -129,7 +129,7 @@ type AcquireRequest struct {
 	// is at most MaxLabelLen bytes of printable UTF-8; "" stores none.
 	Label string
 
-	// Shared asks for the lock in shared mode (dlock.WithShared): any number
+	// Shared asks for the lock in shared mode (package rwlock's readers): any number
 	// of shared holders at once, never alongside an exclusive holder. An
 	// exclusive request (Shared false) excludes every shared holder. dlock
 	// sets it only for a driver whose Capabilities().Shared is true. Such a
@@ -139,7 +139,7 @@ type AcquireRequest struct {
 	// token above every earlier grant's, as Capabilities().Fencing says.
 	Shared bool
 
-	// Permits, if > 0, makes the request a counted one (dlock.WithPermits):
+	// Permits, if > 0, makes the request a counted one (package semaphore's permits):
 	// Key names a semaphore of Permits permits, not a lock, and the request is
 	// for one permit of it, in the backend's own semaphore layout, so that
 	// other clients of that layout interoperate. The driver grants it while
@@ -295,7 +295,7 @@ type Capabilities struct {
 	// Shared is true if the driver honours AcquireRequest.Shared, in the
 	// backend's own layout (PostgreSQL's pg_advisory_lock_shared, say), so that
 	// other clients of that layout interoperate. A Locker whose driver does not
-	// refuses dlock.WithShared with an error matching errors.ErrUnsupported.
+	// refuses a shared acquire with an error matching errors.ErrUnsupported.
 	Shared bool
 
 	// Counted is true if the driver honours AcquireRequest.Permits in the
@@ -303,7 +303,7 @@ type Capabilities struct {
 	// InterProcessSemaphoreV2; Redis: a sorted set of expiring permits; etcd:
 	// a waiting room and one lock name per slot), so that other clients of
 	// that layout count toward the permits. A Locker whose driver does not
-	// refuses dlock.WithPermits with an error matching errors.ErrUnsupported,
+	// refuses a counted acquire with an error matching errors.ErrUnsupported,
 	// and package semaphore uses its portable layout of slot locks there.
 	Counted bool
 }

@@ -141,7 +141,7 @@ func key(t *testing.T, parts ...string) string {
 	return "conformance/" + name + "/" + hex.EncodeToString(b[:]) + strings.Join(parts, "")
 }
 
-func mustAcquire(t *testing.T, ctx context.Context, l dlock.Locker, k string, opts ...dlock.Option) *dlock.Lease {
+func mustAcquire(t *testing.T, ctx context.Context, l dlock.Locker, k string, opts ...dlock.AcquireOption) *dlock.Lease {
 	t.Helper()
 	lease, err := l.Acquire(ctx, k, opts...)
 	if err != nil {

@@ -14,7 +14,7 @@ import (
 	"github.com/dlock-go/dlock/rwlock"
 )
 
-func (s *suite) rwmutex(t *testing.T, l dlock.Locker, name string, opts ...dlock.Option) *rwlock.RWMutex {
+func (s *suite) rwmutex(t *testing.T, l dlock.Locker, name string, opts ...dlock.AcquireOption) *rwlock.RWMutex {
 	t.Helper()
 	m, err := rwlock.New(l, name, opts...)
 	if err != nil {

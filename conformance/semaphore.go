@@ -12,6 +12,7 @@ import (
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/fencing"
+	"github.com/dlock-go/dlock/internal/mode"
 	"github.com/dlock-go/dlock/semaphore"
 )
 
@@ -465,7 +466,7 @@ func (s *suite) testSemaphoreMany(t *testing.T) {
 }
 
 // testCounted: a driver that claims Capabilities().Counted grants up to n
-// permits of a key (dlock.WithPermits), each the lease of a distinct slot
+// permits of a key (mode.WithPermits), each the lease of a distinct slot
 // key, NAME/permits/i, whose tokens increase per slot; package semaphore
 // uses that layout. A driver that does not claim it refuses WithPermits
 // with errors.ErrUnsupported, and package semaphore uses slot locks.
@@ -477,7 +478,7 @@ func (s *suite) testCounted(t *testing.T) {
 		t.Errorf("semaphore.Native() = %v, Capabilities().Counted = %v", sem.Native(), s.caps.Counted)
 	}
 	if !s.caps.Counted {
-		if lease, err := l.TryAcquire(ctx, name, dlock.WithPermits(2)); !errors.Is(err, errors.ErrUnsupported) {
+		if lease, err := l.TryAcquire(ctx, name, mode.WithPermits(2)); !errors.Is(err, errors.ErrUnsupported) {
 			if err == nil {
 				mustRelease(t, lease)
 			}
@@ -486,11 +487,11 @@ func (s *suite) testCounted(t *testing.T) {
 		t.Skip("the backend claims no semaphore layout of its own (Capabilities().Counted = false)")
 	}
 	other := s.locker(t)
-	a, err := l.TryAcquire(ctx, name, dlock.WithPermits(2))
+	a, err := l.TryAcquire(ctx, name, mode.WithPermits(2))
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := other.Acquire(ctx, name, dlock.WithPermits(2))
+	b, err := other.Acquire(ctx, name, mode.WithPermits(2))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -498,17 +499,17 @@ func (s *suite) testCounted(t *testing.T) {
 	if !slots[a.Key()] || !slots[b.Key()] || a.Key() == b.Key() {
 		t.Fatalf("two permits of 2 on keys %q and %q, want %q and %q", a.Key(), b.Key(), semaphore.SlotKey(name, 0), semaphore.SlotKey(name, 1))
 	}
-	if c, err := other.TryAcquire(ctx, name, dlock.WithPermits(2)); !errors.Is(err, dlock.ErrNotAcquired) {
+	if c, err := other.TryAcquire(ctx, name, mode.WithPermits(2)); !errors.Is(err, dlock.ErrNotAcquired) {
 		if err == nil {
 			mustRelease(t, c)
 		}
 		t.Fatalf("a third permit of 2: %v, want ErrNotAcquired", err)
 	}
-	if _, err := other.TryAcquire(ctx, name, dlock.WithPermits(3)); !errors.Is(err, dlock.ErrSizeMismatch) && !errors.Is(err, dlock.ErrNotAcquired) {
+	if _, err := other.TryAcquire(ctx, name, mode.WithPermits(3)); !errors.Is(err, dlock.ErrSizeMismatch) && !errors.Is(err, dlock.ErrNotAcquired) {
 		t.Fatalf("a permit of 3 while holders use 2: %v, want ErrSizeMismatch (or ErrNotAcquired where the layout records no count)", err)
 	}
 	mustRelease(t, a)
-	c, err := other.Acquire(ctx, name, dlock.WithPermits(2))
+	c, err := other.Acquire(ctx, name, mode.WithPermits(2))
 	if err != nil {
 		t.Fatal(err)
 	}

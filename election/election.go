@@ -60,7 +60,7 @@ type Leadership struct {
 // label, so it follows dlock.WithLabel's rules (at most 128 bytes of
 // printable UTF-8). opts are the acquire's options (WithTTL, say); a
 // WithLabel among them is overridden by value.
-func Campaign(ctx context.Context, l dlock.Locker, name, value string, opts ...dlock.Option) (*Leadership, error) {
+func Campaign(ctx context.Context, l dlock.Locker, name, value string, opts ...dlock.AcquireOption) (*Leadership, error) {
 	lease, err := l.Acquire(ctx, name, append(opts[:len(opts):len(opts)], dlock.WithLabel(value), dlock.WithAnnounce())...)
 	if err != nil {
 		return nil, fmt.Errorf("election %q: campaign: %w", name, err)
@@ -305,7 +305,7 @@ type Callbacks struct {
 // then returns ctx's error) or fn returns ErrStop (Run returns nil). Any
 // other error from fn is passed to OnStoppedLeading and Run campaigns again;
 // an error from Campaign that is not ctx's ends Run.
-func Run(ctx context.Context, l dlock.Locker, name, value string, cb Callbacks, fn func(ctx context.Context, ld *Leadership) error, opts ...dlock.Option) error {
+func Run(ctx context.Context, l dlock.Locker, name, value string, cb Callbacks, fn func(ctx context.Context, ld *Leadership) error, opts ...dlock.AcquireOption) error {
 	if cb.OnNewLeader != nil {
 		octx, stop := context.WithCancel(ctx)
 		seen, err := Observe(octx, l, name)

@@ -11,7 +11,7 @@
 // A lock is a key attached to an etcd lease under the lock's name
 // ([LockName]), in the layout of etcd's recipes RWMutex: NAME/write/<lease>
 // for an exclusive hold, NAME/read/<lease> for a shared one
-// (dlock.WithShared; package rwlock uses it). recipes readers and writers,
+// (package rwlock's readers). recipes readers and writers,
 // concurrency.Mutex, `etcdctl lock` and concurrency.Election therefore
 // exclude dlock's holders and queue with them; every key not under read/ is
 // exclusive. The fencing token is the key's create revision: strictly
@@ -24,7 +24,7 @@
 // The lock survives the loss of a minority of members; keep the TTL at 5s
 // or more (default 15s) so that a lease survives a leader election.
 //
-// Counted semaphores (dlock.WithPermits; package semaphore uses them) are in
+// Counted semaphores (package semaphore's permits) are in
 // a layout of dlock's own, etcd's recipes having none: a permit of slot i is
 // the one key under the lock name of the slot key KEY/permits/i, and
 // waiters queue by create revision in a waiting room, the keys under the

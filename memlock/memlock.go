@@ -74,7 +74,7 @@ type Store struct {
 	queues   map[string][]*waiter
 	tokens   map[string]uint64
 	watchers map[string]map[chan struct{}]struct{} // Watch's, by key
-	sems     map[string]*sem                       // counted semaphores (WithPermits), by key
+	sems     map[string]*sem                       // counted semaphores (AcquireRequest.Permits), by key
 }
 
 // sem is a counted semaphore (backend.AcquireRequest.Permits): its permits

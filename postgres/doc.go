@@ -17,7 +17,7 @@
 // dlock_fence), incremented in the statement that takes the lock and so as
 // durable as the database ([backend.FencingStrict]). Waiting happens in the
 // server and is cancelled with ctx; the end of the session is read off the
-// idle connection at once. dlock.WithShared (and package rwlock's readers)
+// idle connection at once. A shared acquire (package rwlock's readers)
 // takes the same advisory lock with pg_advisory_lock_shared, so raw SQL
 // clients of the key interoperate in both modes. Transaction-pooling proxies are refused
 // ([ErrTransactionPooling]). docs/postgres.md in the repository has the whole

@@ -21,7 +21,7 @@
 // lock (min_replicas narrows, does not close, that window): check tokens at
 // the resource.
 //
-// Counted semaphores (dlock.WithPermits, and package semaphore) are the
+// Counted semaphores (package semaphore's permits) are the
 // driver's own layout, in the spirit of Redisson's
 // RPermitExpirableSemaphore: under the semaphore's hash tag, a sorted set of
 // slot → expiry on the server's clock, a hash of slot → token and holder, a
@@ -29,7 +29,7 @@
 // script per step sweeps the expired permits first; waiters are woken by a
 // release message.
 //
-// Shared locks (dlock.WithShared, and package rwlock) are the driver's own
+// Shared locks (package rwlock's readers) are the driver's own
 // layout too, in the default mode (not with Options.Fair, which refuses
 // them): beside the lock key, a sorted set of shared holder → expiry on the
 // server's clock, and one of waiting writers' marks, which keep new shared

@@ -23,7 +23,7 @@ func FenceKey(prefix, key string) string { return rediscore.FenceKey(prefix, key
 func ReleaseChannel(prefix, key string) string { return rediscore.ReleaseChannel(prefix, key) }
 
 // PermitsKey returns the sorted set of the counted semaphore key
-// (dlock.WithPermits): "<prefix>{<tag>}:permits", each held slot scored by
+// (AcquireRequest.Permits): "<prefix>{<tag>}:permits", each held slot scored by
 // its expiry in ms on the server's clock. The semaphore's other keys add a
 // suffix to it: PermitHoldersKey, ":size" (the number of permits its
 // holders use) and ":fence" (its fencing counter, no TTL); its channel is

@@ -6,8 +6,7 @@
 // PostgreSQL's pg_advisory_lock_shared, ZooKeeper's reader nodes, and
 // mem://), the read/write lock
 // NAME is the lock NAME itself, in the backend's own layout: a writer holds
-// it exclusively, a reader shared
-// (dlock.WithShared). Each hold is one lease, one request; any number of
+// it exclusively, a reader shared. Each hold is one lease, one request; any number of
 // readers hold it at once; the backend queues a waiting writer ahead of
 // later readers; a write's token is its lease's, and a read's is above every
 // earlier write's and below every later one's. Other clients of the
@@ -60,6 +59,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/mode"
 	"github.com/dlock-go/dlock/semaphore"
 )
 
@@ -84,22 +84,22 @@ var ErrNested = errors.New("rwlock: ctx already holds this lock")
 type RWMutex struct {
 	l       dlock.Locker
 	name    string
-	opts    []dlock.Option
-	shared  []dlock.Option       // opts and WithShared, where the backend holds locks shared
-	readers *semaphore.Semaphore // nil where the backend holds locks shared
+	opts    []dlock.AcquireOption
+	shared  []dlock.AcquireOption // opts and mode.WithShared, where the backend holds locks shared
+	readers *semaphore.Semaphore  // nil where the backend holds locks shared
 }
 
 // New returns the read/write lock name on l; opts apply to every lease it
 // takes (WithTTL, WithLabel, …). It checks its arguments only (an error
 // matching dlock.ErrInvalidKey for a name that cannot make its keys) and
 // makes no call to the backend.
-func New(l dlock.Locker, name string, opts ...dlock.Option) (*RWMutex, error) {
+func New(l dlock.Locker, name string, opts ...dlock.AcquireOption) (*RWMutex, error) {
 	if l != nil && l.Capabilities().Shared {
 		// The same names as elsewhere, so that a name is valid on every backend.
 		if err := semaphore.CheckName(name + "/read"); err != nil {
 			return nil, fmt.Errorf("rwlock %q: %w", name, err)
 		}
-		return &RWMutex{l: l, name: name, opts: opts, shared: append(slices.Clip(opts), dlock.WithShared())}, nil
+		return &RWMutex{l: l, name: name, opts: opts, shared: append(slices.Clip(opts), mode.WithShared())}, nil
 	}
 	// Slot locks even where the backend has its own semaphore: a writer
 	// takes every slot as a lock.
@@ -404,7 +404,7 @@ func (m *RWMutex) rlock(ctx context.Context, wait bool) (*Hold, error) {
 
 // take acquires WriteKey with opts (m.opts: exclusively; m.shared:
 // shared), waiting or not.
-func (m *RWMutex) take(ctx context.Context, wait bool, opts []dlock.Option) (*dlock.Lease, error) {
+func (m *RWMutex) take(ctx context.Context, wait bool, opts []dlock.AcquireOption) (*dlock.Lease, error) {
 	if wait {
 		return m.l.Acquire(ctx, m.WriteKey(), opts...)
 	}

@@ -35,7 +35,7 @@
 // Curator's InterProcessSemaphoreV2; Redis, a sorted set of expiring
 // permits; etcd, a waiting room and one lock name per slot; and mem://), the
 // semaphore is that one instead (Native): each permit is one counted acquire
-// of the key NAME (dlock.WithPermits), so other clients of the backend's
+// of the key NAME, so other clients of the backend's
 // layout count toward the same n. A permit is still a lease whose Key names a slot,
 // NAME/permits/i, picked by the driver, and whose token increases per slot,
 // so guards are keyed as above. Acquire makes one try, then queues on
@@ -65,6 +65,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/mode"
 )
 
 // MaxPermits is the largest number of permits a semaphore may have.
@@ -86,7 +87,7 @@ const maxWatched = 64
 type Option func(*config)
 
 type config struct {
-	lease     []dlock.Option
+	lease     []dlock.AcquireOption
 	sizeCheck bool
 	poll      time.Duration
 	slotLocks bool
@@ -97,7 +98,7 @@ type config struct {
 // HOSTNAME:PID"), so a WithLabel among opts labels only the queue, and it
 // acquires permits WithAnnounce, so that PostgreSQL waiters are woken by
 // NOTIFY.
-func WithLeaseOptions(opts ...dlock.Option) Option {
+func WithLeaseOptions(opts ...dlock.AcquireOption) Option {
 	return func(c *config) { c.lease = append(c.lease, opts...) }
 }
 
@@ -132,8 +133,8 @@ type Semaphore struct {
 	l       dlock.Locker
 	name    string
 	n       int
-	counted bool           // in the backend's own layout: l.Capabilities().Counted
-	opts    []dlock.Option // of a permit: the caller's, then its label and WithAnnounce (and WithPermits)
+	counted bool                  // in the backend's own layout: l.Capabilities().Counted
+	opts    []dlock.AcquireOption // of a permit: the caller's, then its label and WithAnnounce (and mode.WithPermits)
 	cfg     config
 }
 
@@ -160,7 +161,7 @@ func New(l dlock.Locker, name string, n int, opts ...Option) (*Semaphore, error)
 	if l.Capabilities().Counted && !cfg.slotLocks {
 		// The driver records n beside the holder's label itself.
 		permit := append(cfg.lease[:len(cfg.lease):len(cfg.lease)],
-			dlock.WithLabel(dlock.DefaultLabel), dlock.WithAnnounce(), dlock.WithPermits(n))
+			dlock.WithLabel(dlock.DefaultLabel), dlock.WithAnnounce(), mode.WithPermits(n))
 		return &Semaphore{l: l, name: name, n: n, counted: true, cfg: cfg, opts: permit}, nil
 	}
 	permit := append(cfg.lease[:len(cfg.lease):len(cfg.lease)],
@@ -194,7 +195,7 @@ func (s *Semaphore) Name() string { return s.name }
 func (s *Semaphore) Permits() int { return s.n }
 
 // Native reports whether the semaphore is held in the backend's own layout
-// (its Locker's Capabilities().Counted; dlock.WithPermits) rather than in
+// (its Locker's Capabilities().Counted) rather than in
 // slot locks.
 func (s *Semaphore) Native() bool { return s.counted }
 

@@ -162,7 +162,7 @@ type cancelOnTry struct {
 	cancel context.CancelFunc
 }
 
-func (c cancelOnTry) TryAcquire(ctx context.Context, key string, opts ...dlock.Option) (*dlock.Lease, error) {
+func (c cancelOnTry) TryAcquire(ctx context.Context, key string, opts ...dlock.AcquireOption) (*dlock.Lease, error) {
 	if *c.tries++; *c.tries == c.n {
 		c.cancel()
 	}

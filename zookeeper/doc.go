@@ -13,13 +13,13 @@
 // (ephemeral sequential nodes in protected mode), so Curator and
 // go-zookeeper's zk.Lock exclude dlock and dlock excludes them. The token is
 // the czxid of the holder's node ([backend.FencingStrict]); waiters queue in
-// arrival order and each watches only its predecessor. dlock.WithShared (and
-// package rwlock's readers) queues a reader node "_c_<uuid>-read-lock-<seq>"
+// arrival order and each watches only its predecessor. A shared acquire
+// (package rwlock's readers) queues a reader node "_c_<uuid>-read-lock-<seq>"
 // in the same queue: readers ahead of every exclusive node hold the lock
 // together, a reader behind a waiting writer waits for it, and Curator's
 // InterProcessMutex and zk.Lock take a reader for one more exclusive holder
 // (Curator's InterProcessReadWriteLock cannot share the path). A counted
-// acquire (dlock.WithPermits, package semaphore) is Curator's
+// acquire (package semaphore's permits) is Curator's
 // InterProcessSemaphoreV2 on the key's path ("locks" mutex, "leases" nodes
 // "_c_<uuid>-lease-<seq>"), so Curator's semaphores and dlock's count each
 // other; dlock's lease node records the slot it picked (the lease's key,

@@ -32,7 +32,7 @@ func testCtx(t *testing.T) context.Context {
 	return ctx
 }
 
-func mustAcquire(t *testing.T, l dlock.Locker, key string, opts ...dlock.Option) *dlock.Lease {
+func mustAcquire(t *testing.T, l dlock.Locker, key string, opts ...dlock.AcquireOption) *dlock.Lease {
 	t.Helper()
 	lease, err := l.Acquire(testCtx(t), key, opts...)
 	if err != nil {
