@@ -93,8 +93,8 @@ func TestZooKeeperClientReplaced(t *testing.T) {
 }
 
 // TestImportRules enforces the import rules of docs/DESIGN.md with go list: the root
-// imports only backend, internal/clock, internal/sharedctx and internal/mode/hook;
-// backend only the standard library; internal/clock and internal/sockstate only the standard library and x/sys;
+// imports only backend, observe, internal/clock, internal/sharedctx and
+// internal/mode/hook; backend and observe only the standard library; internal/clock and internal/sockstate only the standard library and x/sys;
 // internal/sharedctx and internal/sqlstate only the standard library; drivers never import each other; conformance never imports a driver;
 // examples never import internal/.
 func TestImportRules(t *testing.T) {
@@ -114,14 +114,14 @@ func TestImportRules(t *testing.T) {
 			}
 			stdlib := !strings.Contains(strings.SplitN(imp, "/", 2)[0], ".")
 			switch {
-			case pkg == mod && strings.HasPrefix(imp, mod) && imp != mod+"/backend" && imp != mod+"/internal/clock" && imp != mod+"/internal/sharedctx" && imp != mod+"/internal/mode/hook":
-				t.Errorf("%s imports %s: the root may import only backend, internal/clock, internal/sharedctx and internal/mode/hook (mem:// is registered by importing memlock)", pkg, imp)
+			case pkg == mod && strings.HasPrefix(imp, mod) && imp != mod+"/backend" && imp != mod+"/internal/clock" && imp != mod+"/internal/sharedctx" && imp != mod+"/internal/mode/hook" && imp != mod+"/observe":
+				t.Errorf("%s imports %s: the root may import only backend, observe, internal/clock, internal/sharedctx and internal/mode/hook (mem:// is registered by importing memlock)", pkg, imp)
 			case (pkg == mod+"/internal/sharedctx" || pkg == mod+"/internal/sqlstate" || pkg == mod+"/internal/mode/hook") && !stdlib:
 				t.Errorf("%s imports %s: %s may import only the standard library", pkg, imp, pkg)
 			case (pkg == mod+"/internal/clock" || pkg == mod+"/internal/sockstate") && !stdlib && imp != "golang.org/x/sys/unix":
 				t.Errorf("%s imports %s: %s may import only the standard library and x/sys", pkg, imp, pkg)
-			case pkg == mod+"/backend" && !stdlib:
-				t.Errorf("%s imports %s: backend may import only the standard library", pkg, imp)
+			case (pkg == mod+"/backend" || pkg == mod+"/observe") && !stdlib:
+				t.Errorf("%s imports %s: %s may import only the standard library", pkg, imp, pkg)
 			case drivers[pkg] && drivers[imp]:
 				t.Errorf("driver %s imports driver %s", pkg, imp)
 			case pkg == mod+"/election" && strings.HasPrefix(imp, mod) && imp != mod:

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock/backend"
+
+	"github.com/dlock-go/dlock/observe"
 )
 
 // String returns the token in decimal.
@@ -23,14 +25,14 @@ const (
 	ended                // Done is closed; err says why
 )
 
-// lossKind is a LossCause in a byte (a Lease's field: a lease's size is
+// lossKind is an observe.LossCause in a byte (a Lease's field: a lease's size is
 // scale, see docs/BENCHMARKS.md).
 type lossKind uint8
 
-// lossCauses are the LossCause of each lossKind; 0 is none.
-var lossCauses = [...]LossCause{"", LossRenewalFailed, LossDeadlinePassed, LossBackendReported}
+// lossCauses are the observe.LossCause of each lossKind; 0 is none.
+var lossCauses = [...]observe.LossCause{"", observe.LossRenewalFailed, observe.LossDeadlinePassed, observe.LossBackendReported}
 
-func kindOf(c LossCause) lossKind {
+func kindOf(c observe.LossCause) lossKind {
 	for i, x := range lossCauses {
 		if x == c {
 			return lossKind(i)
@@ -48,9 +50,9 @@ func kindOf(c LossCause) lossKind {
 type Lease struct {
 	locker *locker
 	grant  *backend.Grant
-	set    *settings     // the Locker's own when the lease was taken without options; never changed
-	outer  *Lease        // the enclosing lease of a nested hold (see WithReentrant); nil for a lease
-	obs    LeaseObserver // nil: none; set before the lease starts, never after
+	set    *settings             // the Locker's own when the lease was taken without options; never changed
+	outer  *Lease                // the enclosing lease of a nested hold (see WithReentrant); nil for a lease
+	obs    observe.LeaseObserver // nil: none; set before the lease starts, never after
 
 	// calls orders SetLabel's driver call (which may update grant) after and
 	// before the others that pass grant (read-locked).
@@ -305,7 +307,7 @@ func (l *Lease) expireIfPast() {
 	}
 	if l.locker.enter() {
 		defer l.locker.inflight.Done()
-		l.loseBy(LossDeadlinePassed, errDeadlinePassed)
+		l.loseBy(observe.LossDeadlinePassed, errDeadlinePassed)
 	} else if l.end(held, withKind(ErrLeaseLost, errDeadlinePassed)) {
 		l.locker.sched.unschedule(l)
 	}
@@ -339,7 +341,7 @@ func (l *Lease) Refresh(ctx context.Context) error {
 	}
 	if err != nil {
 		if errors.Is(err, backend.ErrNotHeld) {
-			l.loseBy(LossBackendReported, err)
+			l.loseBy(observe.LossBackendReported, err)
 			return l.Err()
 		}
 		if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
@@ -482,10 +484,10 @@ func (l *Lease) releaseOnClose() error {
 // lose ends a held lease as lost, then frees the lock on the backend in case the
 // holder is still recorded there (a conditional release, so it can never touch
 // another owner's lock).
-func (l *Lease) lose(cause error) { l.loseBy(LossBackendReported, cause) }
+func (l *Lease) lose(cause error) { l.loseBy(observe.LossBackendReported, cause) }
 
 // loseBy is lose with the kind of cause, for observers.
-func (l *Lease) loseBy(kind LossCause, cause error) {
+func (l *Lease) loseBy(kind observe.LossCause, cause error) {
 	l.mu.Lock()
 	if l.state != held {
 		l.mu.Unlock()
@@ -558,7 +560,7 @@ func (l *Lease) SetLabel(ctx context.Context, label string) error {
 	l.calls.Unlock()
 	if err != nil {
 		if errors.Is(err, backend.ErrNotHeld) {
-			l.loseBy(LossBackendReported, err)
+			l.loseBy(observe.LossBackendReported, err)
 			return l.Err()
 		}
 		if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
@@ -593,11 +595,11 @@ func (l *Lease) end(from leaseState, err error) bool {
 		case !lost:
 			cause = ""
 		case cause == "" && errors.Is(err, errDeadlinePassed):
-			cause = LossDeadlinePassed
+			cause = observe.LossDeadlinePassed
 		case cause == "":
-			cause = LossBackendReported
+			cause = observe.LossBackendReported
 		}
-		l.obs.Ended(LeaseEnd{Lost: lost, Cause: cause, Held: time.Since(l.grant.Start), Err: lerr})
+		l.obs.Ended(observe.LeaseEnd{Lost: lost, Cause: cause, Held: time.Since(l.grant.Start), Err: lerr})
 	}
 	l.signalEnd()
 	if stopRenewal != nil {
@@ -632,9 +634,9 @@ func (l *Lease) tick(now time.Duration) {
 	}
 	if now >= l.deadline {
 		// A renewal still on its way did not finish in time: that is why.
-		kind := LossDeadlinePassed
+		kind := observe.LossDeadlinePassed
 		if l.renewing {
-			kind = LossRenewalFailed
+			kind = observe.LossRenewalFailed
 		}
 		l.mu.Unlock()
 		l.loseBy(kind, errDeadlinePassed)
@@ -687,12 +689,12 @@ func (l *Lease) autoRenew(deadline time.Duration) {
 		if l.hasEnded() {
 			return // the lease ended meanwhile; its error is already set
 		}
-		kind := LossRenewalFailed
+		kind := observe.LossRenewalFailed
 		switch {
 		case ctx.Err() != nil:
 			err = fmt.Errorf("renewal did not finish before the deadline: %w", err)
 		case errors.Is(err, backend.ErrNotHeld):
-			kind = LossBackendReported
+			kind = observe.LossBackendReported
 			err = fmt.Errorf("renewal failed: %w", err)
 		default:
 			err = fmt.Errorf("renewal failed: %w", err)

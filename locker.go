@@ -44,6 +44,8 @@ import (
 	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/internal/clock"
 	"github.com/dlock-go/dlock/internal/sharedctx"
+
+	"github.com/dlock-go/dlock/observe"
 )
 
 // Token is a fencing token: strictly increasing per key across successive
@@ -147,7 +149,7 @@ type locker struct {
 	name    string
 	caps    backend.Capabilities
 	base    settings
-	obs     Observer // nil: none (WithObserver, WithLogger)
+	obs     observe.Observer // nil: none (WithObserver, WithLogger)
 	sched   *scheduler
 	closing context.Context // cancelled (cause ErrClosed) when Close starts
 	close   context.CancelCauseFunc
@@ -245,21 +247,21 @@ func (l *locker) acquire(ctx context.Context, op, key string, wait bool, opts []
 		return l.grantLease(ctx, op, key, wait, s, nil)
 	}
 	began := time.Now()
-	octx, done := l.obs.StartAcquire(ctx, AcquireInfo{Backend: l.name, Key: key, Wait: wait})
+	octx, done := l.obs.StartAcquire(ctx, observe.AcquireInfo{Backend: l.name, Key: key, Wait: wait})
 	observed := false
 	lease, err := l.grantLease(octx, op, key, wait, s, func(lease *Lease) {
 		observed = true
-		lease.obs = done(AcquireOutcome{Result: ResultGranted, Token: lease.Token(), Took: time.Since(began)})
+		lease.obs = done(observe.AcquireOutcome{Result: observe.ResultGranted, Token: uint64(lease.Token()), Took: time.Since(began)})
 	})
 	if !observed {
-		done(AcquireOutcome{Result: resultOf(octx, err), Took: time.Since(began), Err: err})
+		done(observe.AcquireOutcome{Result: resultOf(octx, err), Took: time.Since(began), Err: err})
 	}
 	return lease, err
 }
 
 // grantLease is acquire's request to the driver, once the arguments are
-// checked; observe, if not nil, is called with the lease before it starts.
-func (l *locker) grantLease(ctx context.Context, op, key string, wait bool, s *settings, observe func(*Lease)) (*Lease, error) {
+// checked; onGrant, if not nil, is called with the lease before it starts.
+func (l *locker) grantLease(ctx context.Context, op, key string, wait bool, s *settings, onGrant func(*Lease)) (*Lease, error) {
 	if !l.enter() {
 		return nil, l.errorf(op, key, ErrClosed)
 	}
@@ -295,7 +297,7 @@ func (l *locker) grantLease(ctx context.Context, op, key string, wait bool, s *s
 		if err != nil {
 			return nil, l.errorf(op, key, l.acquireErr(ctx, err))
 		}
-		lease, err := l.hold(op, g, s, lost, called, onClock, observe)
+		lease, err := l.hold(op, g, s, lost, called, onClock, onGrant)
 		if !errors.Is(err, errGrantedLate) || !wait {
 			return lease, err
 		}
@@ -330,9 +332,9 @@ func (l *locker) acquireErr(ctx context.Context, err error) error {
 }
 
 // hold makes the lease of a grant the driver returned for an acquire that
-// began at called, and starts it; observe, if not nil, is called with the
+// began at called, and starts it; onGrant, if not nil, is called with the
 // lease before it starts.
-func (l *locker) hold(op string, g *backend.Grant, s *settings, lost *lossLatch, called time.Time, onClock func(time.Time) time.Duration, observe func(*Lease)) (*Lease, error) {
+func (l *locker) hold(op string, g *backend.Grant, s *settings, lost *lossLatch, called time.Time, onClock func(time.Time) time.Duration, onGrant func(*Lease)) (*Lease, error) {
 	if g == nil || g.Validity <= 0 {
 		// A driver bug; never hand out a lease nobody can vouch for.
 		if g != nil {
@@ -367,8 +369,8 @@ func (l *locker) hold(op string, g *backend.Grant, s *settings, lost *lossLatch,
 	}
 	l.leases[lease] = struct{}{}
 	l.mu.Unlock()
-	if observe != nil {
-		observe(lease)
+	if onGrant != nil {
+		onGrant(lease)
 	}
 	lease.start()
 	lost.attach(lease)

@@ -13,6 +13,8 @@ import (
 
 	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/internal/clock"
+
+	"github.com/dlock-go/dlock/observe"
 )
 
 // LeaseSet is a set of leases taken all or nothing by AcquireAll or
@@ -210,10 +212,10 @@ func (l *locker) tryAll(ctx context.Context, sorted []string, opts []AcquireOpti
 	defer l.inflight.Done()
 
 	began := time.Now()
-	dones := make([]func(AcquireOutcome) LeaseObserver, len(sorted))
+	dones := make([]func(observe.AcquireOutcome) observe.LeaseObserver, len(sorted))
 	if l.obs != nil {
 		for i, k := range sorted {
-			_, dones[i] = l.obs.StartAcquire(ctx, AcquireInfo{Backend: l.name, Key: k, Wait: false})
+			_, dones[i] = l.obs.StartAcquire(ctx, observe.AcquireInfo{Backend: l.name, Key: k, Wait: false})
 		}
 	}
 	onClock := clock.Offset(l.clk)
@@ -234,20 +236,20 @@ func (l *locker) tryAll(ctx context.Context, sorted []string, opts []AcquireOpti
 		err = l.acquireErr(ctx, err)
 		for _, done := range dones {
 			if done != nil {
-				done(AcquireOutcome{Result: resultOf(ctx, err), Took: time.Since(began), Err: err})
+				done(observe.AcquireOutcome{Result: resultOf(ctx, err), Took: time.Since(began), Err: err})
 			}
 		}
 		return nil, l.errorf("acquire-all", strings.Join(sorted, ", "), err)
 	}
 	leases := make([]*Lease, 0, len(gs))
 	for i, g := range gs {
-		var observe func(*Lease)
+		var onGrant func(*Lease)
 		if done := dones[i]; done != nil {
-			observe = func(lease *Lease) {
-				lease.obs = done(AcquireOutcome{Result: ResultGranted, Token: lease.Token(), Took: time.Since(began)})
+			onGrant = func(lease *Lease) {
+				lease.obs = done(observe.AcquireOutcome{Result: observe.ResultGranted, Token: uint64(lease.Token()), Took: time.Since(began)})
 			}
 		}
-		lease, err := l.hold("acquire-all", g, s, lost[i], began, onClock, observe)
+		lease, err := l.hold("acquire-all", g, s, lost[i], began, onClock, onGrant)
 		if err != nil {
 			releaseAll(leases)
 			for _, g := range gs[i+1:] {

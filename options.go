@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"time"
 	"unicode/utf8"
+
+	"github.com/dlock-go/dlock/observe"
 )
 
 // Defaults. Every one can be changed per Locker (options to Open or New, or DSN
@@ -76,7 +78,7 @@ type settings struct {
 	announce       bool
 	label          string
 	labelSet       bool // label was given (WithLabel), "" included
-	observer       Observer
+	observer       observe.Observer
 	logger         *slog.Logger
 	logKeys        bool
 }
