@@ -167,13 +167,13 @@ func (l *Lease) Key() string { return l.grant.Key }
 // for what it guarantees on this backend.
 func (l *Lease) Token() Token { return Token(l.grant.Token) }
 
-// Granted returns the local time read just before the request that won the
+// GrantedAt returns the local time read just before the request that won the
 // grant was sent (backend.Grant.Start), or, for a waiter woken by a watch,
 // the moment its driver learned it holds the lock: about when the lock became
 // this lease's, and earlier than Acquire returned by up to a round trip. A
 // checker that orders two holders uses it as the later holder's start, so a
 // deadline overstated by less than a round trip is still caught.
-func (l *Lease) Granted() time.Time { return l.grant.Start }
+func (l *Lease) GrantedAt() time.Time { return l.grant.Start }
 
 // Deadline returns the local time before which the lease is known to be held:
 // the start of the latest successful grant or renewal request (the moment it was

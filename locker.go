@@ -228,7 +228,7 @@ func (l *locker) acquire(ctx context.Context, op, key string, wait bool, opts []
 		return nil, l.errorf(op, key, fmt.Errorf("the backend cannot hold a lock shared: %w", errors.ErrUnsupported))
 	}
 	if s.permits > 0 {
-		if !l.caps.Counted {
+		if !l.caps.NativeSemaphore {
 			return nil, l.errorf(op, key, fmt.Errorf("the backend has no semaphore layout of its own: %w", errors.ErrUnsupported))
 		}
 		if err := validateKey(backend.PermitKey(key, s.permits-1)); err != nil {

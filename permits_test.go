@@ -12,19 +12,19 @@ import (
 	"github.com/dlock-go/dlock/memlock"
 )
 
-// WithPermits is refused on a backend that does not claim Counted (before
+// WithPermits is refused on a backend that does not claim NativeSemaphore (before
 // the driver sees it), with a count that is not > 0, beside WithShared, and
 // for a key whose slot keys would be too long; a counted acquire under a
 // re-entrant hold of the same key is not nested in it.
 func TestPermitsOptions(t *testing.T) {
 	ctx := context.Background()
-	plain, err := dlock.New(unclaimed{memlock.NewStore().NewDriver(), func(c *backend.Capabilities) { c.Counted = false }})
+	plain, err := dlock.New(unclaimed{memlock.NewStore().NewDriver(), func(c *backend.Capabilities) { c.NativeSemaphore = false }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer plain.Close()
 	if _, err := plain.TryAcquire(ctx, "k", mode.WithPermits(2)); !errors.Is(err, errors.ErrUnsupported) {
-		t.Errorf("WithPermits on a backend without Counted: %v, want errors.ErrUnsupported", err)
+		t.Errorf("WithPermits on a backend without NativeSemaphore: %v, want errors.ErrUnsupported", err)
 	}
 	l, err := dlock.Open(ctx, "mem://permits-options", dlock.WithReentrant())
 	if err != nil {

@@ -150,7 +150,7 @@ type AcquireRequest struct {
 	// earlier grant's of that slot (FencingStrict). If a holder uses another
 	// number of permits it returns an error wrapping ErrSizeMismatch, where
 	// the layout records the number. dlock sets Permits only for a driver
-	// whose Capabilities().Counted is true, never together with Shared.
+	// whose Capabilities().NativeSemaphore is true, never together with Shared.
 	// 0, the default, asks for a lock.
 	Permits int
 
@@ -298,14 +298,14 @@ type Capabilities struct {
 	// refuses a shared acquire with an error matching errors.ErrUnsupported.
 	Shared bool
 
-	// Counted is true if the driver honours AcquireRequest.Permits in the
-	// backend's own semaphore layout (ZooKeeper: Apache Curator's
-	// InterProcessSemaphoreV2; Redis: a sorted set of expiring permits; etcd:
-	// a waiting room and one lock name per slot), so that other clients of
-	// that layout count toward the permits. A Locker whose driver does not
+	// NativeSemaphore is true if the driver has a semaphore of its own: it
+	// honours AcquireRequest.Permits in the backend's own semaphore layout
+	// (ZooKeeper: Apache Curator's InterProcessSemaphoreV2; Redis: a sorted
+	// set of expiring permits; etcd: a waiting room and one lock name per
+	// slot), so that other clients of that layout count toward the permits. A Locker whose driver does not
 	// refuses a counted acquire with an error matching errors.ErrUnsupported,
 	// and package semaphore uses its portable layout of slot locks there.
-	Counted bool
+	NativeSemaphore bool
 }
 
 // PermitKey is the key of slot i of the semaphore key: key + "/permits/" +

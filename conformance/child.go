@@ -343,7 +343,7 @@ func soakLocker(c *childConn, spec childSpec, g int) error {
 			// At is when Acquire returned; Granted when the winning request
 			// was sent (Lease.Granted), for the overlap check after a lost
 			// lease (see soakLease.sent).
-			c.send(msg{T: "grant", Lease: label, Key: spec.Keys[i], Lock: lease.Key(), Token: lease.Token(), At: granted, Granted: lease.Granted().UnixNano(), Deadline: wallDeadline(lease)})
+			c.send(msg{T: "grant", Lease: label, Key: spec.Keys[i], Lock: lease.Key(), Token: lease.Token(), At: granted, Granted: lease.GrantedAt().UnixNano(), Deadline: wallDeadline(lease)})
 			var doneAt atomic.Int64
 			watched := make(chan struct{})
 			go func() { // owned by this iteration: ends with the lease

@@ -39,7 +39,7 @@ func Run(t *testing.T, h Harness) {
 	probe := s.locker(t)
 	s.caps = probe.Capabilities()
 	t.Logf("capabilities: fencing=%v fifo=%v fault-tolerant=%v time=%v push-wait=%v loss-notify=%v shared=%v counted=%v",
-		s.caps.Fencing, s.caps.FIFO, s.caps.FaultTolerant, s.caps.TimeAuthority, s.caps.PushWait, s.caps.LossNotify, s.caps.Shared, s.caps.Counted)
+		s.caps.Fencing, s.caps.FIFO, s.caps.FaultTolerant, s.caps.TimeAuthority, s.caps.PushWait, s.caps.LossNotify, s.caps.Shared, s.caps.NativeSemaphore)
 
 	tests := []struct {
 		name string
@@ -88,7 +88,7 @@ func Run(t *testing.T, h Harness) {
 		{"SemaphoreSize", s.testSemaphoreSize},
 		{"SemaphoreFenced", s.testSemaphoreFenced},
 		{"SemaphoreMany", s.testSemaphoreMany},
-		{"Counted", s.testCounted},
+		{"NativeSemaphore", s.testNativeSemaphore},
 		{"RWExclusion", s.testRWExclusion},
 		{"RWWriterNotStarved", s.testRWWriterNotStarved},
 		{"RWWriterFirst", s.testRWWriterFirst},
@@ -565,7 +565,7 @@ func (s *suite) testHolderVanishes(t *testing.T) {
 	deadline := gone.Deadline()
 	lease := mustAcquire(t, ctx, b, k)
 	returned := time.Now()
-	granted := lease.Granted()
+	granted := lease.GrantedAt()
 	defer mustRelease(t, lease)
 	// The safety property of a lease lock: nobody else is granted the lock
 	// before the old holder's lease has ended by its own clock.
@@ -884,7 +884,7 @@ func (s *suite) testPausedHolder(t *testing.T) {
 	}
 	leaseB := r.lease
 	defer mustRelease(t, leaseB)
-	notBefore(t, "B's lock (after the paused holder's)", leaseB.Granted(), r.returned, leaseA.Deadline())
+	notBefore(t, "B's lock (after the paused holder's)", leaseB.GrantedAt(), r.returned, leaseA.Deadline())
 	tokB := leaseB.Token()
 	if err := write(tokB, "B1"); err != nil {
 		t.Fatalf("B's write with token %d: %v", tokB, err)

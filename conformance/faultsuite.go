@@ -620,7 +620,7 @@ func (fs *faultSuite) startContender(t *testing.T, k string, reg *register, boun
 			}
 			ref := leaseRef{Label: "contender", Token: lease.Token(), Granted: time.Now().UnixNano()}
 			c.mu.Lock()
-			c.token, c.grantAt, c.sentAt = ref.Token, ref.Granted, lease.Granted().UnixNano()
+			c.token, c.grantAt, c.sentAt = ref.Token, ref.Granted, lease.GrantedAt().UnixNano()
 			c.mu.Unlock()
 			close(c.granted)
 			for lease.Err() == nil && ctx.Err() == nil {

@@ -221,7 +221,7 @@ func (s *suite) testSemaphoreHolderVanishes(t *testing.T) {
 			t.Fatalf("acquire after the holder vanished: %v", err)
 		}
 		old := gone[p.Slot()]
-		notBefore(t, fmt.Sprintf("slot %d (after its vanished holder)", p.Slot()), p.Lease().Granted(), returned, old.Lease().Deadline())
+		notBefore(t, fmt.Sprintf("slot %d (after its vanished holder)", p.Slot()), p.Lease().GrantedAt(), returned, old.Lease().Deadline())
 		if s.fences() && p.Token() <= old.Token() {
 			t.Errorf("slot %d: token %v not above the vanished holder's %v", p.Slot(), p.Token(), old.Token())
 		}
@@ -465,26 +465,26 @@ func (s *suite) testSemaphoreMany(t *testing.T) {
 	}
 }
 
-// testCounted: a driver that claims Capabilities().Counted grants up to n
+// testNativeSemaphore: a driver that claims Capabilities().NativeSemaphore grants up to n
 // permits of a key (mode.WithPermits), each the lease of a distinct slot
 // key, NAME/permits/i, whose tokens increase per slot; package semaphore
 // uses that layout. A driver that does not claim it refuses WithPermits
 // with errors.ErrUnsupported, and package semaphore uses slot locks.
-func (s *suite) testCounted(t *testing.T) {
+func (s *suite) testNativeSemaphore(t *testing.T) {
 	ctx := s.ctx(t)
 	name := key(t)
 	l := s.locker(t)
-	if sem := s.semaphore(t, l, name, 2); sem.Native() != s.caps.Counted {
-		t.Errorf("semaphore.Native() = %v, Capabilities().Counted = %v", sem.Native(), s.caps.Counted)
+	if sem := s.semaphore(t, l, name, 2); sem.Native() != s.caps.NativeSemaphore {
+		t.Errorf("semaphore.Native() = %v, Capabilities().NativeSemaphore = %v", sem.Native(), s.caps.NativeSemaphore)
 	}
-	if !s.caps.Counted {
+	if !s.caps.NativeSemaphore {
 		if lease, err := l.TryAcquire(ctx, name, mode.WithPermits(2)); !errors.Is(err, errors.ErrUnsupported) {
 			if err == nil {
 				mustRelease(t, lease)
 			}
-			t.Fatalf("WithPermits on a driver that does not claim Counted: %v, want errors.ErrUnsupported", err)
+			t.Fatalf("WithPermits on a driver that does not claim NativeSemaphore: %v, want errors.ErrUnsupported", err)
 		}
-		t.Skip("the backend claims no semaphore layout of its own (Capabilities().Counted = false)")
+		t.Skip("the backend claims no semaphore layout of its own (Capabilities().NativeSemaphore = false)")
 	}
 	other := s.locker(t)
 	a, err := l.TryAcquire(ctx, name, mode.WithPermits(2))

@@ -153,7 +153,7 @@ func (s *suite) testSharedHolderVanishes(t *testing.T) {
 	lease := mustAcquire(t, ctx, b, k)
 	returned := time.Now()
 	defer mustRelease(t, lease)
-	notBefore(t, "the exclusive lock (after a vanished shared holder)", lease.Granted(), returned, deadline)
+	notBefore(t, "the exclusive lock (after a vanished shared holder)", lease.GrantedAt(), returned, deadline)
 	waitDone(t, gone, time.Second, "vanished shared holder's lease")
 	if !errors.Is(gone.Err(), dlock.ErrLeaseLost) {
 		t.Errorf("vanished shared holder's Err() = %v, want ErrLeaseLost", gone.Err())

@@ -207,14 +207,14 @@ func LockName(prefix, key string) string {
 // docs/etcd.md).
 func (d *Driver) Capabilities() backend.Capabilities {
 	return backend.Capabilities{
-		Fencing:       backend.FencingStrict,
-		FIFO:          true,
-		FaultTolerant: true,
-		TimeAuthority: backend.TimeServer,
-		PushWait:      true,
-		LossNotify:    true,
-		Shared:        true,
-		Counted:       true,
+		Fencing:         backend.FencingStrict,
+		FIFO:            true,
+		FaultTolerant:   true,
+		TimeAuthority:   backend.TimeServer,
+		PushWait:        true,
+		LossNotify:      true,
+		Shared:          true,
+		NativeSemaphore: true,
 	}
 }
 

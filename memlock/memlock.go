@@ -658,14 +658,14 @@ func (d *driver) Break(_ context.Context, key string) (backend.LockInfo, error) 
 
 func (d *driver) Capabilities() backend.Capabilities {
 	return backend.Capabilities{
-		Fencing:       backend.FencingStrict,
-		FIFO:          true,
-		FaultTolerant: false,
-		TimeAuthority: backend.TimeServer,
-		PushWait:      true,
-		LossNotify:    true,
-		Shared:        true,
-		Counted:       true,
+		Fencing:         backend.FencingStrict,
+		FIFO:            true,
+		FaultTolerant:   false,
+		TimeAuthority:   backend.TimeServer,
+		PushWait:        true,
+		LossNotify:      true,
+		Shared:          true,
+		NativeSemaphore: true,
 	}
 }
 

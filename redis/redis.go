@@ -314,14 +314,14 @@ func (d *Driver) Prefix() string { return d.prefix }
 // assumptions behind each.
 func (d *Driver) Capabilities() backend.Capabilities {
 	return backend.Capabilities{
-		Fencing:       backend.FencingStrict,
-		FIFO:          d.opts.Fair,
-		FaultTolerant: false,
-		TimeAuthority: backend.TimeServer,
-		PushWait:      true,
-		LossNotify:    false,
-		Counted:       true,
-		Shared:        !d.opts.Fair,
+		Fencing:         backend.FencingStrict,
+		FIFO:            d.opts.Fair,
+		FaultTolerant:   false,
+		TimeAuthority:   backend.TimeServer,
+		PushWait:        true,
+		LossNotify:      false,
+		NativeSemaphore: true,
+		Shared:          !d.opts.Fair,
 	}
 }
 

@@ -160,9 +160,9 @@ func (h *Hold) Write() bool { return h.write }
 // passed through it.
 func (h *Hold) Token() dlock.Token { return h.token }
 
-// Granted returns when the hold began: when the request that completed it
+// GrantedAt returns when the hold began: when the request that completed it
 // was sent (for a write, the last read slot's; for a read, its slot's).
-func (h *Hold) Granted() time.Time { return h.granted }
+func (h *Hold) GrantedAt() time.Time { return h.granted }
 
 // Deadline returns the earliest deadline of the hold's leases: the hold is
 // lost by then unless they are renewed.
@@ -296,7 +296,7 @@ func (m *RWMutex) lock(ctx context.Context, wait bool) (*Hold, error) {
 			return nil, err
 		}
 		if m.Shared() {
-			return newHold(m, true, w.Token(), w.Granted(), w, nil), nil
+			return newHold(m, true, w.Token(), w.GrantedAt(), w, nil), nil
 		}
 		var slots *dlock.LeaseSet
 		if wait {
@@ -318,10 +318,10 @@ func (m *RWMutex) lock(ctx context.Context, wait bool) (*Hold, error) {
 			}
 			continue // take it again
 		}
-		granted := w.Granted()
+		granted := w.GrantedAt()
 		for _, l := range slots.Leases() {
-			if l.Granted().After(granted) {
-				granted = l.Granted()
+			if l.GrantedAt().After(granted) {
+				granted = l.GrantedAt()
 			}
 		}
 		return newHold(m, true, w.Token(), granted, w, slots), nil
@@ -360,7 +360,7 @@ func (m *RWMutex) rlock(ctx context.Context, wait bool) (*Hold, error) {
 		if err != nil {
 			return nil, err
 		}
-		return newHold(m, false, r.Token(), r.Granted(), r, nil), nil
+		return newHold(m, false, r.Token(), r.GrantedAt(), r, nil), nil
 	}
 	for {
 		w, err := m.take(ctx, wait, m.opts)
@@ -393,7 +393,7 @@ func (m *RWMutex) rlock(ctx context.Context, wait bool) (*Hold, error) {
 		case err != nil:
 			return nil, err
 		case lost == nil:
-			return newHold(m, false, w.Token(), p.Lease().Granted(), p.Lease(), nil), nil
+			return newHold(m, false, w.Token(), p.Lease().GrantedAt(), p.Lease(), nil), nil
 		case !wait:
 			return nil, lost
 		}

@@ -31,7 +31,7 @@
 // makes one attempt at each slot and does not queue.
 //
 // Where the backend has a counted semaphore of its own that dlock drives
-// (dlock.Capabilities().Counted: ZooKeeper, in the layout of Apache
+// (dlock.Capabilities().NativeSemaphore: ZooKeeper, in the layout of Apache
 // Curator's InterProcessSemaphoreV2; Redis, a sorted set of expiring
 // permits; etcd, a waiting room and one lock name per slot; and mem://), the
 // semaphore is that one instead (Native): each permit is one counted acquire
@@ -133,7 +133,7 @@ type Semaphore struct {
 	l       dlock.Locker
 	name    string
 	n       int
-	counted bool                  // in the backend's own layout: l.Capabilities().Counted
+	counted bool                  // in the backend's own layout: l.Capabilities().NativeSemaphore
 	opts    []dlock.AcquireOption // of a permit: the caller's, then its label and WithAnnounce (and mode.WithPermits)
 	cfg     config
 }
@@ -158,7 +158,7 @@ func New(l dlock.Locker, name string, n int, opts ...Option) (*Semaphore, error)
 	if err := CheckName(name); err != nil {
 		return nil, err
 	}
-	if l.Capabilities().Counted && !cfg.slotLocks {
+	if l.Capabilities().NativeSemaphore && !cfg.slotLocks {
 		// The driver records n beside the holder's label itself.
 		permit := append(cfg.lease[:len(cfg.lease):len(cfg.lease)],
 			dlock.WithLabel(dlock.DefaultLabel), dlock.WithAnnounce(), mode.WithPermits(n))
@@ -195,7 +195,7 @@ func (s *Semaphore) Name() string { return s.name }
 func (s *Semaphore) Permits() int { return s.n }
 
 // Native reports whether the semaphore is held in the backend's own layout
-// (its Locker's Capabilities().Counted) rather than in
+// (its Locker's Capabilities().NativeSemaphore) rather than in
 // slot locks.
 func (s *Semaphore) Native() bool { return s.counted }
 

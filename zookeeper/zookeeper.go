@@ -370,14 +370,14 @@ func (d *Driver) SessionTimeout() time.Duration {
 // layout of Curator's InterProcessSemaphoreV2 (see semaphore.go).
 func (d *Driver) Capabilities() backend.Capabilities {
 	return backend.Capabilities{
-		Fencing:       backend.FencingStrict,
-		FIFO:          true,
-		FaultTolerant: true,
-		TimeAuthority: backend.TimeServer,
-		PushWait:      true,
-		LossNotify:    true,
-		Shared:        true,
-		Counted:       true,
+		Fencing:         backend.FencingStrict,
+		FIFO:            true,
+		FaultTolerant:   true,
+		TimeAuthority:   backend.TimeServer,
+		PushWait:        true,
+		LossNotify:      true,
+		Shared:          true,
+		NativeSemaphore: true,
 	}
 }
 

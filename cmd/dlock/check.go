@@ -283,7 +283,7 @@ func printCapabilities(w io.Writer, plan checkPlan, c backend.Capabilities, shor
 		{"push-wait", yesNo(c.PushWait), explain(c.PushWait, "the backend wakes waiters on release", "waiters poll")},
 		{"loss-notify", yesNo(c.LossNotify), explain(c.LossNotify, "a lost lock is reported as it happens", "a lost lock is noticed at the next renewal")},
 		{"shared", yesNo(c.Shared), explain(c.Shared, "locks can be held shared (package rwlock's readers), in the backend's own layout", "no shared locks: rwlock uses its portable layout")},
-		{"counted", yesNo(c.Counted), explain(c.Counted, "semaphores in the backend's own layout (package semaphore's permits)", "no semaphore layout of its own: package semaphore uses slot locks")},
+		{"native-semaphore", yesNo(c.NativeSemaphore), explain(c.NativeSemaphore, "semaphores in the backend's own layout (package semaphore's permits)", "no semaphore layout of its own: package semaphore uses slot locks")},
 	})
 	if len(notes) > 0 {
 		fmt.Fprintln(w, "\nThe driver's notes on the deployment:")

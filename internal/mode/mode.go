@@ -37,7 +37,7 @@ func WithShared() dlock.AcquireOption { return hook.Shared().(dlock.AcquireOptio
 // holder using another is refused with dlock.ErrSizeMismatch where the
 // layout records it.
 //
-// Only a Locker whose Capabilities().Counted is true can: others
+// Only a Locker whose Capabilities().NativeSemaphore is true can: others
 // refuse it with an error matching errors.ErrUnsupported. n must be > 0 and
 // it cannot be combined with WithShared (errors matching
 // dlock.ErrInvalidOption); a counted acquire is never a nested hold
