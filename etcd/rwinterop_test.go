@@ -148,7 +148,7 @@ func TestSharedInterop(t *testing.T) {
 	// Waiters: a dlock Locker and a recipes/Mutex session on clients that
 	// report the watches they create.
 	wcli, dlockWatched := spyClient(t, srv.Endpoint())
-	wl, err := etcd.New(wcli, &etcd.Options{Prefix: testPrefix})
+	wl, err := etcd.New(ctx, wcli, &etcd.Options{Prefix: testPrefix})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -110,9 +110,8 @@ type Options struct {
 
 	// Checks says what to do when the server's configuration can break locks
 	// or tokens (see [Driver.CheckServer]): CheckWarn (the default, "")
-	// logs a warning to Logger, CheckError makes Open fail, CheckOff skips
-	// the check. Only Open, OpenUniversal and explicit CheckServer calls
-	// check; NewDriver and New do not (they have no ctx to bound the I/O).
+	// logs a warning to Logger, CheckError makes Open, OpenUniversal,
+	// NewDriver and New fail, CheckOff skips the check.
 	// DSN parameter "checks" ("warn", "error" or "off").
 	Checks CheckMode
 
@@ -207,14 +206,33 @@ var (
 // *goredis.ClusterClient, a Sentinel failover client, or anything else
 // implementing goredis.UniversalClient (a Ring is not suitable: it offers no
 // single source of truth for a key across its shards' failures). opts may be
-// nil for the defaults.
+// nil for the defaults. Bounded by ctx, it pings the deployment and runs the
+// startup check that Options.Checks configures, as Open does.
 //
 // The caller keeps ownership of client: the driver's Close does not close it.
 // The driver opens one extra pub/sub connection through client when a call
 // first has to wait, and closes it on Close. Set ContextTimeoutEnabled in the
 // client's options so that ctx deadlines bound each call's network I/O, as
 // Open does; otherwise go-redis bounds it by its read and write timeouts only.
-func NewDriver(client goredis.UniversalClient, opts *Options) (*Driver, error) {
+func NewDriver(ctx context.Context, client goredis.UniversalClient, opts *Options) (*Driver, error) {
+	d, err := newDriver(client, opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := rediscore.Ping(ctx, client); err != nil {
+		_ = d.Close()
+		return nil, fmt.Errorf("ping: %w", err)
+	}
+	if err := d.startupCheck(ctx); err != nil {
+		_ = d.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// newDriver is NewDriver without the I/O: it checks its arguments and builds
+// the driver.
+func newDriver(client goredis.UniversalClient, opts *Options) (*Driver, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil redis client", dlock.ErrInvalidOption)
 	}
@@ -232,11 +250,11 @@ func NewDriver(client goredis.UniversalClient, opts *Options) (*Driver, error) {
 	}, nil
 }
 
-// New returns a dlock.Locker over client: dlock.New(NewDriver(client, opts),
-// lockerOpts...). opts may be nil for the defaults. Closing the Locker does not
-// close client.
-func New(client goredis.UniversalClient, opts *Options, lockerOpts ...dlock.Option) (dlock.Locker, error) {
-	d, err := NewDriver(client, opts)
+// New returns a dlock.Locker over client: dlock.New(NewDriver(ctx, client,
+// opts), lockerOpts...). ctx bounds NewDriver's check of the deployment only.
+// opts may be nil for the defaults. Closing the Locker does not close client.
+func New(ctx context.Context, client goredis.UniversalClient, opts *Options, lockerOpts ...dlock.Option) (dlock.Locker, error) {
+	d, err := NewDriver(ctx, client, opts)
 	if err != nil {
 		return nil, &dlock.Error{Op: "open", Backend: "redis", Err: err}
 	}
@@ -286,7 +304,7 @@ func startOwned(ctx context.Context, client goredis.UniversalClient, o *Options,
 		_ = client.Close()
 		return nil, fmt.Errorf("ping %s: %w", where, err)
 	}
-	d, err := NewDriver(client, o)
+	d, err := newDriver(client, o)
 	if err != nil {
 		_ = client.Close()
 		return nil, err

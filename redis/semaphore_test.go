@@ -24,7 +24,7 @@ import (
 func newSemDriver(t *testing.T, srv *testenv.Redis, opts *redis.Options) *redis.Driver {
 	t.Helper()
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
-	d, err := redis.NewDriver(c, opts)
+	d, err := redis.NewDriver(context.Background(), c, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +189,7 @@ func TestPermitScriptCalls(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	hook := &countHook{count: map[string]int{}}
 	c.AddHook(hook)
-	l, err := redis.New(c, nil)
+	l, err := redis.New(ctx, c, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -52,7 +52,7 @@ func exists(t *testing.T, raw *goredis.Client, name string) bool {
 func crashableLocker(t *testing.T, srv *testenv.Redis, opts *redis.Options) (dlock.Locker, func()) {
 	t.Helper()
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
-	l, err := redis.New(c, opts)
+	l, err := redis.New(context.Background(), c, opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -564,10 +564,10 @@ func testOwnConnection(t *testing.T, srv *testenv.ZooKeeper, h *harness) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	if _, err := zookeeper.New(conn, nil); !errors.Is(err, dlock.ErrInvalidOption) || !strings.Contains(err.Error(), "SessionTimeout") {
+	if _, err := zookeeper.New(context.Background(), conn, nil); !errors.Is(err, dlock.ErrInvalidOption) || !strings.Contains(err.Error(), "SessionTimeout") {
 		t.Fatalf("New without a session timeout: %v, want ErrInvalidOption naming SessionTimeout", err)
 	}
-	l, err := zookeeper.New(conn, &zookeeper.Options{SessionTimeout: 4 * time.Second, Root: "/own"})
+	l, err := zookeeper.New(context.Background(), conn, &zookeeper.Options{SessionTimeout: 4 * time.Second, Root: "/own"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -600,7 +600,7 @@ func testOwnConnection(t *testing.T, srv *testenv.ZooKeeper, h *harness) {
 
 	// The driver follows the state of a connection it does not own: when the
 	// connection is gone, its leases end within the session timeout.
-	l2, err := zookeeper.New(conn, &zookeeper.Options{SessionTimeout: 4 * time.Second, Root: "/own"})
+	l2, err := zookeeper.New(context.Background(), conn, &zookeeper.Options{SessionTimeout: 4 * time.Second, Root: "/own"})
 	if err != nil {
 		t.Fatal(err)
 	}
