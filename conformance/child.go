@@ -199,10 +199,12 @@ func runHolderChild(c *childConn, spec childSpec) error {
 	defer l.Close()
 	if spec.Role == roleLeader {
 		var finish func()
-		err := election.Run(ctx, l, spec.Keys[0], spec.Name, election.Callbacks{}, func(tctx context.Context, ld *election.Leadership) error {
-			finish = holdAndReport(c, spec, ld.Lease(), tctx.Done(), func() error { return context.Cause(tctx) })
-			return election.ErrStop // Run resigns
-		}, dlock.WithTTL(spec.TTL))
+		err := election.Run(ctx, election.Config{Locker: l, Name: spec.Keys[0], Value: spec.Name,
+			AcquireOptions: []dlock.AcquireOption{dlock.WithTTL(spec.TTL)},
+			OnStartedLeading: func(tctx context.Context, ld *election.Leadership) error {
+				finish = holdAndReport(c, spec, ld.Lease(), tctx.Done(), func() error { return context.Cause(tctx) })
+				return election.ErrStop // Run resigns
+			}})
 		if finish != nil {
 			finish()
 		}
