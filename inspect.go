@@ -81,6 +81,16 @@ type Watcher interface {
 	Watch(ctx context.Context, key string, changed func()) error
 }
 
+// Unwrapper is implemented by a Locker that wraps another and passes keys to
+// it unchanged (one that adds metrics or retries, say): Unwrap returns the
+// Locker it wraps. Package rwlock compares Lockers unwrapped, so that it
+// refuses a hold nested in a hold of the same lock (rwlock.ErrNested)
+// through such a wrapper whatever its type. A wrapper that changes keys (adds
+// a prefix, say) must not implement it.
+type Unwrapper interface {
+	Unwrap() Locker
+}
+
 // errUnsupported wraps errors.ErrUnsupported for a Locker whose backend
 // cannot do op.
 func errUnsupported(backendName, op, what string) error {

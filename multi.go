@@ -13,7 +13,6 @@ import (
 
 	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/internal/clock"
-
 	"github.com/dlock-go/dlock/observe"
 )
 
@@ -31,10 +30,23 @@ type LeaseSet struct {
 	released bool
 }
 
+// MultiAcquirer is implemented by every Locker that Open and New return: it
+// takes a set of keys all or nothing (see the package-level AcquireAll and
+// TryAcquireAll, which are the way to call it), in one atomic step where the
+// backend can, and refuses a re-entrant set taken out of order
+// (ErrLockOrder). A Locker that wraps another keeps both by implementing it,
+// forwarding to dlock.AcquireAll and dlock.TryAcquireAll on the Locker it
+// wraps; without it, AcquireAll takes the keys with the wrapper's own
+// TryAcquire and Acquire, one key each.
+type MultiAcquirer interface {
+	AcquireAll(ctx context.Context, keys []string, opts ...AcquireOption) (*LeaseSet, error)
+	TryAcquireAll(ctx context.Context, keys []string, opts ...AcquireOption) (*LeaseSet, error)
+}
+
 // AcquireAll takes every key in keys on l, or none. It first tries to take
-// them all at once: in one atomic step where the backend can (etcd: one
-// transaction; see backend.MultiAcquirer), otherwise with one TryAcquire per
-// key, up to 16 in flight, giving back what it took if a key is held. If a key
+// them all at once: in one atomic step where the backend can (etcd and
+// mem://: one transaction; see backend.MultiAcquirer) and l is a
+// MultiAcquirer, otherwise with one TryAcquire per key, up to 16 in flight, giving back what it took if a key is held. If a key
 // is held (or a try failed), it then acquires the keys one at a time in
 // sorted order, waiting for each as Acquire does (riding out what Acquire
 // rides out), so that two callers asking for overlapping sets
@@ -52,22 +64,38 @@ type LeaseSet struct {
 // while holding the higher one. Keys held outside the set are the caller's
 // to order, as for Acquire.
 func AcquireAll(ctx context.Context, l Locker, keys []string, opts ...AcquireOption) (*LeaseSet, error) {
-	return acquireAll(ctx, l, keys, true, opts)
+	if m, ok := l.(MultiAcquirer); ok {
+		return m.AcquireAll(ctx, keys, opts...)
+	}
+	return acquireAll(ctx, l, nil, keys, true, opts)
 }
 
 // TryAcquireAll is AcquireAll with one attempt per key: if any key is held by
 // another owner, it releases the keys it took and returns an error matching
 // ErrNotAcquired that names that key.
 func TryAcquireAll(ctx context.Context, l Locker, keys []string, opts ...AcquireOption) (*LeaseSet, error) {
-	return acquireAll(ctx, l, keys, false, opts)
+	if m, ok := l.(MultiAcquirer); ok {
+		return m.TryAcquireAll(ctx, keys, opts...)
+	}
+	return acquireAll(ctx, l, nil, keys, false, opts)
 }
 
-func acquireAll(ctx context.Context, l Locker, keys []string, wait bool, opts []AcquireOption) (*LeaseSet, error) {
+func (l *locker) AcquireAll(ctx context.Context, keys []string, opts ...AcquireOption) (*LeaseSet, error) {
+	return acquireAll(ctx, l, l, keys, true, opts)
+}
+
+func (l *locker) TryAcquireAll(ctx context.Context, keys []string, opts ...AcquireOption) (*LeaseSet, error) {
+	return acquireAll(ctx, l, l, keys, false, opts)
+}
+
+// acquireAll is AcquireAll (wait) or TryAcquireAll on l; lk is l if l is a
+// Locker of this package (its atomic step and its lock-order check), else nil.
+func acquireAll(ctx context.Context, l Locker, lk *locker, keys []string, wait bool, opts []AcquireOption) (*LeaseSet, error) {
 	sorted, err := sortedKeys(keys)
 	if err != nil {
 		return nil, err
 	}
-	if lk, ok := l.(*locker); ok && wait {
+	if lk != nil && wait {
 		if err := lk.lockOrder(ctx, sorted, opts); err != nil {
 			return nil, err
 		}
@@ -75,7 +103,7 @@ func acquireAll(ctx context.Context, l Locker, keys []string, wait bool, opts []
 	if len(sorted) > 1 {
 		err := errNoAtomic
 		var leases []*Lease
-		if lk, ok := l.(*locker); ok {
+		if lk != nil {
 			leases, err = lk.tryAll(ctx, sorted, opts)
 		}
 		if errors.Is(err, errNoAtomic) {

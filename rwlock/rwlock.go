@@ -54,7 +54,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"reflect"
 	"slices"
 	"time"
 
@@ -72,10 +71,11 @@ const Readers = 16
 
 // ErrNested means Lock or RLock was called under a ctx that already carries
 // a hold of the same lock (the same name on the same Locker): an upgrade, a
-// downgrade or a second hold, which would wait for the caller itself. A
-// Locker whose type == cannot compare (a wrapper struct holding a slice, say;
-// never one dlock returns) is never taken for the same, so under it nothing
-// is refused as nested.
+// downgrade or a second hold, which would wait for the caller itself.
+// Lockers are compared unwrapped (dlock.Unwrapper): a wrapper that
+// implements it is the Locker it wraps. One that does not, and whose type ==
+// cannot compare (a struct holding a func, say; never one dlock returns), is
+// never taken for the same, so under it nothing is refused as nested.
 var ErrNested = errors.New("rwlock: ctx already holds this lock")
 
 // RWMutex is the read/write lock name on one Locker. It is safe for
@@ -259,12 +259,38 @@ func (m *RWMutex) nested(ctx context.Context) error {
 	return nil
 }
 
-// sameLocker reports whether a and b are the same Locker, without the panic
-// of == on a Locker whose type is not comparable.
-func sameLocker(a, b dlock.Locker) bool {
-	t := reflect.TypeOf(a)
-	return t == reflect.TypeOf(b) && t != nil && t.Comparable() && a == b
+// sameLocker reports whether a and b take the same locks: the same Locker
+// once each is unwrapped (dlock.Unwrapper). Lockers whose type == cannot
+// compare are never the same.
+func sameLocker(a, b dlock.Locker) (same bool) {
+	a, b = unwrap(a), unwrap(b)
+	defer func() {
+		if recover() != nil { // == on a type that cannot compare
+			same = false
+		}
+	}()
+	return a != nil && a == b
 }
+
+// unwrap returns the Locker l wraps, at the bottom of its dlock.Unwrapper
+// chain (at most maxUnwrap deep).
+func unwrap(l dlock.Locker) dlock.Locker {
+	for range maxUnwrap {
+		u, ok := l.(dlock.Unwrapper)
+		if !ok {
+			return l
+		}
+		inner := u.Unwrap()
+		if inner == nil {
+			return l
+		}
+		l = inner
+	}
+	return l
+}
+
+// maxUnwrap bounds the Unwrap chain unwrap follows (one that loops, say).
+const maxUnwrap = 64
 
 // Lock waits for a write hold or until ctx ends (the error then matches
 // dlock.ErrNotAcquired and ctx's error, and nothing is left behind).
