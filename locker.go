@@ -32,6 +32,21 @@
 // that counts a host suspend (CLOCK_BOOTTIME on Linux), so a VM pause or a sleep
 // that outlasts a lease ends it, as the server's own clock does. [Do] runs a
 // function under a lease and cancels its context the moment the lease is lost.
+//
+// # Options
+//
+// An [Option] configures a Locker (Open, New, a driver package's New), an
+// [AcquireOption] one acquire; a [LeaseOption] (WithTTL, WithLabel, …) is
+// both, the Locker's default or one lease's. An option given where it does
+// not belong does not compile. [WithObserver] and [WithLogger] report every
+// lease's events (package observe).
+//
+// # Wrappers
+//
+// A Locker that wraps another keeps what it forwards of the optional
+// interfaces that the Lockers of Open and New implement — [Inspector],
+// [Breaker], [Watcher], [MultiAcquirer] — and, if it passes keys on
+// unchanged, says so with [Unwrapper].
 package dlock
 
 import (
