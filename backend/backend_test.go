@@ -246,3 +246,14 @@ func TestRedactMalformedNested(t *testing.T) {
 		t.Errorf("RedactError = %v: holds the password", e)
 	}
 }
+
+func TestRedactKeepsEmptyAuthority(t *testing.T) {
+	u, err := url.Parse("migrate://?from=redis%3A%2F%2Fapp%3As3cret%40h%3A6379&to=etcd%3A%2F%2Fh%3A2379")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := backend.Redact(u)
+	if !strings.HasPrefix(got, "migrate://?") || strings.Contains(got, "s3cret") {
+		t.Errorf("Redact = %q, want migrate://?… with the password masked", got)
+	}
+}

@@ -4,12 +4,11 @@
 // [Capabilities]. Driver authors implement [Driver] and call [Register] from an
 // init function so that dlock.Open can find them by DSN scheme.
 //
-// A driver stays thin: it makes one attempt per call (Refresh excepted, see
-// there) and maps the backend's answers onto the contract below. Everything users see — key and option
-// validation, the closed state, keepalive, lease-loss signalling, error wrapping —
-// lives once in package dlock.
-//
-// This package imports only the standard library.
+// A driver stays thin: it makes one attempt per call (Refresh excepted) and
+// maps the backend's answers onto the contract below; validation, the closed
+// state, keepalive, loss signalling and error wrapping live once in package
+// dlock. docs/DESIGN.md has the contract in a page. This package imports only
+// the standard library.
 package backend
 
 import (
@@ -19,97 +18,74 @@ import (
 	"time"
 )
 
-// Errors a driver returns so that package dlock can tell the cases apart. Drivers
-// wrap them (fmt.Errorf("...: %w", backend.ErrHeld)) or return them as they are;
-// dlock matches them with errors.Is.
+// Errors a driver returns, wrapped or as they are, so that package dlock can
+// tell the cases apart with errors.Is.
 var (
 	// ErrHeld is returned by Driver.Acquire when req.Wait is false and another
 	// owner holds the lock.
 	ErrHeld = errors.New("lock held by another owner")
 
-	// ErrNotHeld is returned by Driver.Refresh and Driver.Release when the grant's
-	// owner no longer holds the lock: it expired, was deleted behind the driver's
-	// back, or the session that held it ended.
+	// ErrNotHeld is returned by Driver.Refresh and Driver.Release when the
+	// grant's owner no longer holds the lock (expired, deleted, session ended).
 	ErrNotHeld = errors.New("lock no longer held by this owner")
 
 	// ErrInvalidOption is wrapped by every error about a DSN parameter or
-	// option (Params.Done returns one). It is the same value as
-	// dlock.ErrInvalidOption, so applications match either.
+	// option; it is the same value as dlock.ErrInvalidOption.
 	ErrInvalidOption = errors.New("invalid option")
 
 	// ErrClosed is wrapped by every error a driver returns once Close has
-	// been called: a call that was waiting when Close came, and a second
-	// Close. It is the same value as dlock.ErrClosed.
+	// been called (a waiting call, a second Close); it is the same value as
+	// dlock.ErrClosed.
 	ErrClosed = errors.New("locker closed")
 
 	// ErrSizeMismatch is returned by Driver.Acquire for a counted request
-	// (AcquireRequest.Permits) when a holder of the semaphore uses another
-	// number of permits. It is the same value as dlock.ErrSizeMismatch.
+	// when a holder of the semaphore uses another number of permits; it is
+	// the same value as dlock.ErrSizeMismatch.
 	ErrSizeMismatch = errors.New("holders disagree on the number of permits")
 )
 
 // MaxLabelLen is the longest AcquireRequest.Label, in bytes.
 const MaxLabelLen = 128
 
-// Driver is implemented by each backend. Package dlock serialises nothing on a
-// driver's behalf: every method may be called concurrently from many goroutines,
-// for different grants and for the same key.
-//
-// Once Close has been called, dlock makes no further calls to the driver.
+// Driver is implemented by each backend. Every method may be called
+// concurrently, for different grants and for the same key; once Close has
+// been called, dlock makes no further calls.
 type Driver interface {
-	// Acquire asks for the lock req.Key on behalf of req.Owner for req.TTL.
-	//
-	// If req.Wait is false it makes one attempt and returns an error wrapping
-	// ErrHeld if another owner holds the lock. If req.Wait is true it waits,
-	// push-based where the backend allows, until the lock is granted or ctx is
-	// done; then it returns an error wrapping ctx.Err().
-	//
-	// ctx bounds the wait only. The lock, once granted, lives until it is
-	// released, expires, or its session ends. If ctx is done while a grant is in
-	// flight, the driver must not leave the grant or any queue entry behind: it
-	// either returns the grant or removes it before returning the error.
-	//
-	// On success the returned Grant is non-nil and its Key, Owner, Token, Start
-	// and Validity are set. For a counted request (req.Permits > 0) its Key
-	// names the permit's slot (PermitKey).
+	// Acquire asks for the lock req.Key for req.Owner and req.TTL: one attempt
+	// failing with ErrHeld if req.Wait is false, else a wait (pushed where the
+	// backend can) until granted or ctx is done, failing with ctx.Err(). ctx
+	// bounds the wait only, and a grant racing its end must be returned or
+	// removed, leaving no queue entry behind. The Grant has Key (PermitKey's
+	// for a counted request), Owner, Token, Start and Validity set.
 	Acquire(ctx context.Context, req AcquireRequest) (*Grant, error)
 
-	// Refresh extends g for ttl, measured from a moment no earlier than the call.
-	// It returns the validity of the extension, which dlock adds to the time it
-	// called Refresh to compute the lease's new deadline. It returns an error
-	// wrapping ErrNotHeld if g's owner no longer holds the lock; it never extends
-	// a lock held by another owner.
-	//
-	// Unlike the other methods, Refresh may retry transport errors (on another
-	// member of a cluster, say) until ctx is done: dlock's keepalive bounds ctx by
-	// the lease's deadline, so a retry can never extend belief in the lease past
-	// the time the backend may have dropped it. Since dlock ends the lease on any
-	// error from its keepalive's Refresh, return one only when the lock is known
-	// lost or cannot be confirmed before ctx ends.
+	// Refresh extends g for ttl, counted from no earlier than the call, and
+	// returns the validity of the extension; it fails with ErrNotHeld if g's
+	// owner no longer holds the lock, and never extends another owner's. It
+	// may retry transport errors until ctx (bounded by the lease's deadline)
+	// ends, and returns an error only when the lock is lost or cannot be
+	// confirmed in time: any error ends the lease.
 	Refresh(ctx context.Context, g *Grant, ttl time.Duration) (validity time.Duration, err error)
 
-	// Release gives up g. It is conditional on g.Owner: it never removes a lock
-	// held by another owner, and returns an error wrapping ErrNotHeld if g's owner
-	// no longer held the lock.
+	// Release gives up g, conditional on g.Owner: it never removes another
+	// owner's lock, and fails with ErrNotHeld if g's owner no longer held it.
 	Release(ctx context.Context, g *Grant) error
 
 	// Capabilities reports what the backend guarantees. It must return the same
 	// value on every call.
 	Capabilities() Capabilities
 
-	// Close releases the driver's resources (connections, sessions, goroutines).
-	// dlock releases every lease it knows of before calling Close, and calls
-	// it once. A call waiting in the driver when Close comes returns an error
-	// wrapping ErrClosed; so does a second Close, which does nothing else.
+	// Close releases the driver's resources (connections, sessions,
+	// goroutines); dlock releases its leases first. A call waiting in the
+	// driver and a second Close fail with ErrClosed.
 	Close() error
 }
 
 // AcquireRequest is the input of Driver.Acquire. dlock validates every field
 // before the driver sees it.
 type AcquireRequest struct {
-	// Key names the lock: 1 to dlock.MaxKeyLen bytes of valid UTF-8 without NUL.
-	// Drivers map it onto their backend's namespace injectively: two different
-	// keys never name the same lock.
+	// Key names the lock: 1 to dlock.MaxKeyLen bytes of valid UTF-8 without
+	// NUL. Drivers map it injectively: two keys never name the same lock.
 	Key string
 
 	// Owner is a random id (see NewOwnerID), unique to this lease. Refresh and
@@ -123,51 +99,34 @@ type AcquireRequest struct {
 	// Wait selects between one attempt (false) and waiting until granted (true).
 	Wait bool
 
-	// Label names the holder for people (dlock.WithLabel; by default
-	// "hostname:pid"): a driver that implements Inspector stores it with the
-	// grant where its backend has room, and reports it in LockInfo.Label. It
-	// is at most MaxLabelLen bytes of printable UTF-8; "" stores none.
+	// Label names the holder for people (dlock.WithLabel; default
+	// "hostname:pid"), at most MaxLabelLen bytes of printable UTF-8; an
+	// Inspector stores it where its backend has room. "" stores none.
 	Label string
 
-	// Shared asks for the lock in shared mode (package rwlock's readers): any number
-	// of shared holders at once, never alongside an exclusive holder. An
-	// exclusive request (Shared false) excludes every shared holder. dlock
-	// sets it only for a driver whose Capabilities().Shared is true. Such a
-	// driver grants a shared request neither while the lock is held
-	// exclusively nor while an exclusive request waits for it (a writer is not
-	// starved by a stream of readers), and gives every grant, shared or not, a
-	// token above every earlier grant's, as Capabilities().Fencing says.
+	// Shared asks for the lock in shared mode (package rwlock's readers; only where
+	// Capabilities().Shared): granted while no one holds it exclusively and
+	// no exclusive request waits. Every grant, shared or not, gets a token
+	// above every earlier grant's.
 	Shared bool
 
-	// Permits, if > 0, makes the request a counted one (package semaphore's permits):
-	// Key names a semaphore of Permits permits, not a lock, and the request is
-	// for one permit of it, in the backend's own semaphore layout, so that
-	// other clients of that layout interoperate. The driver grants it while
-	// fewer than Permits holders (its own and other clients') hold a permit,
-	// and picks the permit's slot: an index in [0, Permits) that no other
-	// holder of the driver's layout holds at the time. The grant's Key is
-	// PermitKey(Key, slot), and its Token is strictly greater than every
-	// earlier grant's of that slot (FencingStrict). If a holder uses another
-	// number of permits it returns an error wrapping ErrSizeMismatch, where
-	// the layout records the number. dlock sets Permits only for a driver
-	// whose Capabilities().NativeSemaphore is true, never together with Shared.
-	// 0, the default, asks for a lock.
+	// Permits, if > 0, asks for one of Permits permits of the semaphore Key,
+	// in the backend's own layout (package semaphore's permits; only where
+	// Capabilities().NativeSemaphore, never with Shared); 0, the default, asks for a
+	// lock. The grant's Key is PermitKey(Key, slot) for a slot no other holder
+	// has, its Token above every earlier grant's of that slot; a holder using
+	// another number of permits fails it with ErrSizeMismatch.
 	Permits int
 
-	// Announce asks the driver to announce this grant, the changes of its
-	// label and its release to Watch followers of Key where announcing costs
-	// the backend something per grant (PostgreSQL's NOTIFY). A driver that
-	// announces every change anyway, or has no Watch, ignores it.
+	// Announce asks a driver whose announcements cost something per grant
+	// (PostgreSQL's NOTIFY) to announce this grant, its label changes and its
+	// release to Watch followers; other drivers ignore it.
 	Announce bool
 
-	// OnLost is set by dlock. A driver that learns the lock granted by this
-	// Acquire is gone before its validity ends (a session expired, a watch saw
-	// the key deleted, the connection holding it died) calls OnLost with the
-	// cause, from whatever goroutine learned it: one watcher serving many
-	// grants needs no goroutine per grant. OnLost never blocks; calls after the
-	// first, and calls for a grant that was never returned, are ignored. It is
-	// the goroutine-free alternative to Grant.Lost: a driver uses one or the
-	// other.
+	// OnLost is set by dlock: a driver that learns the grant is gone before
+	// its validity ends calls it with the cause, from any goroutine (the
+	// alternative to Grant.Lost). It never blocks; calls after the first are
+	// ignored.
 	OnLost func(cause error)
 }
 
@@ -178,27 +137,22 @@ type Grant struct {
 	// PermitKey(req.Key, slot).
 	Key, Owner string
 
-	// Token is the fencing token of this grant: for a driver that claims
-	// FencingStrict it is strictly greater than the token of every earlier grant
-	// of Key, across all clients, releases, expiries and server restarts the
-	// backend survives. It is never 0 when the driver fences at all.
+	// Token is the grant's fencing token, never 0 where the driver fences;
+	// under FencingStrict it is above every earlier grant's of Key, across
+	// clients, releases, expiries and the restarts the backend survives.
 	Token uint64
 
-	// Start is the local time, read just before the request that won the grant
-	// was sent. Validity counts from Start, so time spent in flight and in the
-	// queue is never counted as held time. A zero Start makes dlock use the time
-	// Acquire was called.
+	// Start is the local time read just before the winning request was sent
+	// (zero: when Acquire was called); Validity counts from it.
 	Start time.Time
 
 	// Validity is how long after Start the lock is known to be held, after any
 	// allowance for clock drift (see DriftAllowance). Must be > 0.
 	Validity time.Duration
 
-	// Lost, if non-nil, is closed by the driver when the backend reports that the
-	// lock is gone before its validity ends (a session-bound backend's session
-	// expired or its connection died). dlock then closes the lease's Done at once.
-	// dlock watches it with one goroutine per lease; a driver that holds many
-	// leases calls AcquireRequest.OnLost instead.
+	// Lost, if non-nil, is closed by the driver when the backend reports the
+	// lock gone before its validity ends; dlock then ends the lease at once.
+	// A driver holding many leases calls AcquireRequest.OnLost instead.
 	Lost <-chan struct{}
 
 	// Data is driver-private state (a session, a node path, a revision).
@@ -212,16 +166,13 @@ const (
 	// FencingNone means the backend gives no usable token.
 	FencingNone FencingLevel = iota
 
-	// FencingTimingDependent means tokens increase as long as the backend's timing
-	// assumptions hold (bounded clock drift between servers, no restart without
-	// persistence before the maximum TTL has passed). Redlock is the example: a
-	// stale holder can, in those failure cases, carry a token higher than the
-	// current holder's.
+	// FencingTimingDependent means tokens increase as long as the backend's
+	// timing assumptions hold (bounded clock drift, no restart without
+	// persistence within a TTL), as with Redlock.
 	FencingTimingDependent
 
-	// FencingStrict means tokens strictly increase per key across every grant,
-	// whatever the timing, for all failures the backend's own durability
-	// survives.
+	// FencingStrict means tokens strictly increase per key, whatever the
+	// timing, through every failure the backend's durability survives.
 	FencingStrict
 )
 
@@ -243,13 +194,11 @@ type TimeAuthority int
 
 const (
 	// TimeServer means the server expires the lock on its own clock (Redis PX,
-	// an etcd lease, a ZooKeeper session). Clients only need their clock rate,
-	// not their wall time, to agree with the server's.
+	// an etcd lease, a ZooKeeper session); only clock rates must agree.
 	TimeServer TimeAuthority = iota
 
-	// TimeClient means the client's clock decides validity, and correctness
-	// depends on bounded drift between client and servers (Redlock's validity
-	// arithmetic).
+	// TimeClient means the client's clock decides validity, with bounded
+	// drift between client and servers assumed (Redlock).
 	TimeClient
 )
 
@@ -264,9 +213,8 @@ func (a TimeAuthority) String() string {
 	return "TimeAuthority(" + strconv.Itoa(int(a)) + ")"
 }
 
-// Capabilities are a backend's guarantees, stated so that code and the
-// conformance suite can tell a strict fencing backend from a timing-based one.
-// The conformance suite proves every capability a driver claims.
+// Capabilities are a backend's guarantees; the conformance suite proves every
+// one a driver claims.
 type Capabilities struct {
 	// Fencing is the meaning of Grant.Token.
 	Fencing FencingLevel
@@ -276,8 +224,7 @@ type Capabilities struct {
 	FIFO bool
 
 	// FaultTolerant is true if the lock survives the loss of a minority of
-	// servers (consensus backends, Redlock). A single Redis or PostgreSQL server
-	// is a single point of failure: false.
+	// servers (consensus backends, Redlock).
 	FaultTolerant bool
 
 	// TimeAuthority says whose clock expires a lease.
@@ -292,30 +239,23 @@ type Capabilities struct {
 	// refresh or at the deadline.
 	LossNotify bool
 
-	// Shared is true if the driver honours AcquireRequest.Shared, in the
-	// backend's own layout (PostgreSQL's pg_advisory_lock_shared, say), so that
-	// other clients of that layout interoperate. A Locker whose driver does not
-	// refuses a shared acquire with an error matching errors.ErrUnsupported.
+	// Shared is true if the driver honours AcquireRequest.Shared in the
+	// backend's own layout; elsewhere a shared acquire fails with
+	// errors.ErrUnsupported.
 	Shared bool
 
-	// NativeSemaphore is true if the driver has a semaphore of its own: it
-	// honours AcquireRequest.Permits in the backend's own semaphore layout
-	// (ZooKeeper: Apache Curator's InterProcessSemaphoreV2; Redis: a sorted
-	// set of expiring permits; etcd: a waiting room and one lock name per
-	// slot), so that other clients of that layout count toward the permits. A Locker whose driver does not
-	// refuses a counted acquire with an error matching errors.ErrUnsupported,
-	// and package semaphore uses its portable layout of slot locks there.
+	// NativeSemaphore is true if the driver honours AcquireRequest.Permits in the
+	// backend's own semaphore layout; elsewhere a counted acquire fails with
+	// errors.ErrUnsupported and package semaphore uses slot locks.
 	NativeSemaphore bool
 }
 
-// PermitKey is the key of slot i of the semaphore key: key + "/permits/" +
-// i, the key of the same slot's lock in package semaphore's portable
-// layout. A counted grant's Key (see AcquireRequest.Permits).
+// PermitKey returns the key of slot i of the semaphore key, key+"/permits/"+i:
+// a counted grant's Key, and the slot's lock in package semaphore's layout.
 func PermitKey(key string, i int) string { return key + "/permits/" + strconv.Itoa(i) }
 
-// Named is an optional interface a Driver may implement to name itself in
-// error messages ("redis", "etcd"). dlock.Open uses the DSN scheme instead;
-// dlock.New falls back to the driver's Go type.
+// Named is an optional interface a Driver implements to name itself in
+// dlock.New's error messages ("redis"); otherwise they name its Go type.
 type Named interface {
 	Name() string
 }

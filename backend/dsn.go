@@ -35,15 +35,18 @@ func ParseDSN(dsn string) (*url.URL, error) {
 }
 
 // Redact returns u as a string with every secret replaced by "xxxxx": the
-// password in its user info, the value of any query parameter whose name
-// contains "password" (as in postgres://…?password=…), and, recursively, the
-// secrets of any query value that is itself a DSN (as in
-// migrate://?from=redis://:pw@h&to=…).
+// user-info password, any query parameter whose name contains "password", and
+// the secrets of query values that are DSNs themselves.
 func Redact(u *url.URL) string {
 	if u == nil {
 		return ""
 	}
-	return redactURL(u, 0).Redacted()
+	r := redactURL(u, 0).Redacted()
+	if u.Opaque == "" && u.Host == "" && u.User == nil && u.Path == "" && u.Scheme != "" {
+		// url.URL drops the "//" of an empty authority (migrate://?from=…).
+		r = u.Scheme + "://" + strings.TrimPrefix(r, u.Scheme+":")
+	}
+	return r
 }
 
 // maxNesting bounds the recursion into DSNs nested in query values.
@@ -131,11 +134,9 @@ func secrets(u *url.URL, depth int) []string {
 	return out
 }
 
-// RedactError returns err with every form of every secret Redact masks in u
-// (as written, and query- or path-escaped, once or twice for a nested DSN)
-// replaced by "xxxxx" in its message, for errors from a client library that
-// may quote the DSN. errors.Is and errors.As still see the original error
-// through it. It returns err itself if the message holds no secret.
+// RedactError returns err with every form (plain or escaped) of every secret
+// Redact masks in u replaced by "xxxxx" in its message, still unwrapping to
+// err; it returns err itself if the message holds none.
 func RedactError(err error, u *url.URL) error {
 	if err == nil || u == nil {
 		return err
@@ -190,20 +191,17 @@ func SplitHosts(list, defaultPort string) ([]string, error) {
 	return hosts, nil
 }
 
-// Params reads the query parameters of a DSN. Each getter removes the parameter
-// it reads; Done then reports every parameter nobody asked for, so a typo such
-// as "?tll=10s" is an error instead of a silently ignored setting.
-//
-// Parameters may appear at most once.
+// Params reads the query parameters of a DSN, each at most once. Each getter
+// removes the parameter it reads; Done then reports every parameter nobody
+// asked for, so a typo such as "?tll=10s" is an error.
 type Params struct {
 	v     url.Values
 	errs  []error
 	asked []string // every name a getter was asked for, present or not: the known parameters
 }
 
-// NewParams reads the query of u. A query that does not parse (a ';'
-// separator, a bad %-escape) is recorded as an error for Done: the pairs
-// url.Values would drop silently are settings the user meant.
+// NewParams reads the query of u; a query that does not parse (a ';'
+// separator, a bad %-escape) is an error for Done.
 func NewParams(u *url.URL) *Params {
 	v, err := url.ParseQuery(u.RawQuery)
 	p := &Params{v: v}
@@ -305,14 +303,10 @@ func (p *Params) Rest() url.Values {
 // before the driver sees the DSN. Done names them among the known parameters.
 var PortableParams = []string{"ttl", "autorenew"}
 
-// Done returns nil if every parameter was well formed and read. Otherwise it
-// returns an error wrapping ErrInvalidOption that describes every malformed
-// parameter and every parameter that was never read, naming them (values are
-// not repeated: they may be secrets), and listing the known ones: every name
-// a getter was asked for, and PortableParams.
-//
-// Call it after the driver's last getter (and after Rest, for a driver that
-// hands the remaining parameters on to its client library).
+// Done, called after the last getter (and Rest), returns nil if every
+// parameter was well formed and read, else an error wrapping ErrInvalidOption
+// that names the malformed and unread ones (never their values) and the known
+// ones.
 func (p *Params) Done() error {
 	errs := p.errs
 	if len(p.v) > 0 {

@@ -16,18 +16,16 @@ func NewOwnerID() string {
 	return hex.EncodeToString(b[:])
 }
 
-// DriftAllowance is the part of a TTL a client must not count on, for clock-rate
-// differences between client and server and for timer slack: 1% of ttl plus 2 ms,
-// the allowance the Redlock algorithm prescribes. Drivers whose server expires
-// locks on its own clock subtract it from the TTL to get Grant.Validity.
+// DriftAllowance returns the part of ttl a client must not count on, for
+// clock-rate differences and timer slack: 1% of ttl plus 2ms, as Redlock
+// prescribes. Drivers subtract it from the TTL to get Grant.Validity.
 func DriftAllowance(ttl time.Duration) time.Duration {
 	return ttl/100 + 2*time.Millisecond
 }
 
-// Backoff yields jittered waits for drivers that must poll: each wait is drawn
-// uniformly from [d/2, d], where d starts at Min and doubles up to Max. Jitter
-// keeps waiters from stampeding in step. A Backoff is not safe for concurrent use;
-// use one per waiting call.
+// Backoff yields jittered waits for drivers that poll, each drawn uniformly
+// from [d/2, d], where d starts at Min and doubles up to Max. It is not safe
+// for concurrent use: use one per waiting call.
 type Backoff struct {
 	// Min is the first nominal wait. Default 10ms.
 	Min time.Duration

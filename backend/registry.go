@@ -7,10 +7,9 @@ import (
 	"sync"
 )
 
-// OpenFunc opens a driver from a parsed DSN. The URL has already been stripped
-// of dlock's portable parameters (such as ttl); the driver rejects any parameter
-// it does not know (see Params). Errors must not contain the URL's password:
-// use Redact when a message needs the DSN.
+// OpenFunc opens a driver from a parsed DSN, stripped of dlock's portable
+// parameters; it rejects unknown parameters (Params) and never puts the
+// password in an error (Redact).
 type OpenFunc func(ctx context.Context, u *url.URL) (Driver, error)
 
 var (
@@ -19,9 +18,8 @@ var (
 )
 
 // Register makes a driver available to dlock.Open under a DSN scheme, such as
-// "redis". It is meant to be called from a driver package's init function.
-// Like sql.Register it panics if open is nil, if scheme is empty, or if Register
-// is called twice with the same scheme: all three are programming errors.
+// "redis", from a driver package's init function. Like sql.Register it panics
+// on an empty scheme, a nil open or a scheme registered twice.
 func Register(scheme string, open OpenFunc) {
 	if scheme == "" {
 		panic("dlock/backend: Register with an empty scheme")

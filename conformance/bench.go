@@ -11,17 +11,9 @@ import (
 	"github.com/dlock-go/dlock"
 )
 
-// RunBenchmarks measures a backend through the public API:
-//
-//   - AcquireRelease: uncontended TryAcquire + Release, one locker.
-//   - Handoff8: 8 lockers contend for one key, each looping Acquire → Release.
-//     Besides ns/op it reports handoff-p50-µs and handoff-p99-µs (from the start
-//     of a Release to the next holder's grant), changed-hands-% (share of
-//     grants that went to a different locker than the previous one: 0% means
-//     the releaser always gets the lock straight back and waiters starve), and
-//     wait-p99-ms (time one Acquire waited).
-//
-// Compare backends and peers with benchstat; never assert on the numbers.
+// RunBenchmarks measures a backend through the public API: AcquireRelease
+// (uncontended TryAcquire and Release) and Handoff8 (MeasureHandoff with 8
+// lockers on one key). Compare with benchstat; never assert on the numbers.
 func RunBenchmarks(b *testing.B, h Harness) {
 	b.Run("AcquireRelease", func(b *testing.B) {
 		l := benchLocker(b, h)
@@ -66,16 +58,10 @@ func benchHandoff(b *testing.B, h Harness, n int) {
 	})
 }
 
-// MeasureHandoff runs n contenders that loop acquire → release on one lock
-// until b.N grants have been made in all. acquire(ctx, i) blocks until
-// contender i holds the lock and returns the function that releases it.
-//
-// Besides ns/op it reports handoff-p50-µs and handoff-p99-µs (from the start of
-// a release to the next grant), changed-hands-% (share of grants that went to
-// a different contender than the previous one) and wait-p99-ms (time one
-// acquire waited). It fails the benchmark if two contenders ever hold the lock
-// at once. RunBenchmarks uses it; use it to measure a peer library beside it
-// with the same metrics.
+// MeasureHandoff runs n contenders looping acquire (blocking until contender
+// i holds the lock) and release until b.N grants, and reports handoff-p50-µs,
+// handoff-p99-µs, changed-hands-% and wait-p99-ms; it fails if two contenders
+// ever hold the lock at once. Use it to measure a peer library alike.
 func MeasureHandoff(b *testing.B, n int, acquire func(ctx context.Context, i int) (release func() error, err error)) {
 	ctx := context.Background()
 	var (

@@ -33,12 +33,10 @@ const (
 // which the suite cannot start child processes.
 var mainCalled bool
 
-// Main must be called first in the TestMain of a package that runs RunFaults or
-// Soak, before flag parsing and m.Run. In a child process started by the suite
-// (the test binary re-executed with DLOCK_CONFORMANCE_CHILD set) it runs the
-// child's part — one lock holder, or the soak's lockers — and exits the
-// process; otherwise it returns at once. Without it, faults and soaks that
-// need a child process are skipped.
+// Main must be called first in the TestMain of a package that runs RunFaults
+// or Soak: in a child process the suite started (DLOCK_CONFORMANCE_CHILD set)
+// it runs the child's part and exits, else it returns at once. Without it,
+// faults and soaks that need a child are skipped.
 func Main(m *testing.M) {
 	mainCalled = true
 	role := os.Getenv(envChild)

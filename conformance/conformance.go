@@ -18,12 +18,10 @@ import (
 	"github.com/dlock-go/dlock/fencing"
 )
 
-// Crasher is an optional interface for backends where a holder that merely
-// stops renewing keeps its lock (a session that the client library keeps
-// alive by itself, as with ZooKeeper). Crash makes the locker's process vanish
-// as far as the servers can tell — its connections and sessions drop without a
-// release — while the Locker value stays usable for assertions. Without it, the
-// suite simulates a vanished holder by turning auto-renew off.
+// Crasher is an optional interface on a Harness whose holders keep their
+// locks without renewing (a ZooKeeper session): Crash drops l's connections
+// and sessions without a release, as a vanished process would. Without it,
+// the suite turns auto-renew off instead.
 type Crasher interface {
 	Crash(t testing.TB, l dlock.Locker)
 }

@@ -10,10 +10,8 @@ import (
 // classifies what happened as an Outcome.
 type Fault string
 
-// The faults the suite knows. Link faults (Partition, Disconnect and the
-// primitive cells that repeat Partition) and PauseHolder (and the cells that
-// repeat it) need only
-// FaultHarness.LinkedDSN; server faults need an
+// The faults the suite knows. Link faults and pauses (and the cells that
+// repeat them) need only FaultHarness.LinkedDSN; server faults need an
 // Injector in FaultHarness.ServerFaults.
 const (
 	// Partition blackholes the holder's link to every server for longer than
@@ -31,11 +29,9 @@ const (
 	// then resumes it with SIGCONT: a GC or VM pause.
 	PauseHolder Fault = "pause-holder"
 
-	// LeaderPartition is Partition with the holder a leader of an election
-	// (package election's Run: its term's function writes, and its ctx
-	// carries the loss) and the contender a candidate (Campaign). RunFaults
-	// runs it with the Partition cell's claim where the matrix has no cell
-	// of its own: a leader's term is the election lock's lease.
+	// LeaderPartition is Partition with the holder an election's leader
+	// (Run) and the contender a candidate (Campaign). Without a cell of its
+	// own it has Partition's claim.
 	LeaderPartition Fault = "leader-partition"
 
 	// LeaderPause is PauseHolder with the holder a leader, as
@@ -43,9 +39,8 @@ const (
 	LeaderPause Fault = "leader-pause"
 
 	// SemaphorePartition is Partition with the holder and the contender
-	// taking the one permit of a semaphore of 1 (package semaphore), fenced
-	// by the permit's token. Without a cell of its own it has Partition's
-	// claim: a permit is a lease on its slot's lock.
+	// taking the one permit of a semaphore of 1. Without a cell of its own
+	// it has Partition's claim.
 	SemaphorePartition Fault = "semaphore-partition"
 
 	// SemaphorePause is PauseHolder with a permit, as SemaphorePartition is
@@ -53,9 +48,8 @@ const (
 	SemaphorePause Fault = "semaphore-pause"
 
 	// WriterPartition is Partition with the holder and the contender taking
-	// the write side of a read/write lock (package rwlock), fenced by the
-	// write hold's token. Without a cell of its own it has Partition's
-	// claim: a write hold is the write lock's lease and the read slots'.
+	// the write side of a read/write lock. Without a cell of its own it has
+	// Partition's claim.
 	WriterPartition Fault = "rw-partition"
 
 	// WriterPause is PauseHolder with a write hold, as WriterPartition is
@@ -94,11 +88,9 @@ const (
 	// granted it meanwhile.
 	Held Outcome = 1 << iota
 
-	// LossDetected: the holder lost the lock and was told — its lease's Done
-	// closed or its Deadline passed, whichever came first (a paused process
-	// cannot close Done; Done fires a little after the Deadline on a loaded
-	// machine) — no later than the next grant of the key. Safe without
-	// fencing.
+	// LossDetected: the holder lost the lock and was told (its Done closed
+	// or its Deadline passed) no later than the next grant of the key. Safe
+	// without fencing.
 	LossDetected
 
 	// Fenced: two holders overlapped (the next grant came before the old
@@ -106,10 +98,9 @@ const (
 	// write. Safe with fencing only.
 	Fenced
 
-	// Unsafe: a stale write was accepted, an update was lost, the
-	// register's history is not linearizable, or the next grant's token is
-	// not above the holder's. Documented, never silently accepted: an
-	// expected Unsafe cell must reproduce as Unsafe.
+	// Unsafe: a stale write was accepted, an update was lost, or the next
+	// grant's token is not above the holder's. An expected Unsafe cell must
+	// reproduce as Unsafe.
 	Unsafe
 )
 
@@ -170,10 +161,9 @@ type FaultHarness interface {
 	// "redis-aof", "redlock-5", "etcd-3", "zookeeper-3", "postgres".
 	Deployment() string
 
-	// LinkedDSN returns a DSN that reaches the deployment through a new
-	// Link (one proxy per server), and the Link. The suite opens it with
-	// dlock.Open in-process, or passes it to a child process for
-	// PauseHolder, so it must be self-contained (credentials included).
+	// LinkedDSN returns a self-contained DSN (credentials included) that
+	// reaches the deployment through a new Link, one proxy per server, and
+	// the Link.
 	LinkedDSN(t testing.TB) (dsn string, link Link)
 
 	// ServerFaults maps each server fault the deployment can take
@@ -197,10 +187,9 @@ type Process interface {
 	Resume()
 }
 
-// ProcessFaults is ServerFaults for a deployment that is one process p: the
-// restart fault (Restart, or RestartEmpty for a server that keeps nothing
-// across it) kills p and heals by restarting it, and Stall stops p and heals
-// by resuming it.
+// ProcessFaults is ServerFaults for a deployment that is one process p:
+// restart (Restart, or RestartEmpty for a server that keeps nothing) kills
+// and restarts p, and Stall stops and resumes it.
 func ProcessFaults(p Process, restart Fault) map[Fault]Injector {
 	return map[Fault]Injector{
 		restart: func(testing.TB, string) func() {

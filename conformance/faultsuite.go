@@ -22,9 +22,8 @@ import (
 )
 
 // FailoverTimer is an optional interface on a FaultHarness whose deployment
-// needs time to serve again after a fault is healed (a leader election, a
-// session re-established): the liveness check after heal waits TTL +
-// FailoverTime + 5s. Without it, FailoverTime counts as 0.
+// needs time to serve again after a heal (a leader election): the liveness
+// check waits TTL + FailoverTime + 5s, FailoverTime 0 without it.
 type FailoverTimer interface {
 	FailoverTime() time.Duration
 }
@@ -50,18 +49,21 @@ func trials() int {
 // faultOrder is the order in which RunFaults runs the known faults; others
 // follow in name order.
 var faultOrder = []Fault{Partition, Disconnect, PauseHolder, LeaderPartition, LeaderPause,
-	SemaphorePartition, SemaphorePause, WriterPartition, WriterPause, Restart, RestartEmpty, Stall, KillLeader, ClockJump}
+	SemaphorePartition, SemaphorePause, SemaphoreCrowdPartition, WriterPartition, WriterPause, ReaderPartition,
+	Restart, RestartEmpty, Stall, KillLeader, ClockJump}
 
 // A role is what the holder and the contender of a trial take: a lock, an
-// election's leadership, a semaphore's permit or a read/write lock's write
-// side.
+// election's leadership, a semaphore's permit (of a semaphore of 1, or of
+// crowdPermits) or a read/write lock's write or read side.
 type role string
 
 const (
-	roleLock   role = ""
-	roleLeader role = "leader"
-	rolePermit role = "permit"
-	roleWriter role = "writer"
+	roleLock    role = ""
+	roleLeader  role = "leader"
+	rolePermit  role = "permit"
+	rolePermits role = "permit-of-3"
+	roleWriter  role = "writer"
+	roleReader  role = "reader"
 )
 
 // primitiveFaults maps each fault that repeats a lock fault with another
@@ -76,6 +78,9 @@ var primitiveFaults = map[Fault]struct {
 	SemaphorePause:     {PauseHolder, rolePermit},
 	WriterPartition:    {Partition, roleWriter},
 	WriterPause:        {PauseHolder, roleWriter},
+
+	SemaphoreCrowdPartition: {Partition, rolePermits},
+	ReaderPartition:         {Partition, roleReader},
 }
 
 // roleWhy says why a lock fault's claim holds for a role.
@@ -83,6 +88,10 @@ var roleWhy = map[role]string{
 	roleLeader: "the leader's term is the election lock's lease, and Run cancels its ctx when it ends",
 	rolePermit: "a permit is the lease on its slot's lock, fenced by that lock's token",
 	roleWriter: "a write hold is the write lock's lease (fenced by its token) and the read slots' leases",
+	rolePermits: "a permit of a semaphore of 3 is the lease on one of its 3 slots' locks, fenced per slot, so with 4 contenders " +
+		"no more than 3 hold at once unless the lost holder's slot is granted before its lease ends",
+	roleReader: "a read hold is the lease on a read slot, which the writer must take too (on a backend's own shared lock, a shared lease " +
+		"the writer waits for), fenced by one guard with the writer, and a reader that asks once the writer is in waits for it",
 }
 
 // withPrimitiveCells returns m with the primitive cells it lacks, each with
@@ -152,50 +161,11 @@ func lasting(f Fault) bool {
 	return true
 }
 
-// RunFaults runs the fault matrix m against h: for each cell, in a stable
-// order (the order of the Fault constants, then by name), a subtest named
-// after the fault runs one trial (more with the test flag -faults.trials=N or
-// $DLOCK_FAULT_TRIALS). A cell with Expect.Skip is skipped with its reason,
-// and so is a fault the harness cannot inject (a server fault missing from
-// ServerFaults, a link fault with a nil Link, PauseHolder without Main in
-// TestMain).
-//
-// A trial: a holder — in-process through dlock.Open(LinkedDSN), or for
-// PauseHolder a child process — acquires a fresh key with the short TTL
-// (ShortTTLer, else DefaultShortTTL) and auto-renew, and keeps incrementing a
-// counter in a fenced register (a fencing.Guard in the test process; a child
-// reaches it over a pipe): a fenced read, think time, a fenced write. A
-// contender from h.NewLocker waits for the key. The fault is injected at a
-// random phase of the refresh tick (TTL/3 + U[0, TTL/3) after the grant); link
-// faults, PauseHolder, Stall and KillLeader last 2×TTL, the others are healed
-// as soon as they are in effect. Then the trial checks liveness (someone holds
-// the key within TTL + FailoverTime + 5s of the heal), lets the holder notice
-// its loss (up to 2×TTL + 5s), stops both, checks Residue when h is an
-// Inspector, and classifies the trial (see Outcome). Times are compared on
-// the wall clock, so a child's times compare with the parent's:
-//
-//   - the holder's lease counts until the earliest of when its Done closed,
-//     its Deadline if it was lost (for the child holder, the last Deadline it
-//     reported, every TTL/100), and when it called Release: Done is scheduled
-//     at the Deadline but fires late on a loaded machine, and a paused process
-//     cannot close it at all, while no holder is entitled to write after its
-//     Deadline or once it has asked to release; its loss time is that end,
-//     when the lease was lost;
-//   - the contender's grant time is when its Acquire returned;
-//   - Held: the holder never lost its lease and the contender was granted
-//     only after the holder called Release; LossDetected: loss time ≤ grant
-//     time; Fenced: the grant came before the holder's lease ended, and the
-//     checks below pass; Unsafe: a
-//     stale write was accepted (a request of the older lease accepted after
-//     one of the newer lease reached the register), porcupine finds the
-//     register's history not linearizable (a lost update), or the
-//     contender's token is not above the holder's (fencing could not tell
-//     the two apart, whatever the timing).
-//
-// The detection latency of a trial is the holder's loss time minus the time
-// the fault was injected (none when Held). An observed outcome outside
-// Expect.Outcome fails the trial with the evidence. Each cell appends a
-// Record to $DLOCK_SAFETY_OUT when set (see WriteRecord).
+// RunFaults runs the fault matrix m against h: one subtest per cell, one
+// trial each (-faults.trials=N or $DLOCK_FAULT_TRIALS for more), skipping the
+// cells with Expect.Skip and the faults h cannot inject. A trial whose
+// outcome is outside Expect.Outcome fails; each cell appends a Record to
+// $DLOCK_SAFETY_OUT when set. CONTRIBUTING.md says how a trial is judged.
 func RunFaults(t *testing.T, h FaultHarness, m Matrix) {
 	t.Helper()
 	fs := &faultSuite{h: h, ttl: DefaultShortTTL}
@@ -382,6 +352,7 @@ type holderView struct {
 	gone    chan struct{} // closed once the holder (goroutine or child) has finished
 
 	mu       sync.Mutex
+	key      string // the register key of its requests
 	token    dlock.Token
 	grantAt  int64
 	deadline int64 // the latest known Deadline
@@ -395,9 +366,9 @@ func newHolderView() *holderView {
 	return &holderView{granted: make(chan struct{}), ended: make(chan struct{}), gone: make(chan struct{})}
 }
 
-func (v *holderView) grant(tok dlock.Token, at, deadline int64) {
+func (v *holderView) grant(key string, tok dlock.Token, at, deadline int64) {
 	v.mu.Lock()
-	v.token, v.grantAt, v.deadline = tok, at, deadline
+	v.key, v.token, v.grantAt, v.deadline = key, tok, at, deadline
 	v.mu.Unlock()
 	close(v.granted)
 }
@@ -412,8 +383,10 @@ func (v *holderView) end(at int64, lost bool, err string) {
 	close(v.ended)
 }
 
-// localHolder runs the holder in-process, through dlock.Open(dsn). stop
-// releases its lease, closes its locker and waits for it.
+// localHolder runs the holder in-process, through dlock.Open(dsn). It
+// releases its hold once the hold ends, or when stop is called; it closes
+// its Locker only when stop is called (after the heal), as the child holder
+// does. stop waits for it.
 func (fs *faultSuite) localHolder(t *testing.T, dsn, k string, reg *register, r role) (*holderView, func() error) {
 	v := newHolderView()
 	ctx, cancel := context.WithCancel(context.Background())
@@ -432,34 +405,35 @@ func (fs *faultSuite) localHolder(t *testing.T, dsn, k string, reg *register, r 
 				return fmt.Errorf("holder: open %s: %w", dsn, err)
 			}
 			defer l.Close()
-			lease, release, err := take(octx, l, k, r, fs.ttl)
+			h, err := takeHold(octx, l, k, r, fs.ttl)
 			if err != nil {
 				return fmt.Errorf("holder: acquire: %w", err)
 			}
-			ref := leaseRef{Label: "holder", Token: lease.Token(), Granted: time.Now().UnixNano()}
-			v.grant(ref.Token, ref.Granted, 0)
+			ref := leaseRef{Label: "holder", Token: h.token, Granted: time.Now().UnixNano()}
+			v.grant(h.key, ref.Token, ref.Granted, 0)
 			watched := make(chan struct{})
-			go func() { // owned by the holder: ends with the lease
+			go func() { // owned by the holder: ends with the hold
 				defer close(watched)
-				<-lease.Done()
+				<-h.done
 				at := time.Now()
 				v.mu.Lock()
-				v.deadline = at.Add(lease.Deadline().Sub(at)).UnixNano() // on the wall clock
+				v.deadline = at.Add(h.deadline().Sub(at)).UnixNano() // on the wall clock
 				v.mu.Unlock()
-				v.end(at.UnixNano(), errors.Is(lease.Err(), dlock.ErrLeaseLost), fmt.Sprint(lease.Err()))
+				v.end(at.UnixNano(), errors.Is(h.err(), dlock.ErrLeaseLost), fmt.Sprint(h.err()))
 			}()
-			for lease.Err() == nil && ctx.Err() == nil {
-				localIncrement(reg, k, ref, fs.ttl/10)
+			for h.err() == nil && ctx.Err() == nil {
+				h.work(reg, ref, fs.ttl/10)
 				select {
 				case <-ctx.Done():
-				case <-time.After(fs.ttl / 20): // pacing between increments
+				case <-time.After(fs.ttl / 20): // pacing between requests
 				}
 			}
 			v.mu.Lock()
 			v.relAt = time.Now().UnixNano()
 			v.mu.Unlock()
-			err = release(context.Background())
+			err = h.release(context.Background())
 			<-watched
+			<-ctx.Done() // the Locker finishes its clean-up until the trial stops the holder
 			if err != nil && !errors.Is(err, dlock.ErrLeaseLost) && !errors.Is(err, dlock.ErrReleased) {
 				return fmt.Errorf("holder: release: %w", err)
 			}
@@ -498,7 +472,7 @@ func (fs *faultSuite) localLeader(ctx context.Context, dsn, k string, reg *regis
 			terms++
 			lease := ld.Lease()
 			ref := leaseRef{Label: "holder", Token: lease.Token(), Granted: time.Now().UnixNano()}
-			v.grant(ref.Token, ref.Granted, 0)
+			v.grant(k, ref.Token, ref.Granted, 0)
 			go func() { // owned by the leader: ends with the term, which Run ends after this function
 				defer close(watched)
 				<-tctx.Done()
@@ -562,7 +536,7 @@ func (fs *faultSuite) childHolder(t *testing.T, dsn, k string, reg *register, r 
 			case "grant":
 				if !granted {
 					granted = true
-					v.grant(m.Token, m.At, m.Deadline)
+					v.grant(k, m.Token, m.At, m.Deadline)
 				}
 			case "deadline":
 				v.mu.Lock()
@@ -656,40 +630,108 @@ func (fs *faultSuite) startContender(t *testing.T, k string, reg *register, boun
 	return c
 }
 
-// take acquires k on l in role r (not roleLeader): the lease that stands for
-// the hold (a lock's lease; a permit's, of a semaphore of 1 named k; a write
-// hold's write lock lease, of the read/write lock k) and the release of the
-// whole hold.
+// take acquires k on l in role r (not roleLeader, rolePermits or
+// roleReader): the lease that stands for the hold (a lock's lease; a
+// permit's, of a semaphore of 1 named k; a write hold's write lock lease, of
+// the read/write lock k) and the release of the whole hold.
 func take(ctx context.Context, l dlock.Locker, k string, r role, ttl time.Duration) (*dlock.Lease, func(context.Context) error, error) {
+	h, err := takeHold(ctx, l, k, r, ttl)
+	if err != nil {
+		return nil, nil, err
+	}
+	return h.lease, h.release, nil
+}
+
+// A hold is what a trial's holder or contender holds in its role: the lease
+// that stands for it, the token and the register key of its requests, and
+// the hold's own Done, Err, Deadline and release (a write hold's span its
+// read slots' leases too).
+type hold struct {
+	lease    *dlock.Lease
+	token    dlock.Token
+	key      string    // the register key: k, or a permit's slot key in a semaphore of 3
+	read     bool      // a read hold: its requests only read
+	granted  time.Time // when the request that completed the hold was sent
+	keys     []string  // the keys the backend stores for the primitive (for Residue)
+	done     <-chan struct{}
+	err      func() error
+	deadline func() time.Time
+	release  func(context.Context) error
+}
+
+// leaseHold is the hold of one lease whose requests go to key.
+func leaseHold(lease *dlock.Lease, key string) hold {
+	return hold{lease: lease, token: lease.Token(), key: key, granted: lease.GrantedAt(), keys: []string{lease.Key()},
+		done: lease.Done(), err: lease.Err, deadline: lease.Deadline, release: lease.Release}
+}
+
+// rwHold is the hold h of the read/write lock m, whose requests go to key.
+func rwHold(m *rwlock.RWMutex, h *rwlock.Hold, key string) hold {
+	return hold{lease: h.Lease(), token: h.Token(), key: key, read: !h.Write(), granted: h.GrantedAt(),
+		keys: append(m.ReadKeys(), m.WriteKey()), done: h.Done(), err: h.Err, deadline: h.Deadline, release: h.Release}
+}
+
+// work makes one request of h to the register: a fenced read for a read
+// hold, else an increment (see localIncrement).
+func (h hold) work(reg *register, ref leaseRef, think time.Duration) {
+	if h.read {
+		reg.op(h.key, ref, false, 0)
+		return
+	}
+	localIncrement(reg, h.key, ref, think)
+}
+
+// takeHold acquires k on l in role r (not roleLeader): a lock; a permit of a
+// semaphore of 1 named k (its requests go to k) or of crowdPermits (they go
+// to the permit's slot key); the write or the read side of the read/write
+// lock k (they go to k).
+func takeHold(ctx context.Context, l dlock.Locker, k string, r role, ttl time.Duration) (hold, error) {
 	switch r {
-	case rolePermit:
-		sem, err := semaphore.New(l, k, 1, semaphore.WithLeaseOptions(dlock.WithTTL(ttl)), semaphore.WithPollInterval(ttl/10))
+	case rolePermit, rolePermits:
+		n := 1
+		if r == rolePermits {
+			n = crowdPermits
+		}
+		sem, err := semaphore.New(l, k, n, semaphore.WithLeaseOptions(dlock.WithTTL(ttl)), semaphore.WithPollInterval(ttl/10))
 		if err != nil {
-			return nil, nil, err
+			return hold{}, err
 		}
 		p, err := sem.Acquire(ctx)
 		if err != nil {
-			return nil, nil, err
+			return hold{}, err
 		}
-		return p.Lease(), p.Release, nil
-	case roleWriter:
+		h := leaseHold(p.Lease(), k)
+		h.release = p.Release
+		if r == rolePermits {
+			h.key = p.Key()
+			h.keys = []string{k + "/permits/queue"}
+			for i := range n {
+				h.keys = append(h.keys, sem.SlotKey(i))
+			}
+		}
+		return h, nil
+	case roleWriter, roleReader:
 		m, err := rwlock.New(l, k, dlock.WithTTL(ttl))
 		if err != nil {
-			return nil, nil, err
+			return hold{}, err
 		}
-		h, err := m.Lock(ctx)
+		lock := m.Lock
+		if r == roleReader {
+			lock = m.RLock
+		}
+		h, err := lock(ctx)
 		if err != nil {
-			return nil, nil, err
+			return hold{}, err
 		}
-		return h.Lease(), h.Release, nil
+		return rwHold(m, h, k), nil
 	case roleLock:
 		lease, err := l.Acquire(ctx, k, dlock.WithTTL(ttl))
 		if err != nil {
-			return nil, nil, err
+			return hold{}, err
 		}
-		return lease, lease.Release, nil
+		return leaseHold(lease, k), nil
 	}
-	return nil, nil, fmt.Errorf("take: role %q has a path of its own", r)
+	return hold{}, fmt.Errorf("take: role %q has a path of its own", r)
 }
 
 // sleepUntil sleeps until the wall time at: the trial's schedule, not a
@@ -715,14 +757,10 @@ func awaitGrant(hv *holderView, stop func() error) (ended bool, err error) {
 	}
 }
 
-func (fs *faultSuite) trial(t *testing.T, f Fault) trialResult {
-	ttl := fs.ttl
-	k := key(t)
-	reg := newRegister()
-	dsn, link := fs.h.LinkedDSN(t)
-	if isLinkFault(f) && link == nil {
-		return trialResult{skip: fmt.Sprintf("the %s harness has no Link (LinkedDSN returned nil), so it cannot take %s", fs.h.Deployment(), f)}
-	}
+// startHolder starts the trial's holder of k in f's role (a child process
+// for PauseHolder and the cells that repeat it) and waits for its grant. It
+// returns the holder's view, its child (or nil), its stop and its Link.
+func (fs *faultSuite) startHolder(t *testing.T, f Fault, k string, reg *register, dsn string, link Link) (*holderView, *child, func() error, Link) {
 	var (
 		hv         *holderView
 		ch         *child
@@ -753,8 +791,57 @@ func (fs *faultSuite) trial(t *testing.T, f Fault) trialResult {
 		if err != nil {
 			t.Fatalf("%s: %q: %v", f, k, err)
 		}
-		break
+		return hv, ch, stopHolder, link
 	}
+}
+
+// awaitSuccessor is a trial's liveness check: someone holds the holder's
+// place (granted is closed once a contender takes it) within the bound after
+// healedAt. A holder whose lease is still on 2×TTL + FailoverTime after heal
+// kept it through the fault (a lost key would have been granted by then): it
+// is stopped, and a contender must then get in. It returns the failures.
+func (fs *faultSuite) awaitSuccessor(granted <-chan struct{}, hv *holderView, stopHolder func() error, k string, healedAt time.Time) []string {
+	var failures []string
+	bound := fs.ttl + fs.failover + livenessSlack
+	heldAt := healedAt.Add(2*fs.ttl + fs.failover)
+	select {
+	case <-granted:
+	case <-time.After(time.Until(heldAt)):
+		select {
+		case <-granted:
+		case <-hv.ended:
+			select {
+			case <-granted:
+			case <-time.After(time.Until(healedAt.Add(bound))):
+				failures = append(failures, fmt.Sprintf("liveness: nobody holds %q %v after heal (holder's lease ended: %s)", k, bound, hv.endErr))
+			}
+		default:
+			if err := stopHolder(); err != nil {
+				failures = append(failures, err.Error())
+			}
+			select {
+			case <-granted:
+			case <-time.After(bound):
+				failures = append(failures, fmt.Sprintf("liveness: the contender did not get %q within %v of the holder's release", k, bound))
+			}
+		}
+	}
+	return failures
+}
+
+func (fs *faultSuite) trial(t *testing.T, f Fault) trialResult {
+	if isCrowd(f) {
+		return fs.crowdTrial(t, f)
+	}
+	ttl := fs.ttl
+	k := key(t)
+	reg := newRegister()
+	dsn, link := fs.h.LinkedDSN(t)
+	if isLinkFault(f) && link == nil {
+		return trialResult{skip: fmt.Sprintf("the %s harness has no Link (LinkedDSN returned nil), so it cannot take %s", fs.h.Deployment(), f)}
+	}
+	base, r := baseFault(f)
+	hv, ch, stopHolder, link := fs.startHolder(t, f, k, reg, dsn, link)
 	hv.mu.Lock()
 	grantAt := time.Unix(0, hv.grantAt)
 	hv.mu.Unlock()
@@ -789,33 +876,7 @@ func (fs *faultSuite) trial(t *testing.T, f Fault) trialResult {
 	healedAt := time.Now()
 
 	var res trialResult
-	// Liveness: someone holds the key within the bound after heal. A holder
-	// whose lease is still on 2×TTL + FailoverTime after heal kept the lock
-	// through the fault (a lost key would have been granted by then): let it
-	// go, and the contender must get the key.
-	heldAt := healedAt.Add(2*ttl + fs.failover)
-	select {
-	case <-c.granted:
-	case <-time.After(time.Until(heldAt)):
-		select {
-		case <-c.granted:
-		case <-hv.ended:
-			select {
-			case <-c.granted:
-			case <-time.After(time.Until(healedAt.Add(bound))):
-				res.failures = append(res.failures, fmt.Sprintf("liveness: nobody holds %q %v after heal (holder's lease ended: %s)", k, bound, hv.endErr))
-			}
-		default:
-			if err := stopHolder(); err != nil {
-				res.failures = append(res.failures, err.Error())
-			}
-			select {
-			case <-c.granted:
-			case <-time.After(bound):
-				res.failures = append(res.failures, fmt.Sprintf("liveness: the contender did not get %q within %v of the holder's release", k, bound))
-			}
-		}
-	}
+	res.failures = fs.awaitSuccessor(c.granted, hv, stopHolder, k, healedAt)
 	// Let the holder notice its loss, then stop both.
 	select {
 	case <-hv.ended:
@@ -840,15 +901,7 @@ func (fs *faultSuite) trial(t *testing.T, f Fault) trialResult {
 	c.mu.Lock()
 	tokC, g, sent := c.token, c.grantAt, c.sentAt
 	c.mu.Unlock()
-	// The holder's lease counts until the earliest of: Done closed, its
-	// Deadline (if lost), its call to Release.
-	until := endAt
-	if lost && deadline != 0 && (until == 0 || deadline < until) {
-		until = deadline
-	}
-	if relAt != 0 && (until == 0 || relAt < until) {
-		until = relAt
-	}
+	until := tenureEnd(endAt, lost, deadline, relAt)
 	accepted, rejected, stale, staleEv := reg.counts()
 	res.stale = stale
 	res.latency = -1
@@ -896,6 +949,20 @@ func (fs *faultSuite) trial(t *testing.T, f Fault) trialResult {
 	}
 	res.evidence = ev.String()
 	return res
+}
+
+// tenureEnd returns until when a lease counts as its holder's (wall ns; 0:
+// never ended): the earliest of when its Done closed, its Deadline if it was
+// lost, and its holder's call to Release.
+func tenureEnd(doneAt int64, lost bool, deadline, relAt int64) int64 {
+	until := doneAt
+	if lost && deadline != 0 && (until == 0 || deadline < until) {
+		until = deadline
+	}
+	if relAt != 0 && (until == 0 || relAt < until) {
+		until = relAt
+	}
+	return until
 }
 
 // tokenRegressed reports whether the contender was granted a token not above

@@ -9,19 +9,10 @@
 //	}
 //
 // A test that needs a capability the driver does not claim is skipped, with the
-// reason; every capability a driver claims is proved.
-//
-// # Faults
-//
-// A Harness that can also break its deployment implements FaultHarness: a
-// LinkedDSN whose connections pass through a breakable proxy, and server
-// faults (restart, stall, kill the leader, the effect of a clock jump).
-// RunFaults runs a trial per cell of the driver's Matrix — the expected
-// Outcome of each fault, stated in the driver's test file — and fails when a
-// trial's outcome is not the one claimed; Soak runs several processes of
-// lockers under a fault every few seconds. Both need Main in the package's
-// TestMain, because paused holders and soak workers are child processes
-// (the test binary, re-executed). Results go to $DLOCK_SAFETY_OUT, from which
+// reason; every capability a driver claims is proved. A FaultHarness can also
+// break its deployment: RunFaults checks each fault's claimed Outcome (the
+// driver's Matrix) and Soak runs many processes of lockers under faults; both
+// need Main in TestMain, and write Records from which
 // conformance/cmd/safety-report writes docs/SAFETY.md.
 package conformance
 
@@ -39,10 +30,9 @@ type Harness interface {
 	// may also close it in t.Cleanup (a second Close returning ErrClosed is fine).
 	NewLocker(t testing.TB) dlock.Locker
 
-	// Expire makes the backend forget the current holder of key behind the
-	// holder's back, as the server would on expiry: DEL the lock key, revoke the
-	// lease, kill the session. The next grant of key must still get a higher
-	// token.
+	// Expire makes the backend forget key's current holder behind its back,
+	// as the server would on expiry (DEL the key, revoke the lease, kill the
+	// session); the next grant must still get a higher token.
 	Expire(t testing.TB, key string)
 }
 
@@ -59,34 +49,27 @@ type ShortTTLer interface {
 const DefaultShortTTL = 1 * time.Second
 
 // WaiterCounter is an optional interface on a Harness: Waiters reports how
-// many clients the backend knows to be waiting for key (subscribers to its
-// release channel, queued nodes or keys, sessions blocked on its advisory
-// lock). The push-wait test waits for it to see the waiter before it
-// releases, so the waiter is known to be waiting; without it, the test gives
-// the waiter a moment and says the proof is weaker.
+// many clients the backend knows to wait for key, so that the push-wait test
+// releases only once the waiter waits (without it, the proof is weaker).
 type WaiterCounter interface {
 	Waiters(t testing.TB, key string) int
 }
 
-// SlowPoller is an optional interface on a Harness whose driver falls back
-// to polling while it waits (Redis, Redlock): NewSlowPollLocker returns a
-// locker whose polling interval is far above PushWaitBound, so only a
-// push-based wake-up can meet the bound.
+// SlowPoller is an optional interface on a Harness whose driver also polls
+// while it waits: NewSlowPollLocker returns a locker polling far less often
+// than PushWaitBound, so only a push can meet the bound.
 type SlowPoller interface {
 	NewSlowPollLocker(t testing.TB) dlock.Locker
 }
 
 // PushWaitBound is how soon after a release a known waiter must be granted
-// the lock on a backend that claims Capabilities().PushWait: well below any
-// polling fallback (dlock's default poll interval is 0.5–1s, and the suite
-// raises it further through SlowPoller).
+// the lock on a backend that claims Capabilities().PushWait, well below any
+// polling fallback.
 const PushWaitBound = 250 * time.Millisecond
 
 // Inspector is an optional interface on a Harness: Residue lists what the
-// backend still stores for key (lock keys, queued nodes, waiting sessions,
-// advisory locks), but not what it keeps by design (fence counters). The
-// suite checks that nothing is left once a key's holders released and its
-// waiters gave up, and the fault suite after each trial.
+// backend still stores for key, fence counters aside, so that the suites
+// check nothing is left once holders and waiters are gone.
 type Inspector interface {
 	Residue(t testing.TB, key string) []string
 }

@@ -137,6 +137,7 @@ func (s *suite) testBreak(t *testing.T) {
 	if !errors.Is(err, dlock.ErrNotHeld) {
 		t.Fatalf("Break of a free key: %v, want ErrNotHeld", err)
 	}
+	s.testBreakRace(t)
 
 	var storage fencing.Guard
 	lease := mustAcquire(t, ctx, holder, k, dlock.WithTTL(s.ttl))

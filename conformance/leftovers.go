@@ -17,18 +17,15 @@ import (
 )
 
 // DSNer is an optional interface on a Harness: DSN returns a DSN that opens
-// a Locker on the deployment with dlock.Open ("" if the harness has none, as
-// for a deployment reached through a client built in code). The suite uses
-// it to open a bare backend.Driver (DriverClose) and to put a password in it
-// (ErrorsHideSecrets).
+// the deployment with dlock.Open, or "" if there is none, for the
+// DriverClose and ErrorsHideSecrets tests.
 type DSNer interface {
 	DSN(t testing.TB) string
 }
 
 // LiveDeployment is an optional marker on a Harness whose deployment is not
-// the test's own, as with dlock check against an operator's servers: the
-// suite then skips what would trouble them, such as logging in with a wrong
-// password (which may raise alarms or lock an account).
+// the test's own (dlock check): the suite skips what would trouble it, such as
+// logging in with a wrong password.
 type LiveDeployment interface {
 	LiveDeployment()
 }

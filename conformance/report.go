@@ -10,10 +10,9 @@ import (
 	"time"
 )
 
-// Record is one line of the safety results that RunFaults (one per matrix
-// cell) and Soak (one per run) append to a file in the directory named by
-// $DLOCK_SAFETY_OUT, when set; conformance/cmd/safety-report turns them into
-// docs/SAFETY.md.
+// Record is one line of the safety results that RunFaults (per cell) and
+// Soak (per run) append under $DLOCK_SAFETY_OUT, from which
+// conformance/cmd/safety-report writes docs/SAFETY.md.
 type Record struct {
 	Kind         string  `json:"kind"`               // "fault" or "soak"
 	Deployment   string  `json:"deployment"`         // FaultHarness.Deployment
@@ -36,10 +35,8 @@ type Record struct {
 
 var recordMu sync.Mutex
 
-// WriteRecord appends rec, as one JSON line, to $DLOCK_SAFETY_OUT/<pid>.jsonl
-// (one file per test process, so that packages tested in parallel do not
-// interleave). It does nothing when $DLOCK_SAFETY_OUT is unset. It fills in
-// Test and Time.
+// WriteRecord fills in rec's Test and Time and appends it as one JSON line
+// to $DLOCK_SAFETY_OUT/<pid>.jsonl; it does nothing when that is unset.
 func WriteRecord(t testing.TB, rec Record) {
 	dir := os.Getenv("DLOCK_SAFETY_OUT")
 	if dir == "" {

@@ -38,12 +38,10 @@ type SoakOptions struct {
 	// ServerFaults. Leave out faults whose matrix cell is Unsafe.
 	Faults []Fault
 
-	// Matrix is the deployment's row of the fault matrix (the one its
-	// TestFaults passes to RunFaults). A lease overlap during a fault whose
-	// cell allows safe-with-fencing is expected and reported apart; any
-	// other overlap fails the soak. Without a Matrix, only RestartEmpty and
-	// ClockJump — faults that take the lock from under its holder by design —
-	// are expected to overlap.
+	// Matrix is the deployment's row of the fault matrix: a lease overlap
+	// during a fault whose cell allows safe-with-fencing is expected and
+	// counted apart, any other fails the soak. Without it, only RestartEmpty
+	// and ClockJump may overlap.
 	Matrix Matrix
 }
 
@@ -153,9 +151,8 @@ type soakFault struct {
 // after the heal). a's tenure on the server begins when its winning request
 // was sent, where that is known, not when its Acquire returned: a clock
 // jump whose deletions land between the two takes the lock from a holder
-// that is then told it holds it (a Redlock soak in CI: an overlap about 30s
-// in, when a clock jump was injected, whose later holder's winning request
-// was sent 5ms before the earlier holder's Acquire returned).
+// that is then told it holds it (on Redlock, the later holder's winning
+// request can be sent before the earlier holder's Acquire returns).
 func (f *soakFault) explains(a, b *soakLease, tail time.Duration) bool {
 	until := f.healed // the fault's effect on a's lease lasts until then
 	switch {
@@ -211,9 +208,10 @@ func childOf(label string) int {
 // retry) meanwhile. So it is, too, after a lease lost at its Deadline whose
 // holder then called Release before b's Acquire returned: the release gives
 // back what is left of the lock (a key the server had not yet expired), and
-// b's request, sent before, may have waited for it (seen on a loaded host:
-// a Redis lease lost at its Deadline, released 300ms later, and a waiter's
-// request sent before the loss granted just after the release).
+// b's request, sent before, may have waited for it (on a loaded host, a
+// lease lost at its Deadline can be released hundreds of milliseconds later,
+// and a waiter's request sent before the loss granted just after the
+// release).
 func (b *soakLease) startAfter(a *soakLease, faults []soakFault) int64 {
 	if _, how := a.until(); !a.lost || how != "Deadline" || b.sent == 0 {
 		return b.grant
@@ -255,34 +253,13 @@ func (o soakOverlap) String() string {
 	return b.String()
 }
 
-// Soak runs o.Processes child processes (the test binary re-executed; the
-// package's TestMain must call Main) with o.Goroutines lock handles each, each
-// reaching the deployment through its process's LinkedDSN. Every handle loops:
-// acquire a random one of o.Keys keys (short TTL, auto-renew; the first key
-// as a lock, the second as the one permit of a semaphore of 1, the third as
-// the write side of a read/write lock, and so on in turn), make one to
-// three fenced increments of that key's counter in the test process's fenced
-// register, release, at most once per o.Interval. Every o.FaultEvery the test
-// injects a random fault of o.Faults — a link fault on one child's Link, a
-// pause of one child, or a server fault through its Injector on a key held at the
-// time (as far as the test knows; it may be released meanwhile) —
-// lasting 2×TTL for Partition, Disconnect, PauseHolder, Stall and KillLeader,
-// healed at once otherwise, and checks that some handle is granted a lock
-// within TTL + FailoverTime + 5s of the heal.
-//
-// It fails on a stale write accepted (see RunFaults), a register history that
-// porcupine finds not linearizable, no progress, a child that fails, or a
-// lease overlap outside faults expected to overlap. A lease overlap is a key
-// granted (the new holder's Acquire returned) before its previous lease
-// stopped counting as its holder's: with RunFaults' rule, at the earliest of
-// its Done, its holder's call to Release and, if it was lost, its Deadline —
-// the last one in effect, which the child reports with the lease's end. An
-// overlap is attributed to a fault healed after the older lease's grant that
-// started before the newer one's and was healed at most 2×TTL before it; it
-// is expected if that fault's cell in o.Matrix allows safe-with-fencing (see
-// SoakOptions.Matrix), and such overlaps are logged and counted apart. The
-// Record's Overlaps counts every overlapping pair. It appends a Record to
-// $DLOCK_SAFETY_OUT when set.
+// Soak runs o.Processes child processes (the package's TestMain must call
+// Main) of o.Goroutines lock handles each, looping over o.Keys keys as locks,
+// semaphores of 1 and write locks with fenced increments, under a random
+// fault of o.Faults every o.FaultEvery. It fails on a stale write, a history
+// that is not linearizable, no progress, a failed child, or a lease overlap
+// that no fault explains, and appends a Record to $DLOCK_SAFETY_OUT when set.
+// CONTRIBUTING.md says how a soak is judged.
 func Soak(t *testing.T, h FaultHarness, o SoakOptions) {
 	t.Helper()
 	if !mainCalled {

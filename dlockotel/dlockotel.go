@@ -7,39 +7,12 @@
 //	if err != nil { ... }
 //	locker, err := dlock.Open(ctx, dsn, dlock.WithObserver(obs))
 //
-// It is a module of its own, so that dlock's users who do not use
-// OpenTelemetry never download it.
-//
-// # Metrics
-//
-// Every instrument has the attribute dlock.backend (the DSN scheme).
-//
-//	dlock.acquire.duration   histogram, s   an Acquire or TryAcquire, wait included;
-//	                                        dlock.mode (wait, try), dlock.outcome
-//	                                        (granted, not-acquired, cancelled, error)
-//	dlock.leases.held        up-down counter  leases held now (asynchronous: read
-//	                                          when the SDK collects)
-//	dlock.renewals           counter          renewals; dlock.outcome (ok, error)
-//	dlock.renewal.duration   histogram, s     a renewal's round trip(s)
-//	dlock.leases.lost        counter          leases lost; dlock.cause (renewal-failed,
-//	                                          deadline-passed, backend-reported)
-//	dlock.releases           counter          releases; dlock.outcome (ok, error)
-//	dlock.lease.duration     histogram, s     from grant to end; dlock.end (released, lost)
-//	dlock.fencing.rejections counter          stale tokens a fencing guard rejected
-//	                                          (RejectionCounter; no dlock.backend)
-//
-// # Traces
-//
-// A span "dlock.acquire" per Acquire or TryAcquire (wait included), a span
-// "dlock.release" per Release, a short span "dlock.renew" per renewal (its
-// round trip; an error status if it failed), and, when a lease is lost, a
-// span "dlock.lease.lost" with an event "lost" carrying the cause and the
-// lease's error, and an error status. Renewals and the loss are in the trace
-// of the acquire that granted the lease (children of its span). Attributes:
-// dlock.backend, dlock.key (unless WithoutKeys), dlock.mode, dlock.outcome,
-// dlock.token. A lease has no span of its own from grant to end: it would
-// cost every acquire a third span (see docs/BENCHMARKS.md); its duration is
-// the metric dlock.lease.duration.
+// It records the dlock.acquire.duration, dlock.leases.held, dlock.renewals,
+// dlock.renewal.duration, dlock.leases.lost, dlock.releases and
+// dlock.lease.duration metrics (attribute dlock.backend), and the spans
+// dlock.acquire, dlock.release, dlock.renew and dlock.lease.lost.
+// docs/observability.md lists their attributes. It is a module of its own,
+// so that dlock's users who do not use OpenTelemetry never download it.
 package dlockotel
 
 import (
@@ -346,12 +319,9 @@ func (l *lease) Ended(e observe.LeaseEnd) {
 	l.o.leaseDur.Record(l.ctx, e.Held.Seconds(), dur...)
 }
 
-// RejectionCounter returns a function for fencing.Guard's and
-// fencing.SQLGuard's OnReject that counts each rejected stale token in the
-// counter dlock.fencing.rejections (no attributes: resources are
-// unbounded). Only the MeterProvider option applies.
-//
-//	guard.OnReject, err = dlockotel.RejectionCounter()
+// RejectionCounter returns a function for the OnReject of fencing.Guard and
+// SQLGuard that counts each rejected stale token in the counter
+// dlock.fencing.rejections, without attributes; only WithMeterProvider applies.
 func RejectionCounter(opts ...Option) (func(*fencing.StaleTokenError), error) {
 	c := config{}
 	for _, o := range opts {

@@ -2,37 +2,18 @@
 // with a fencing token per term.
 //
 // A candidate campaigns by acquiring the election's lock with its value (an
-// address, say) as the lock's label: the lock's holder is the leader, its
-// lease's token the term's fencing token, and its label the value everyone
-// else reads. So a leader learns it is no longer one exactly as a lock holder
-// learns its lease is lost (Done closes, at the latest by the lease's
-// deadline), and a resource that checks tokens rejects a deposed leader's
-// writes as it rejects a lost lease's.
+// address, say) as the lock's label: the holder is the leader, its lease's
+// token the term's fencing token, and its label the value others read. A
+// leader learns it is deposed exactly as a holder learns its lease is lost.
 //
 //	lead, err := election.Campaign(ctx, locker, "scheduler", "10.0.0.7:8080")
 //	if err != nil { return err }
 //	defer lead.Resign(context.Background())
 //	// lead.Token() fences this term's writes; <-lead.Done() when it ends.
 //
-// Run does the common loop, configured by a Config: campaign, run the
-// term's work (Config.OnStartedLeading) with a ctx that is cancelled the
-// moment leadership is lost, resign when it returns, and campaign again.
-//
-// Where the value lives follows each backend's own layout: on etcd the
-// candidate's key under the election's prefix holds the value, as
-// concurrency.Election lays it out, so concurrency.Election.Leader and
-// Observe (and `etcdctl elect --listen`) see dlock's leaders and dlock sees
-// theirs; on ZooKeeper the node's data, as Curator stores a participant's id;
-// on Redis the lock key's value after the owner ID; on PostgreSQL the leader
-// session's application_name (at most 63 bytes are kept). Proclaim changes it
-// while leading.
-//
-// Leader reads who leads now; Observe follows it, pushed by the backend's
-// watch (etcd's watch, ZooKeeper's watches, Redis and Redlock pub/sub,
-// PostgreSQL's LISTEN/NOTIFY, on which candidates announce their terms: see
-// dlock.WithAnnounce), and read every interval as well, which catches what
-// a backend does not push: a term that ends because its holder vanished (a
-// Redis key that expires, a PostgreSQL session that ends).
+// Run does the common loop, configured by a Config; Leader reads who leads, and Observe follows it.
+// The value lives in each backend's own layout (on etcd, concurrency.Election's).
+// docs/election.md has the details.
 package election
 
 import (
@@ -54,12 +35,10 @@ type Leadership struct {
 	value string
 }
 
-// Campaign blocks until this candidate leads the election name on l, or ctx
-// ends (the error then matches dlock.ErrNotAcquired and ctx's error). value
-// is what the leader publishes (see Leader); it is stored as the lock's
-// label, so it follows dlock.WithLabel's rules (at most 128 bytes of
-// printable UTF-8). opts are the acquire's options (WithTTL, say); a
-// WithLabel among them is overridden by value.
+// Campaign blocks until this candidate leads the election name on l with
+// value (stored as the lock's label: at most 128 bytes of printable UTF-8),
+// or ctx ends: then the error matches dlock.ErrNotAcquired and ctx's error.
+// opts are the acquire's options; value overrides a WithLabel among them.
 func Campaign(ctx context.Context, l dlock.Locker, name, value string, opts ...dlock.AcquireOption) (*Leadership, error) {
 	lease, err := l.Acquire(ctx, name, append(opts[:len(opts):len(opts)], dlock.WithLabel(value), dlock.WithAnnounce())...)
 	if err != nil {
@@ -80,13 +59,9 @@ func (ld *Leadership) Value() string {
 }
 
 // Proclaim publishes value as the leader's value for the rest of the term,
-// without an election, as etcd's Election.Proclaim does: Leader and Observe
-// report it with the term's token (followers of a backend that pushes changes
-// see it at once). It returns an error matching dlock.ErrLeaseLost if the term
-// was lost, dlock.ErrInvalidOption for a value that cannot be stored (see
-// Campaign), and errors.ErrUnsupported where the backend cannot change a held
-// lock's label. On PostgreSQL the leader's session must hold no other lease
-// (see docs/postgres.md).
+// as etcd's Election.Proclaim does. It fails with dlock.ErrLeaseLost if the
+// term was lost, dlock.ErrInvalidOption for a value that cannot be stored,
+// and errors.ErrUnsupported where the backend cannot relabel a held lock.
 func (ld *Leadership) Proclaim(ctx context.Context, value string) error {
 	ld.mu.Lock()
 	defer ld.mu.Unlock()
@@ -178,26 +153,10 @@ func WithInterval(d time.Duration) ObserveOption {
 // positive.
 var ErrInvalidInterval = errors.New("election: observe interval must be positive")
 
-// Observe follows who leads the election name on l: it sends the leader at
-// once, and again each time it changes (a new term, a new value proclaimed,
-// or no leader), until ctx ends; then it closes the channel. Where the
-// backend pushes changes (dlock.Watch: every driver of this module) it reads
-// the leader as soon as one is pushed; it also reads every interval (see
-// WithInterval), which catches what a backend does not push (a Redis lock
-// that expires, a PostgreSQL session that ends) and follows a Locker that
-// cannot Watch. A term is never sent after a later one: where tokens are
-// known, a read whose token is below the last sent is dropped.
-//
-// How soon a change is seen: a pushed change (a grant, a Proclaim, a
-// resignation, a break) within the suite's push bound
-// (conformance.PushWaitBound, 250ms; a few milliseconds in practice, see the
-// suite's ElectionObservePush logs), on every backend of this module; a term
-// whose leader vanished (crashed, partitioned) once the backend frees the
-// lock — a TTL after the leader's last renewal (the session timeout on
-// ZooKeeper) — and at the next interval's read at the latest.
-//
-// Read errors are skipped (the next read tries again); the channel is
-// unbuffered, and a reader that falls behind sees only the newest leader.
+// Observe sends who leads the election name on l at once and at each change
+// (pushed where the backend pushes, read every WithInterval), never a term
+// after a later one, until ctx ends; then it closes the channel. Read errors
+// are skipped; a reader that falls behind sees only the newest leader.
 func Observe(ctx context.Context, l dlock.Locker, name string, opts ...ObserveOption) (<-chan Info, error) {
 	s := observeSettings{every: DefaultObserveInterval}
 	for _, o := range opts {
@@ -310,10 +269,8 @@ type Config struct {
 	// resigned, else OnStartedLeading's error, joined with the term's
 	// (matching dlock.ErrLeaseLost) if it was lost.
 	OnStoppedLeading func(ld *Leadership, err error)
-
-	// OnNewLeader, if not nil, is called, as client-go's is, with who leads
-	// each time that changes (this candidate's terms included; Info.Led false
-	// while nobody leads), as Observe reports it, from a goroutine of Run's,
+	// OnNewLeader is called from a goroutine of Run's, as client-go's is,
+	// with each leader Observe reports (Info.Led false while nobody leads),
 	// until Run returns.
 	OnNewLeader func(Info)
 

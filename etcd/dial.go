@@ -11,14 +11,10 @@ import (
 	"github.com/dlock-go/dlock/backend"
 )
 
-// Dial connects to the etcd cluster of a DSN in the forms the driver's Open
-// accepts (etcd:// or etcds://, the same parameters; "ttl" and "autorenew"
-// are accepted and ignored) and returns the client together with the DSN's
-// lock prefix (DefaultPrefix if the DSN has no path). It is for programs that
-// keep records of their own next to the locks, such as package migrate.
-//
-// ctx bounds the check that the cluster answers. The caller owns the client
-// and must close it. Errors never contain the DSN's password.
+// Dial connects to the etcd cluster of an etcd:// or etcds:// DSN, checking
+// within ctx that it answers, and returns the client, which the caller closes,
+// and the DSN's lock prefix. It is for programs that keep records next to the
+// locks, such as package migrate; "ttl" and "autorenew" are ignored.
 func Dial(ctx context.Context, dsn string) (cli *clientv3.Client, prefix string, err error) {
 	u, err := backend.ParseDSN(dsn)
 	if err != nil {

@@ -25,7 +25,7 @@ import (
 // Defaults for Options and the DSN parameters.
 const (
 	// DefaultPrefix is the etcd key prefix under which the driver names its
-	// locks (see the package doc's Key layout). DSN: the path.
+	// locks (see LockName). DSN: the path.
 	DefaultPrefix = "/dlock"
 
 	// DefaultRequestTimeout bounds each request the driver sends (see
@@ -50,22 +50,15 @@ func init() {
 // Options configure a Driver. The zero value, or a nil *Options, gives the
 // defaults.
 type Options struct {
-	// Prefix is the etcd key prefix of the driver's locks (see the package
-	// doc's Key layout). A trailing '/' is dropped. Empty means DefaultPrefix
-	// ("/dlock"). DSN: the path.
+	// Prefix is the etcd key prefix of the driver's locks (see LockName),
+	// without its trailing '/'. Empty means DefaultPrefix ("/dlock"). DSN:
+	// the path.
 	Prefix string
 
-	// RequestTimeout bounds each request the driver sends on its own
-	// initiative or on behalf of an Acquire, TryAcquire or Release: a
-	// transaction, a read, a lease grant or revocation. The client ends a
-	// request that outlasts it; the request does not carry it to etcd (no
-	// grpc-timeout). Requests whose ctx can never end share one bound, which
-	// gives each at least RequestTimeout and at most an eighth more, and a
-	// request whose ctx ends within that anyway is bounded by its ctx. It does not bound
-	// waiting for a held lock (the caller's ctx does), nor a refresh, which
-	// dlock bounds by the lease's deadline and which the driver retries,
-	// member after member, until then. Zero means DefaultRequestTimeout (5s);
-	// negative is an error. DSN parameter "request-timeout".
+	// RequestTimeout bounds, on the client, each request the driver sends
+	// (not the wait for a held lock, nor a refresh, which the lease's
+	// deadline bounds). Zero means DefaultRequestTimeout (5s); negative is an
+	// error. DSN parameter "request-timeout".
 	RequestTimeout time.Duration
 }
 
@@ -121,12 +114,11 @@ var (
 	_ backend.Named  = (*Driver)(nil)
 )
 
-// NewDriver returns a driver that locks through cli. opts may be nil for the
-// defaults. It checks that the cluster answers (and that cli's credentials
-// work), bounded by ctx and Options.RequestTimeout, as Open does.
-//
-// The caller keeps ownership of cli: the driver's Close does not close it.
-// Close cli only after closing the driver (or the Locker over it).
+// NewDriver returns a driver that locks through cli, with opts nil for the
+// defaults. The caller keeps cli, and closes it only after the driver (or
+// the Locker over it).
+// It checks that the cluster answers, bounded by ctx and
+// Options.RequestTimeout, as Open does.
 func NewDriver(ctx context.Context, cli *clientv3.Client, opts *Options) (*Driver, error) {
 	d, err := newDriver(cli, opts)
 	if err != nil {
@@ -201,14 +193,10 @@ func (d *Driver) Prefix() string { return d.prefix }
 func (d *Driver) LockName(key string) string { return LockName(d.prefix, key) }
 
 // LockName returns the name of the lock for a dlock key under prefix: prefix,
-// '/', and the key with '%', '/', 0x00–0x1F and 0x7F escaped as "%XX". Holders
-// and waiters are the keys under LockName(prefix, key) + "/": dlock's are
-// "write/" + lease ID in hex (exclusive) and "read/" + lease ID in hex
-// (shared), as etcd's recipes RWMutex lays out writers and readers; every
-// key not under "read/" (concurrency.Mutex's lease ID in hex, say) is an
-// exclusive holder or waiter. LockName("/dlock", "jobs/nightly") is
-// "/dlock/jobs%2Fnightly". The mapping is injective: two different keys never
-// share a name.
+// '/', and the key with '%', '/', 0x00–0x1F and 0x7F escaped as "%XX"
+// (LockName("/dlock", "jobs/nightly") is "/dlock/jobs%2Fnightly"). Holders
+// and waiters are the keys under it + "/": "write/<lease hex>" and
+// "read/<lease hex>", as in etcd's recipes RWMutex.
 func LockName(prefix, key string) string {
 	var b strings.Builder
 	b.Grow(len(prefix) + 1 + len(key))
@@ -228,11 +216,9 @@ func LockName(prefix, key string) string {
 	return b.String()
 }
 
-// Capabilities reports strict fencing (create revisions), FIFO push-based
-// waiting, fault tolerance, server-side expiry, immediate loss notification,
-// shared locks (in the layout of etcd's recipes RWMutex) and counted
-// semaphores (a waiting room and a lock name per slot; see semaphore.go and
-// docs/etcd.md).
+// Capabilities reports strict fencing, FIFO push-based waiting, fault
+// tolerance, server-side expiry, loss notification, shared locks and counted
+// semaphores.
 func (d *Driver) Capabilities() backend.Capabilities {
 	return backend.Capabilities{
 		Fencing:         backend.FencingStrict,
@@ -246,10 +232,8 @@ func (d *Driver) Capabilities() backend.Capabilities {
 	}
 }
 
-// Close revokes the driver's shared leases and the leases it keeps for reuse, stops its watches and
-// goroutines, and closes the client if the driver opened it (a client given
-// to NewDriver or New stays open). dlock releases every lease before it calls
-// Close. A second Close returns an error wrapping dlock.ErrClosed.
+// Close revokes the driver's leases, stops its watches and goroutines, and
+// closes the client if it opened it. A second Close fails with ErrClosed.
 func (d *Driver) Close() error {
 	d.mu.Lock()
 	if d.closed {

@@ -30,13 +30,9 @@ var (
 // the key's name (its lease) identifies the holder.
 func holderValue(_, label string) string { return label }
 
-// Inspect implements backend.Inspector: one read of the keys under the
-// lock's name. The holder is the key with the lowest create revision (its
-// token) unless it is a read key: then every read key older than the oldest
-// other key holds the lock shared (LockInfo.Shared counts them), and the one
-// described is the newest of them, the one granted last. Its label is its
-// value (no owner ID is stored), its expiry its lease's time to live (whole
-// seconds); the other keys are the waiters. etcd records no grant time.
+// Inspect implements backend.Inspector with one read of the keys under the
+// lock's name: no Owner and no Granted, Expires in whole seconds, and for a
+// lock held shared the newest shared holder.
 func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, error) {
 	info, _, err := d.inspect(ctx, key)
 	return info, err
@@ -163,12 +159,8 @@ func unescapeName(name string) (string, error) {
 const maxBreakKeys = 64
 
 // Break implements backend.Breaker: it deletes the holder's key (every shared
-// holder's, if read keys hold the lock), each conditional on the create
-// revision it read, so a holder that changed meanwhile is not touched. Their
-// leases are not revoked (a lease may carry its client's other locks). The
-// revision only grows, so the next grant's token is higher; a broken dlock
-// holder's loss watch sees the deletion at once, and the waiters' watches of
-// their predecessors wake them.
+// holder's), conditional on the create revision it read, without revoking
+// its lease; a dlock holder learns of it at once.
 func (d *Driver) Break(ctx context.Context, key string) (backend.LockInfo, error) {
 	info, holders, err := d.inspect(ctx, key)
 	if err != nil {

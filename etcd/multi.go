@@ -18,13 +18,10 @@ var _ backend.MultiAcquirer = (*Driver)(nil)
 // --max-txn-ops compares or operations (128 by default).
 const maxTxnKeys = 64
 
-// TryAcquireAll implements backend.MultiAcquirer: one transaction creates
-// every holder's key, only if no key exists under any of the lock names.
-// More than maxTxnKeys keys take one such transaction per maxTxnKeys, in
-// order; if one finds a key held or fails, the keys the earlier ones created
-// are deleted before it returns. Every key's token is its transaction's
-// revision (the key's create revision): tokens still strictly increase per
-// key.
+// TryAcquireAll implements backend.MultiAcquirer: one transaction per 64
+// keys creates every holder's key if no key exists under any of the lock
+// names; if one finds a key held or fails, the keys the others created are
+// deleted before it returns.
 func (d *Driver) TryAcquireAll(ctx context.Context, reqs []backend.AcquireRequest) ([]*backend.Grant, error) {
 	parts := make([]*multiPart, 0, (len(reqs)+maxTxnKeys-1)/maxTxnKeys)
 	for lo := 0; lo < len(reqs); lo += maxTxnKeys {

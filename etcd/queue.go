@@ -107,25 +107,10 @@ func (d *Driver) graceCtx(ctx context.Context) (rctx context.Context, done func(
 	}
 }
 
-// Acquire implements backend.Driver.
-//
-// TryAcquire (req.Wait false) is one transaction that creates the holder's
-// key only if no key exists under the lock's name (a shared request: no key
-// but read keys): a held lock leaves nothing behind. Acquire creates the key
-// unconditionally (joining the queue) and, if an older key exists that it
-// must wait for (a shared request: an older key not under read/), watches
-// the newest of them until it is deleted, renewing the key's lease
-// meanwhile. If ctx ends, or anything fails after the key may have been
-// created, the key is deleted (a lease of the grant's own is revoked, which
-// deletes it).
-//
-// The key is attached to the driver's shared lease for the TTL (see
-// takeLease), so one acquire is one request, as with concurrency.Mutex on an
-// open Session.
-//
-// A waiting Acquire rides out a member that goes away under it (a restart, a
-// leader election): on a transient error it queues again after a pause, until
-// ctx ends, as the Locker contract says.
+// Acquire implements backend.Driver: one try is one transaction that creates
+// the key only if the lock is free; a waiting Acquire queues its key and
+// watches the newest older key it must wait for, riding out members that go
+// away until ctx ends. A key left by a failed or cancelled Acquire is deleted.
 func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*backend.Grant, error) {
 	var bo backend.Backoff
 	for {

@@ -16,15 +16,10 @@ import (
 	"github.com/dlock-go/dlock/backend"
 )
 
-// Refresh implements backend.Driver: it renews the grant's lease with one
-// keep-alive request (for the shared lease, one shared by the refreshes that
-// come at once, and none if another refresh renewed it less than
-// TTL/renewRecent ago) and then checks that the holder's key still exists with
-// its create revision, in one transaction shared by every refresh that asks
-// at the same time (at most one per keyCheckGap; see checkKeysBatch). The lease keeps the TTL it was granted with; ttl is not
-// used. Transport failures and timeouts (a member down, a leader election) are
-// retried, on whichever member answers, until ctx is done; dlock bounds ctx by
-// the lease's deadline. A lease or key that is gone returns ErrNotHeld.
+// Refresh implements backend.Driver: it renews the grant's lease (keeping its
+// granted TTL; ttl is not used) and checks that the holder's key still
+// exists, retrying transport failures until ctx is done. A lease or key that
+// is gone fails with ErrNotHeld.
 func (d *Driver) Refresh(ctx context.Context, bg *backend.Grant, _ time.Duration) (time.Duration, error) {
 	g, ok := bg.Data.(*grant)
 	if !ok {
@@ -131,8 +126,8 @@ func transient(err error) bool {
 			return true
 		case codes.Unknown:
 			// A member that cannot finish a request in time answers with
-			// its context's error, which gRPC sends as Unknown: seen on
-			// keep-alives during a leader election. Retry it like a timeout.
+			// its context's error, which gRPC sends as Unknown (keep-alives
+			// during a leader election). Retry it like a timeout.
 			return s.Message() == context.DeadlineExceeded.Error()
 		}
 	}
@@ -147,11 +142,8 @@ func transient(err error) bool {
 }
 
 // Release implements backend.Driver: one request deletes the holder's key,
-// whose name no other holder has (see below); if it was gone, it returns
-// ErrNotHeld. The shared lease goes
-// on carrying the driver's other keys (if the release failed, the delete is
-// tried again in the background); a lease of the grant's own is kept for
-// reuse, or revoked if the release failed or the key was gone.
+// whose name no other holder has, failing with ErrNotHeld if it was gone; a
+// failed delete is tried again in the background.
 func (d *Driver) Release(ctx context.Context, bg *backend.Grant) error {
 	g, ok := bg.Data.(*grant)
 	if !ok {
@@ -255,10 +247,9 @@ func (d *Driver) checkKeysBatch(cs []keyCheck) ([]bool, error) {
 	return gone, nil
 }
 
-// Relabel implements backend.Relabeler: it writes label as the holder's key's
-// value (where concurrency.Election keeps a candidate's value, as its
-// Proclaim does), keeping the key's lease, if the key is still the one this
-// grant made (its create revision unchanged).
+// Relabel implements backend.Relabeler: it writes label as the holder's
+// key's value, as concurrency.Election's Proclaim does, if the key is still
+// the one this grant made.
 func (d *Driver) Relabel(ctx context.Context, bg *backend.Grant, label string) error {
 	g, ok := bg.Data.(*grant)
 	if !ok {

@@ -13,10 +13,9 @@ import (
 
 var _ backend.Watcher = (*Driver)(nil)
 
-// Watch implements backend.Watcher: one etcd watch on the keys under key's
-// lock name (the holder's and the waiters'), as concurrency.Election.Observe
-// watches its prefix. A watch that ends (a compaction, a member without a
-// leader) is reported as a change and started again after a pause.
+// Watch implements backend.Watcher with one etcd watch on the keys under
+// key's lock name; a watch that ends is reported as a change and started
+// again after a pause.
 func (d *Driver) Watch(ctx context.Context, key string, changed func()) error {
 	d.mu.Lock()
 	if d.closed {

@@ -1,16 +1,11 @@
 // Package fencing is the resource side of fencing tokens: it rejects writes
 // carrying a token older than the newest it has seen.
 //
-// A lock holder sends its lease's token with every write. The resource keeps,
-// per protected resource, the highest token it has accepted, and refuses any
-// write with a lower one: that write comes from a holder whose lease ended
-// (it paused, or its network was slow) after a newer holder had already
-// written. Checking and writing must be one atomic step at the resource; Guard
-// does both under one mutex for in-process state; SQLGuard does both in one
-// conditional UPDATE, for any database/sql database. A guard of your own (a
-// Redis script, an HTTP precondition) must follow the same rule: compare and
-// write in one atomic step, accept a token equal to or above the highest seen,
-// reject a lower one.
+// Guard checks and writes under one mutex, for in-process state; SQLGuard in
+// one conditional UPDATE, for any database/sql database. Both accept a token
+// equal to or above the highest seen and reject a lower one, as a guard of
+// your own must, in one atomic step (docs/guide.md, Checking the token at the
+// resource).
 package fencing
 
 import (
@@ -60,14 +55,9 @@ type Guard struct {
 	highest map[string]dlock.Token
 }
 
-// Do runs write if token is at least the highest token accepted for resource,
-// and then records token as the highest. The check, write and record happen
-// under one lock, so no write with an older token can slip in between. An
-// equal token is accepted: one lease may write many times. A token of 0 is
-// always rejected (no fencing backend hands it out).
-//
-// If write returns an error, token is still recorded: the newer holder has
-// acted, and older holders must stay fenced off.
+// Do runs write, under the guard's lock, if token is at least the highest
+// accepted for resource, and records token as the highest even if write
+// fails. A lower token, and token 0, are rejected with a *StaleTokenError.
 func (g *Guard) Do(resource string, token dlock.Token, write func() error) error {
 	return g.do(resource, token, false, write)
 }

@@ -12,22 +12,16 @@ import (
 	"github.com/dlock-go/dlock"
 )
 
-// Execer is the one method SQLGuard needs. *sql.DB, *sql.Tx and *sql.Conn
-// have it; ExecFunc adapts drivers with their own API (pgx's Exec returns a
-// CommandTag). If the Execer also has database/sql's QueryRowContext, a
-// rejected write is followed by a read of the row's fence, to tell a stale
-// token from a missing row.
+// Execer is the one method SQLGuard needs, which *sql.DB, *sql.Tx and
+// *sql.Conn have (ExecFunc adapts others). One that also has QueryRowContext
+// lets a rejection tell a stale token from a missing row.
 type Execer interface {
 	ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error)
 }
 
-// ExecFunc adapts a function that runs a statement and reports the number of
-// rows it changed to Execer. With pgx:
-//
-//	fencing.ExecFunc(func(ctx context.Context, q string, args ...any) (int64, error) {
-//		tag, err := pool.Exec(ctx, q, args...)
-//		return tag.RowsAffected(), err
-//	})
+// ExecFunc adapts to Execer a function that runs a statement and returns the
+// number of rows it changed, such as a wrapper of pgx's Exec that returns
+// tag.RowsAffected().
 type ExecFunc func(ctx context.Context, query string, args ...any) (rowsAffected int64, err error)
 
 // ExecContext runs f and returns its row count as a sql.Result.
@@ -65,39 +59,10 @@ func Dollar(n int) string { return "$" + strconv.Itoa(n) }
 // SQLite), for SQLGuard.Placeholder.
 func QuestionMark(int) string { return "?" }
 
-// SQLGuard performs writes that an SQL table checks against fencing tokens.
-// SQLGuard holds no state and is safe for concurrent use; the zero value
-// guards nothing: set Table.
-//
-// # The pattern, for any SQL database
-//
-// Give each guarded row a fence column, the highest token that has written
-// it:
-//
-//	ALTER TABLE accounts ADD COLUMN fence bigint NOT NULL DEFAULT 0;
-//
-// and make every write conditional on it, setting it in the same statement:
-//
-//	UPDATE accounts SET balance = $1, fence = $2
-//	WHERE id = $3 AND fence <= $2
-//
-// One row changed: the write is in, and no holder with a token below $2 can
-// change the row any more. No row changed: a newer holder has written the row
-// (or it does not exist); the write is stale and must not be retried with the
-// same token. Check and write are one atomic statement in any SQL database
-// (PostgreSQL, MySQL, SQLite, …): the row lock the UPDATE takes orders it
-// against every other write to the row. The same table is also a complete
-// "lock in a table" fallback: a row per resource whose token only moves
-// forward.
-//
-// To fence several statements, or rows without a fence column, fence one row
-// first inside a transaction ([SQLGuard.Fence] on a *sql.Tx) and write after
-// it: the fence row stays locked until the transaction ends, so no older
-// holder's transaction can commit in between, and a newer one waits for this
-// one.
-//
-// Like [Guard], SQLGuard accepts an equal token (one lease writes many
-// times) and rejects a lower one, and token 0.
+// SQLGuard performs writes that an SQL table checks against fencing tokens,
+// in a fence column of each guarded row; like [Guard] it accepts an equal
+// token and rejects a lower one, and token 0. It holds no state and is safe
+// for concurrent use; Table is required (docs/guide.md has the pattern).
 type SQLGuard struct {
 	// Table names the table, as it must appear in SQL; quote it yourself if
 	// it needs quoting. Required.
@@ -133,13 +98,10 @@ func (g *SQLGuard) reject(e *StaleTokenError) error {
 //
 //	UPDATE Table SET <set>, fence = <token> WHERE id = <key> AND (fence IS NULL OR fence <= <token>)
 //
-// on db. set is an SQL assignment list whose parameters are args, numbered
-// from 1 in the Placeholder style ("balance = $1, note = $2", or
-// "balance = ?, note = ?"); an empty set only advances the fence. It returns
-// nil if the row was written, an error matching ErrStaleToken (a
-// *StaleTokenError when the highest token can be read) if the row carries a
-// higher token, and one matching ErrNoRow if there is no such row and db can
-// tell. Token 0 is always rejected, without a statement.
+// on db, with set an SQL assignment list whose parameters are args, numbered
+// from 1 in the Placeholder style ("balance = $1"). It fails with ErrStaleToken
+// if the row carries a higher token (or token is 0), and with ErrNoRow if
+// there is no such row and db can tell.
 func (g *SQLGuard) Update(ctx context.Context, db Execer, token dlock.Token, key any, set string, args ...any) error {
 	if g.Table == "" {
 		return errors.New("fencing: SQLGuard.Table is empty")
@@ -193,10 +155,9 @@ func (g *SQLGuard) Update(ctx context.Context, db Execer, token dlock.Token, key
 	return g.reject(&StaleTokenError{Resource: resource, Token: token, Highest: dlock.Token(highest.Int64)})
 }
 
-// Fence advances the row's fence to token, or fails as Update does: it is
-// Update with an empty set. Run it first in a transaction (db a *sql.Tx) to
-// fence the transaction's other writes: the row stays locked until the
-// transaction ends.
+// Fence is Update with an empty set: it advances the row's fence to token.
+// Run first in a transaction (db a *sql.Tx), it fences the transaction's
+// other writes, as the row stays locked until the transaction ends.
 func (g *SQLGuard) Fence(ctx context.Context, db Execer, token dlock.Token, key any) error {
 	return g.Update(ctx, db, token, key, "")
 }

@@ -1,27 +1,17 @@
 // Package memlock is dlock's in-process driver, for tests, examples and
 // benchmarks. It is NOT a distributed lock: it excludes goroutines of one
-// process only. Two processes that each open "mem://jobs" get two separate
-// lock spaces and exclude nothing — never configure it in production.
+// process only, so never configure it in production.
 //
-// Importing the package registers the DSN scheme "mem"; nothing else does
-// (dlock's root package does not), so a stray DLOCK_DSN=mem://x in a
-// deployment fails to open with dlock.ErrUnknownScheme unless the program
-// imports memlock on purpose:
+// Importing the package registers the DSN scheme "mem" (nothing else does):
 //
 //	import _ "github.com/dlock-go/dlock/memlock"
 //
 //	locker, err := dlock.Open(ctx, "mem://tests")
 //
 // Lockers opened on the same "mem://NAME" share one lock space (a Store) for
-// the life of the process; "mem://" is the store named "". NewStore makes a
-// private one, and Store.NewDriver a driver for dlock.New.
-//
-// It claims every capability a driver can have except fault tolerance —
-// strict tokens, FIFO hand-off, push-based waiting, immediate loss
-// notification, shared locks (a waiting exclusive request ahead of later
-// shared ones), counted semaphores (each permit the lock of its slot key,
-// the lowest free one, waiters served in order) — so that the conformance suite, which proves every claim,
-// tests itself on it: it is the reference implementation of the contract.
+// the life of the process; NewStore makes a private one. It claims every
+// capability but fault tolerance, and is the reference implementation of the
+// driver contract. docs/memlock.md has the details.
 package memlock
 
 import (
@@ -136,10 +126,9 @@ func NewStore() *Store {
 // each other as separate processes' clients of one server would.
 func (s *Store) NewDriver() backend.Driver { return &driver{store: s, quit: make(chan struct{})} }
 
-// Expire makes the store forget key's holder (every shared holder, if it is
-// held shared) at once, as a server does when a session expires: the
-// holder's Grant.Lost is closed and the next waiters, if any, are granted
-// the lock. It reports whether the key was held.
+// Expire makes the store forget key's holders at once, as a server does when
+// a session expires (Grant.Lost closes, the next waiters are granted), and
+// reports whether the key was held.
 func (s *Store) Expire(key string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -9,68 +9,12 @@
 //	migrate://?from=<old DSN, URL-escaped>&to=<new DSN, URL-escaped>           both locks (mode "migrate", the default)
 //	migrate://?from=<old DSN, URL-escaped>&to=<new DSN, URL-escaped>&mode=new  the new lock only
 //
-// [DSN] builds such a DSN, escaping the inner ones. The parameters "ttl" and
-// "autorenew" go on the migrate:// DSN itself and apply to both locks; the
-// inner DSNs must not carry them. The new backend must be etcd (etcd:// or
-// etcds://) or ZooKeeper (zk://): the switch record and the per-key bases
-// live there.
-//
-// # The rollout
-//
-//  1. Deploy the migrating Locker (mode "migrate") everywhere, one process at a
-//     time. It takes the old lock, then the new one (one fixed order, so
-//     migrating clients never deadlock each other), and holds both. Old-only and
-//     migrating processes exclude each other through the old lock, and tokens
-//     are still the old backend's.
-//  2. Once no old-only process is left, run the one switch command,
-//     `dlock migrate switch-tokens --from OLD --to NEW` (or [Switch]). It
-//     records in the new backend a base above every token the old backend has
-//     given. From then on every grant takes its token from the new backend,
-//     mapped above the old tokens (see Tokens below). Nothing is redeployed.
-//  3. Deploy mode "new" everywhere, one process at a time. Migrating and
-//     new-only processes exclude each other through the new lock, and both map
-//     tokens the same way. Once every process runs mode "new", the old backend
-//     is no longer used.
-//
-// Stay on the migrate:// DSN with mode "new" for good: a plain etcd:// DSN
-// hands out unmapped tokens, which resources that saw old tokens reject.
-//
-// # Tokens
-//
-// Before the switch a migrating grant's token is the old lock's. Each
-// migrating grant reads the switch record while it holds both locks, so the
-// switch takes effect at one point in each key's grant order, and every later
-// grant, in every process, sees it (etcd reads are linearizable; ZooKeeper
-// reads follow a sync).
-//
-// After the switch a grant's token is base(key) + the new lock's token (the
-// etcd create revision, the ZooKeeper czxid). base(key) starts at the switch record's base: the old
-// backend's token on a probe key (for Redis, at least the server's clock in
-// µs, since the Redis driver floors its tokens at TIME) plus a margin (default
-// 24h in µs). Every token Redis gave before the switch is below it, as long as
-// the Redis clock did not step back by more than the margin. A migrating grant
-// also knows the old lock's current token, which is above every earlier old
-// token of that key whatever the clocks did; if it is not below base(key), the
-// grant raises base(key) to it and records that in the new backend, under
-// both locks, by compare-and-swap. Bases only rise and create revisions only
-// rise, so mapped tokens strictly increase; and a new-only client, which never
-// talks to the old backend, reads the same record and maps the same way.
-//
-// # Refusals
-//
-// A new-only Locker refuses to open, and refuses every grant, before the switch
-// ([ErrNotSwitched]). A Locker whose old backend is not the one the switch
-// record names refuses too ([ErrMismatch]). A grant whose mapped token would
-// not be above the old lock's token, or would overflow, is released and
-// refused ([ErrTokenBackwards]).
-//
-// # What the composite lease is
-//
-// A migrating lease holds both locks; it is lost when either is (Done closes,
-// Err matches dlock.ErrLeaseLost), and its Capabilities are the weaker of the
-// two backends' in every respect. Releasing it releases the new lock, then the
-// old. Each inner lock is renewed by its own Locker's keepalive; a Refresh of
-// the composite lease refreshes both.
+// [DSN] builds such a DSN; "ttl" and "autorenew" go on the migrate:// DSN
+// itself. The new backend must be etcd or ZooKeeper. The rollout: deploy mode
+// "migrate" everywhere, run [Switch] (`dlock migrate switch-tokens`) once no
+// old-only process is left, then deploy mode "new" and stay on it; after the
+// switch a token is base(key) + the new lock's token. docs/MIGRATING.md has
+// the steps, the token mapping, the invariants and what is refused.
 package migrate
 
 import (
@@ -110,9 +54,8 @@ var (
 )
 
 // DSN returns the migrate:// DSN for the old and new DSNs and a mode
-// (ModeMigrate or ModeNew; "" means ModeMigrate, which the DSN then leaves
-// out). from may be "" with ModeNew; then the switch record's old backend is
-// not checked.
+// (ModeMigrate or ModeNew; "" means ModeMigrate). from may be "" with
+// ModeNew, which then does not check the switch record's old backend.
 func DSN(from, to, mode string) string {
 	var parts []string
 	if from != "" {
@@ -133,11 +76,9 @@ var defaultPorts = map[string]string{
 	"etcd": "2379", "etcds": "2379", "zk": "2181", "postgres": "5432", "postgresql": "5432",
 }
 
-// BackendID names the backend of a DSN for the switch record: the scheme, the
-// hosts (sorted, lower-cased, with the scheme's default port), the path
-// (database or prefix; "/0" for a Redis DSN without one) and the "prefix"
-// parameter if given. User names, passwords and other parameters are left
-// out, so two DSNs of the same deployment written differently still match.
+// BackendID names the backend of a DSN for the switch record: its scheme,
+// sorted hosts with default ports, path and "prefix" parameter, so that two
+// DSNs of one deployment written differently match.
 func BackendID(dsn string) (string, error) {
 	u, err := backend.ParseDSN(dsn)
 	if err != nil {

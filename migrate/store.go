@@ -20,10 +20,8 @@ import (
 // writes and reads.
 const RecordVersion = 1
 
-// Record is the switch record, kept as JSON in the new backend under
-// "<prefix>.migrate/switch", next to the locks but outside their key range
-// (for the etcd prefix or ZooKeeper root "/dlock": "/dlock.migrate/switch").
-// Once written it is never changed.
+// Record is the switch record, written once as JSON in the new backend under
+// "<prefix>.migrate/switch", outside the locks' key range.
 type Record struct {
 	// Version is the record's format (RecordVersion).
 	Version int `json:"version"`

@@ -13,11 +13,8 @@ import (
 )
 
 // DefaultMargin is what Switch adds, in microseconds, to the old backend's
-// token on its probe key to make the base, unless SwitchOptions.Margin says
-// otherwise: 24h. It covers the time between the probe and the record's write,
-// clock differences between Redis servers (Sentinel, Cluster), and keeps an
-// old-only client that was wrongly left running after the switch fenced off
-// (its tokens stay below the base) for that long.
+// probe token to make the base: it covers clock differences between Redis
+// servers, and fences off an old-only client left running for that long.
 const DefaultMargin = 24 * time.Hour
 
 // ProbeKey is the key Switch locks on the old backend to read its clock
@@ -31,11 +28,9 @@ type SwitchOptions struct {
 	// negative is an error.
 	Margin time.Duration
 
-	// Base, if non-zero, is recorded as the base as it is, without probing the
-	// old backend. Give it for an old backend whose tokens are not floored at
-	// a clock (PostgreSQL's counter, say): it must be above every token the
-	// old backend has given any key. Zero means probing, which only Redis
-	// schemes allow.
+	// Base, if non-zero, is recorded as the base without probing, and must be
+	// above every token the old backend has given; it is required for an old
+	// backend other than Redis, whose tokens are not floored at a clock.
 	Base uint64
 }
 
@@ -49,20 +44,11 @@ func clockFloored(scheme string) bool {
 	return false
 }
 
-// Switch records the token switch in the new backend (the DSN to), for the
-// old backend of the DSN from: from then on, every migrating and new-only
-// client maps its tokens above the old backend's (see the package doc).
-// Run it once every client runs the migrating Locker (no old-only client is
-// left).
-//
-// Unless o.Base is set, Switch reads the old backend's clock by locking
-// ProbeKey there, records base = that token + o.Margin, then locks ProbeKey
-// again and checks the second token is still below the base.
-//
-// Switch is idempotent: if the record exists for the same old backend, it
-// returns that record and created == false; for another old backend, an error
-// matching ErrMismatch. ctx bounds the whole operation. Errors never contain
-// either DSN's password.
+// Switch records, within ctx, the token switch in the new backend to for the
+// old backend from, with base = a probe token of ProbeKey + o.Margin unless
+// o.Base is set; run it once no old-only client is left. It is idempotent
+// (created false) and fails with ErrMismatch if the record names another old
+// backend.
 func Switch(ctx context.Context, from, to string, o *SwitchOptions) (rec *Record, created bool, err error) {
 	var opt SwitchOptions
 	if o != nil {

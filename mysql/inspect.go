@@ -3,10 +3,14 @@ package mysql
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
+
+	gomysql "github.com/go-sql-driver/mysql"
 
 	"github.com/dlock-go/dlock/backend"
 )
@@ -58,23 +62,29 @@ func (r *record) info(key string, now time.Time) backend.LockInfo {
 // reported held, with no token. Waiters are not counted (-1): the server
 // lists them only to those who may see every session.
 func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, error) {
+	info, _, err := d.inspect(ctx, key)
+	return info, err
+}
+
+// inspect is Inspect, which also returns the row its LockInfo was read from.
+func (d *Driver) inspect(ctx context.Context, key string) (backend.LockInfo, record, error) {
 	if d.closed.Load() {
-		return backend.LockInfo{}, errClosed
+		return backend.LockInfo{}, record{}, errClosed
 	}
 	name := LockName(d.opts.Namespace, key)
 	for try := 1; ; try++ {
 		var r record
 		now := time.Now()
 		if err := r.scan(d.db.QueryRowContext(ctx, d.sql.inspect, name, name)); err != nil {
-			return backend.LockInfo{Key: key, Waiters: -1}, fmt.Errorf("inspect: %w", err)
+			return backend.LockInfo{Key: key, Waiters: -1}, r, fmt.Errorf("inspect: %w", err)
 		}
 		switch {
 		case !r.usedBy.Valid:
-			return backend.LockInfo{Key: key, Waiters: -1}, nil
+			return backend.LockInfo{Key: key, Waiters: -1}, r, nil
 		case r.holder.Valid && r.holder.Int64 == r.usedBy.Int64:
-			return r.info(key, now), nil
+			return r.info(key, now), r, nil
 		case try >= inspectTries:
-			return backend.LockInfo{Key: key, Held: true, Waiters: -1}, nil
+			return backend.LockInfo{Key: key, Held: true, Waiters: -1}, r, nil
 		}
 		// The holder is between its GET_LOCK and its record.
 		t := time.NewTimer(time.Duration(try) * time.Millisecond)
@@ -82,7 +92,7 @@ func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, err
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return backend.LockInfo{Key: key, Waiters: -1}, ctx.Err()
+			return backend.LockInfo{Key: key, Waiters: -1}, r, ctx.Err()
 		}
 	}
 }
@@ -114,37 +124,43 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, e
 	return out, nil
 }
 
+// breakHook and breakCheckedHook, set by tests, are called by Break with
+// the lock's key: between its read of the holder and its check, and between
+// its check and its removal (under LOCK TABLES).
+var breakHook, breakCheckedHook atomic.Pointer[func(key string)]
+
 // Break implements backend.Breaker: it ends the holding session (KILL
 // CONNECTION, which needs the privilege to kill other users' sessions when
 // the holder is another user's) and returns once the session has let go of
-// the lock; the token stays. The broken holder learns it from its
-// connection (LossNotify) or at its next renewal.
+// the lock; the token stays. It kills only the holder it read: under LOCK
+// TABLES of the fence table (the LOCK TABLES privilege), which holds every
+// grant back, it checks that the lock's session and the key's record are
+// still those it read, and returns ErrNotHeld if they are not. The broken
+// holder learns it from its connection (LossNotify) or at its next renewal.
 func (d *Driver) Break(ctx context.Context, key string) (backend.LockInfo, error) {
-	info, err := d.Inspect(ctx, key)
+	info, read, err := d.inspect(ctx, key)
 	if err != nil {
 		return info, err
 	}
 	if !info.Held {
 		return info, fmt.Errorf("key %q: %w", key, backend.ErrNotHeld)
 	}
-	var id sql.NullInt64
-	if err := d.db.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", LockName(d.opts.Namespace, key)).Scan(&id); err != nil {
-		return info, fmt.Errorf("break: %w", err)
+	if f := breakHook.Load(); f != nil {
+		(*f)(key)
 	}
-	if !id.Valid {
-		return info, fmt.Errorf("key %q: the holder released it before the break: %w", key, backend.ErrNotHeld)
-	}
-	if _, err := d.db.ExecContext(ctx, "KILL CONNECTION "+strconv.FormatInt(id.Int64, 10)); err != nil {
-		return info, fmt.Errorf("break: KILL CONNECTION %d: %w", id.Int64, err)
+	name := LockName(d.opts.Namespace, key)
+	id, err := d.killHolder(ctx, key, read)
+	if err != nil {
+		return info, fmt.Errorf("key %q: %w", key, err)
 	}
 	// KILL returns before the session has ended and let go of its locks:
 	// wait for that, so that the lock is free when Break returns.
 	for wait := time.Millisecond; ; wait = min(2*wait, 50*time.Millisecond) {
 		var now sql.NullInt64
-		if err := d.db.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", LockName(d.opts.Namespace, key)).Scan(&now); err != nil {
-			return info, fmt.Errorf("break: the killed session %d still holds the lock: %w", id.Int64, err)
+		if err := d.db.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?)", name).Scan(&now); err != nil {
+			return info, fmt.Errorf("break: the killed session %d still holds the lock: %w", id, err)
 		}
-		if now.Int64 != id.Int64 {
+		if now.Int64 != id {
 			return info, nil
 		}
 		t := time.NewTimer(wait)
@@ -152,9 +168,61 @@ func (d *Driver) Break(ctx context.Context, key string) (backend.LockInfo, error
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
-			return info, fmt.Errorf("break: the killed session %d still holds the lock: %w", id.Int64, ctx.Err())
+			return info, fmt.Errorf("break: the killed session %d still holds the lock: %w", id, ctx.Err())
 		}
 	}
+}
+
+// killHolder kills the session holding key's lock if it, and the key's record
+// in the fence table, are still those of read, and returns its id. It does
+// so under LOCK TABLES of the fence table: no grant can record itself
+// between the check and the KILL, so the session it kills holds no grant
+// it was not read holding. It returns an error wrapping backend.ErrNotHeld
+// if the holder changed.
+func (d *Driver) killHolder(ctx context.Context, key string, read record) (int64, error) {
+	name := LockName(d.opts.Namespace, key)
+	conn, err := d.db.Conn(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("break: %w", err)
+	}
+	locked := false
+	defer func() {
+		if locked { // the session's end unlocks the table
+			d.discard(conn)
+			return
+		}
+		_ = conn.Close()
+	}()
+	table := d.opts.Table
+	if _, err := conn.ExecContext(ctx, "LOCK TABLES "+table+" WRITE"); err != nil {
+		return 0, fmt.Errorf("break: lock the fence table %s (LOCK TABLES privilege): %w", table, err)
+	}
+	locked = true
+	var now record
+	err = conn.QueryRowContext(ctx, "SELECT IS_USED_LOCK(?), MAX(token), MAX(holder) FROM "+table+" WHERE name = ?", name, name).
+		Scan(&now.usedBy, &now.token, &now.holder)
+	if err != nil {
+		return 0, fmt.Errorf("break: %w", err)
+	}
+	if !now.usedBy.Valid || now.usedBy != read.usedBy || now.token != read.token || now.holder != read.holder {
+		return 0, fmt.Errorf("the holder read (session %d, token %d) is no longer the holder (session %d, token %d): %w",
+			read.usedBy.Int64, read.token.Int64, now.usedBy.Int64, now.token.Int64, backend.ErrNotHeld)
+	}
+	id := now.usedBy.Int64
+	if f := breakCheckedHook.Load(); f != nil {
+		(*f)(key)
+	}
+	if _, err := conn.ExecContext(ctx, "KILL CONNECTION "+strconv.FormatInt(id, 10)); err != nil {
+		var me *gomysql.MySQLError
+		if errors.As(err, &me) && me.Number == 1094 { // unknown thread id
+			return 0, fmt.Errorf("the holding session %d ended before the break: %w", id, backend.ErrNotHeld)
+		}
+		return 0, fmt.Errorf("break: KILL CONNECTION %d: %w", id, err)
+	}
+	if _, err := conn.ExecContext(ctx, "UNLOCK TABLES"); err == nil {
+		locked = false
+	}
+	return id, nil
 }
 
 // Relabel implements backend.Relabeler: on the lease's session, it sets

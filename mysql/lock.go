@@ -88,12 +88,10 @@ func ttlSeconds(ttl time.Duration) int {
 	return int((ttl + time.Second - 1) / time.Second)
 }
 
-// Acquire implements backend.Driver: it pins a connection, sets its
-// session's wait_timeout to the TTL, takes GET_LOCK on it (waiting in the
-// server if req.Wait) and increments the key's counter on the same session.
-// A waiting Acquire rides out a server that is down or restarting until ctx
-// ends. A wait that ctx ends is stopped with KILL QUERY and its connection
-// closed, which frees a grant that raced the cancel.
+// Acquire implements backend.Driver: GET_LOCK on a pinned connection whose
+// wait_timeout is the TTL, then the key's counter. A waiting Acquire rides
+// out a server that is down until ctx ends, which stops the wait with KILL
+// QUERY and closes its connection.
 func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*backend.Grant, error) {
 	if d.closed.Load() {
 		return nil, errClosed
@@ -377,11 +375,9 @@ func (d *Driver) release(conn *sql.Conn) {
 	_ = conn.Close()
 }
 
-// Refresh implements backend.Driver: on the lease's session, it checks that
-// the session holds the lock (IS_USED_LOCK(name) = CONNECTION_ID(), which
-// also fails if a proxy moved the client to another session) and so
-// restarts its idle countdown. ctx's deadline bounds it; a cancel does not
-// cut it short (that would close the connection, and free the lock).
+// Refresh implements backend.Driver: on the lease's session it checks that
+// the session holds the lock, which restarts its idle countdown. ctx's
+// deadline bounds it; a cancel does not cut it short.
 func (d *Driver) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duration) (time.Duration, error) {
 	if d.closed.Load() {
 		return 0, errClosed
@@ -431,9 +427,8 @@ func statementCtx(ctx context.Context) (context.Context, context.CancelFunc) {
 }
 
 // Release implements backend.Driver: RELEASE_LOCK on the lease's session,
-// then the connection goes back to the pool. If the statement fails, the
-// connection is closed, which frees the lock when the server sees the
-// session end.
+// whose connection goes back to the pool, or is closed if the statement
+// fails.
 func (d *Driver) Release(ctx context.Context, g *backend.Grant) error {
 	h, ok := g.Data.(*held)
 	if !ok {

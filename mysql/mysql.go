@@ -34,10 +34,8 @@ const (
 	// parameter "max_conns".
 	DefaultMaxConns = 64
 
-	// DefaultConnWait is how long an Acquire waits for a free connection
-	// when all max_conns are pinned before it gives up with
-	// ErrNoConnection (a waiting Acquire waits for one as long as its ctx
-	// allows). DSN parameter "conn_wait".
+	// DefaultConnWait is how long a TryAcquire waits for a free connection
+	// before it fails with ErrNoConnection. DSN parameter "conn_wait".
 	DefaultConnWait = time.Second
 )
 
@@ -61,17 +59,14 @@ var errClosed = fmt.Errorf("mysql driver: %w", backend.ErrClosed)
 // a crash could lose the last tokens granted, and tokens would go backwards.
 var ErrAsyncCommit = errors.New("mysql: commits are not durable")
 
-// ErrMultiPrimary is returned by NewDriver (and Open) when the server is a
-// node of a multi-primary cluster (Galera, as in MariaDB Galera Cluster and
-// Percona XtraDB Cluster; Group Replication in multi-primary mode), where a
-// user-level lock is held on one node only and another node would grant it
-// again.
+// ErrMultiPrimary is returned by NewDriver (and Open) for a node of a
+// multi-primary cluster (Galera, Group Replication in multi-primary mode),
+// where another node would grant a user-level lock again.
 var ErrMultiPrimary = errors.New("mysql: a user-level lock is local to one node of a multi-primary cluster")
 
-// ErrNoConnection is returned (wrapped) by an Acquire that found every
-// connection of the pool pinned by held leases and waiting acquires for
-// longer than Options.ConnWait: a resource limit, not a held lock (raise
-// max_conns, or hold fewer locks at once).
+// ErrNoConnection is wrapped by the error of an Acquire that found every
+// connection of the pool pinned for longer than Options.ConnWait (not a held
+// lock); raise max_conns, or hold fewer locks at once.
 var ErrNoConnection = errors.New("mysql: no free connection in the pool")
 
 func init() {
@@ -81,8 +76,7 @@ func init() {
 // Options configure a Driver. The zero value, or a nil *Options, gives the
 // defaults.
 type Options struct {
-	// Namespace is hashed with every key (see LockName): lockers with
-	// different namespaces never contend. 1 to 32 of the characters
+	// Namespace is hashed with every key (see LockName), 1 to 32 of
 	// A-Z a-z 0-9 _ . -; empty means DefaultNamespace. DSN parameter
 	// "namespace".
 	Namespace string
@@ -92,10 +86,9 @@ type Options struct {
 	// means DefaultTable. DSN parameter "table".
 	Table string
 
-	// ConnWait is how long an Acquire waits for a free connection of the
-	// pool before it returns ErrNoConnection; a waiting Acquire waits as
-	// long as its ctx allows. Default DefaultConnWait. DSN parameter
-	// "conn_wait".
+	// ConnWait is how long a TryAcquire waits for a free connection before
+	// it fails with ErrNoConnection (a waiting Acquire waits as long as its
+	// ctx allows). Default DefaultConnWait. DSN parameter "conn_wait".
 	ConnWait time.Duration
 }
 
@@ -171,13 +164,10 @@ var (
 	_ backend.Named  = (*Driver)(nil)
 )
 
-// NewDriver returns a driver that locks through db, a pool of
-// go-sql-driver/mysql connections; opts may be nil for the defaults. It
-// refuses a server whose commits are not durable (ErrAsyncCommit) or that
-// is a node of a multi-primary cluster (ErrMultiPrimary), and creates the
-// fence counter table if it is missing, bounded by ctx. Every held lease
-// and every waiting Acquire pins one of db's connections; size the pool
-// (SetMaxOpenConns) for them. The caller keeps db: Close does not close it.
+// NewDriver returns a driver that locks through db, which the caller keeps,
+// with opts nil for the defaults; every held lease and waiting Acquire pins
+// one of its connections. Within ctx it refuses ErrAsyncCommit and
+// ErrMultiPrimary servers and creates the fence table if it is missing.
 func NewDriver(ctx context.Context, db *sql.DB, opts *Options) (*Driver, error) {
 	return newDriver(ctx, db, opts, nil)
 }
@@ -302,14 +292,9 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 // Name implements backend.Named.
 func (d *Driver) Name() string { return "mysql" }
 
-// Capabilities reports strict fencing (a committed counter), expiry by the
-// server (a silent session's wait_timeout), and waiting in the server. Not
-// FIFO (the server grants a released lock to any of its waiters), not fault
-// tolerant (one server). LossNotify when the driver opened the pool from a
-// DSN, on Linux: it reads the end of a lease's session off its idle
-// connection (the server closed it: a KILL, a restart, a cut connection)
-// within lossPoll; with a pool of the caller's, or elsewhere, a holder
-// whose session ended learns it at its next renewal.
+// Capabilities reports strict fencing, server-side expiry and push-based
+// waiting in the server; not FIFO, not fault tolerant, and loss notification
+// only for a pool opened from a DSN, on Linux.
 func (d *Driver) Capabilities() backend.Capabilities {
 	return backend.Capabilities{
 		Fencing:       backend.FencingStrict,
@@ -319,10 +304,8 @@ func (d *Driver) Capabilities() backend.Capabilities {
 	}
 }
 
-// Close ends waiting acquires (KILL QUERY on their sessions, and waits for
-// them to return), closes the connection of every lease still held (which
-// frees its lock on the server) and, if the driver opened the pool from a
-// DSN, closes the pool. dlock releases every lease before it calls Close.
+// Close ends waiting acquires, closes the connection of every lease still
+// held (freeing its lock) and the pool if it opened it from a DSN.
 func (d *Driver) Close() error {
 	// Under callMu, so that every enter that saw the driver open has added
 	// to calls before Wait below begins.

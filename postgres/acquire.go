@@ -16,13 +16,10 @@ import (
 	"github.com/dlock-go/dlock/backend"
 )
 
-// Acquire takes the advisory lock of req.Key, shared if req.Shared
-// (pg_advisory_lock_shared): in the shared session for req.TTL if the lock
-// is free, else (if req.Wait) waiting in the server on a connection of its
-// own, which the lease then keeps (see docs/postgres.md). A shared request
-// for a key the shared session holds shared is asked on a connection of its
-// own, waiting or not. If ctx ends first, it cancels the wait and leaves
-// nothing behind.
+// Acquire implements backend.Driver: a free lock is taken in the shared
+// session of req.TTL, a held one (if req.Wait) is waited for in the server on
+// a connection of its own, which the lease keeps. If ctx ends first, it
+// cancels the wait and leaves nothing behind.
 func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*backend.Grant, error) {
 	if d.closed.Load() {
 		return nil, errClosed
@@ -357,12 +354,10 @@ func withCancelRequest(ctx context.Context, pc *pgxpool.Conn, f func(context.Con
 	return false, err
 }
 
-// ErrTransactionPooling is matched (errors.Is) by the error of opening a
-// driver, or of a lease's statement, when the connection does not keep one
-// server session: a pooler in transaction or statement mode (PgBouncer
-// pool_mode=transaction) sits between the client and PostgreSQL. Session
-// advisory locks would then be shared between clients. Connect to PostgreSQL
-// directly, or through a pool in session mode.
+// ErrTransactionPooling is matched by the error of opening a driver, or of a
+// lease's statement, through a pooler in transaction or statement mode, where
+// session advisory locks would be shared between clients; connect directly
+// or through a pool in session mode.
 var ErrTransactionPooling = errors.New("the connection does not keep one server session (a pooler in transaction mode, such as PgBouncer pool_mode=transaction?): session advisory locks would be shared between clients; connect directly or use session pooling")
 
 // checkPooling finds out whether conn talks to PostgreSQL directly, through a
@@ -434,7 +429,8 @@ func poolingVerdict(pinned []uint32, stranger uint32) error {
 	return nil
 }
 
-// Refresh pings the lease's session (see the package doc's Leases).
+// Refresh implements backend.Driver by pinging the lease's session (see
+// docs/postgres.md, Leases).
 func (d *Driver) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duration) (time.Duration, error) {
 	switch x := g.Data.(type) {
 	case *pin:
@@ -445,18 +441,13 @@ func (d *Driver) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duratio
 	return 0, fmt.Errorf("%w: not a grant of this driver", backend.ErrNotHeld)
 }
 
-// ErrLabelShared is returned by Relabel (dlock.Lease.SetLabel, election's
-// Proclaim) for a lease whose session holds other leases: PostgreSQL keeps a
-// label per session (its application_name), so changing it would relabel
-// them too. Leases of one TTL and label granted without a wait share a
-// session; give a lease whose label will change a label of its own (an
-// election's candidate value usually is).
+// ErrLabelShared is returned by Relabel for a lease whose session holds other
+// leases, whose label (the session's application_name) would change too;
+// give a lease whose label will change a label of its own.
 var ErrLabelShared = errors.New("postgres: the lease's session holds other leases, whose label would change too")
 
-// Relabel implements backend.Relabeler: the label is the holding session's
-// application_name. A shared session is relabelled only while it holds no
-// other lease (see ErrLabelShared); it then serves the leases of the new
-// label.
+// Relabel implements backend.Relabeler by setting the holding session's
+// application_name, failing with ErrLabelShared if it holds other leases.
 func (d *Driver) Relabel(ctx context.Context, g *backend.Grant, label string) error {
 	switch x := g.Data.(type) {
 	case *pin:

@@ -5,8 +5,8 @@ import (
 	"encoding/binary"
 )
 
-// AdvisoryKey is the PostgreSQL advisory lock a dlock key maps to. See the
-// package doc's "Keys" for the rule, and Options.AdvisoryKey to compute one.
+// AdvisoryKey is the PostgreSQL advisory lock a dlock key maps to
+// (Options.AdvisoryKey computes one; docs/postgres.md, Keys, has the rule).
 type AdvisoryKey struct {
 	// Int4Pair selects the two-int4 form pg_advisory_lock(Key1, Key2); when
 	// false the lock is the int8 form pg_advisory_lock(Int8). The two forms
@@ -21,12 +21,8 @@ type AdvisoryKey struct {
 	Key1, Key2 int32
 }
 
-// PgLocks returns the values of the pg_locks columns classid, objid and
-// objsubid that identify this lock (in rows with locktype 'advisory'), e.g.
-// to find its holder:
-//
-//	SELECT pid FROM pg_locks
-//	WHERE locktype = 'advisory' AND classid = $1 AND objid = $2 AND objsubid = $3 AND granted
+// PgLocks returns the pg_locks columns classid, objid and objsubid that
+// identify this lock in rows with locktype 'advisory'.
 func (k AdvisoryKey) PgLocks() (classid, objid uint32, objsubid int16) {
 	if k.Int4Pair {
 		return uint32(k.Key1), uint32(k.Key2), 2
@@ -43,15 +39,9 @@ func (k AdvisoryKey) args() []any {
 }
 
 // HashKey returns the 64-bit advisory key of a dlock key in a namespace: the
-// first 8 bytes of SHA-256(namespace, a NUL byte, key), read as a big-endian
-// signed integer. The same in SQL:
-//
-//	SELECT ('x' || encode(substr(sha256(convert_to($1, 'UTF8') || '\x00'::bytea
-//	        || convert_to($2, 'UTF8')), 1, 8), 'hex'))::bit(64)::bigint
-//
-// Neither the namespace nor the key contains a NUL byte, so the input names
-// the pair unambiguously; the rule will not change (locks taken by different
-// versions must exclude each other).
+// first 8 bytes of SHA-256(namespace, a NUL byte, key) as a big-endian signed
+// integer (docs/postgres.md, Keys, has it in SQL). The rule never changes, so
+// that every version's locks exclude each other.
 func HashKey(namespace, key string) int64 {
 	h := sha256.New()
 	h.Write([]byte(namespace))

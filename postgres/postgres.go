@@ -31,10 +31,9 @@ const (
 	// DefaultTable is the fence counter table. DSN parameter "table".
 	DefaultTable = "dlock_fence"
 
-	// DefaultMaxConns is the size of the pool a DSN opens when it has no
-	// pool_max_conns parameter: room for one shared session per TTL in use
-	// and for the Acquire calls that wait at once (each, and the lease it is
-	// granted, takes a connection of its own).
+	// DefaultMaxConns is the size of the pool a DSN opens without a
+	// pool_max_conns parameter: one shared session per TTL, and one
+	// connection per waiting Acquire and the lease it is granted.
 	DefaultMaxConns = 64
 )
 
@@ -78,17 +77,11 @@ type Options struct {
 	// DefaultTable ("dlock_fence"). DSN parameter "table".
 	Table string
 
-	// Tokens selects where fencing tokens come from (see docs/postgres.md,
-	// "Fencing tokens"): TokensCounter (the default), a durable counter per
-	// key in Table, incremented and flushed to the WAL with every grant; or
-	// TokensSequence, one sequence for all keys, whose grants never wait for
-	// a WAL flush, combined with an epoch that is bumped, durably, once after every
-	// crash or failover (detected with an unlogged marker table, which
-	// PostgreSQL empties in crash recovery and on a promoted standby). Both
-	// are strictly increasing per key across restarts and crashes of the
-	// server. Every client of a database must use the same mode: a driver in
-	// counter mode refuses to open a database that sequence mode has used.
-	// DSN parameter "tokens".
+	// Tokens selects where fencing tokens come from: TokensCounter (the
+	// default), a durable counter per key in Table, or TokensSequence, one
+	// sequence and a crash epoch, whose grants wait for no WAL flush. Every
+	// client of a database must use the same mode. DSN parameter "tokens";
+	// docs/postgres.md, Fencing tokens.
 	Tokens string
 }
 
@@ -197,17 +190,10 @@ var (
 	_ backend.Named  = (*Driver)(nil)
 )
 
-// NewDriver returns a driver that locks through pool; opts may be nil for the
-// defaults. It checks, bounded by ctx, that the server is reachable and not
-// behind a transaction-pooling proxy (ErrTransactionPooling), and creates
-// the fence table if it is missing.
-//
-// The caller keeps ownership of pool: the driver's Close does not close it.
-// The leases granted without a wait share one of its connections per TTL;
-// each Acquire that waits, and the lease it is granted, takes one of its own
-// (see docs/postgres.md). Connections go back to the pool, with their
-// session settings reset, once they hold no lock (a shared session a second
-// after its last release).
+// NewDriver returns a driver that locks through pool, which the caller keeps,
+// with opts nil for the defaults. Within ctx it checks that the server is
+// reachable and not behind a transaction-pooling proxy
+// (ErrTransactionPooling), and creates the fence table if it is missing.
 func NewDriver(ctx context.Context, pool *pgxpool.Pool, opts *Options) (*Driver, error) {
 	return newDriver(ctx, pool, opts, false)
 }
@@ -449,10 +435,9 @@ func (d *Driver) Table() string { return d.table }
 // AdvisoryKey returns the advisory lock the driver takes for key.
 func (d *Driver) AdvisoryKey(key string) AdvisoryKey { return d.opts.AdvisoryKey(key) }
 
-// Capabilities reports strict fencing (a durable counter), FIFO waiting in the
-// server, server-side expiry (idle_session_timeout), push-based waiting,
-// immediate loss notification and shared locks (pg_advisory_lock_shared);
-// not fault tolerant (one server).
+// Capabilities reports strict fencing, FIFO push-based waiting in the
+// server, server-side expiry, loss notification and shared locks; no fault
+// tolerance.
 func (d *Driver) Capabilities() backend.Capabilities {
 	return backend.Capabilities{
 		Fencing:       backend.FencingStrict,

@@ -146,10 +146,9 @@ func (d *Driver) markContended(key AdvisoryKey) {
 // for a connection of the pool.
 const poolWait = time.Second
 
-// ErrPoolExhausted is matched (errors.Is) by the error of an acquire that
-// needed a connection while every connection of the pool was in use: the
-// lock was not found held, the driver could not ask. Raise pool_max_conns,
-// or hold fewer leases that waited (each keeps its own connection).
+// ErrPoolExhausted is matched by the error of an acquire that needed a
+// connection while the pool had none free (not a held lock); raise
+// pool_max_conns, or hold fewer leases that waited.
 var ErrPoolExhausted = errors.New("every connection of the pool is in use")
 
 // conn takes a connection from the pool; without wait, for at most

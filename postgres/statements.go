@@ -306,14 +306,14 @@ func (s *statements) releaseBatch(unlock string, args []any, onRow func(pgx.Row)
 // not wait for the WAL to be flushed: the sequence need not survive a crash, since
 // the epoch does (below), and a token drawn from a sequence that lost its
 // last values has the next epoch. (The commit that would otherwise wait
-// for the flush, one grant in 32, took about 10 µs of the mean cycle with
+// for the flush, one grant in 32, costs about 10 µs of the mean cycle with
 // fsync on.)
 //
 // The epoch in use is kept in unlogged objects, which PostgreSQL empties in
 // crash recovery and on a promoted standby: the marker table (the authority)
 // and, with fastMark (PostgreSQL 15 and later), the marker sequence, a copy
 // of it that a grant reads with pg_sequence_last_value — a function call,
-// where reading the table is a scan, which cost about as much as the rest of
+// where reading the table is a scan, which costs about as much as the rest of
 // the grant's statement (a crash resets the sequence to "never called", and
 // the function then returns NULL). A session's first grant reads one of
 // the two; a shared session's later grants keep the epoch it read (see

@@ -16,13 +16,9 @@ import (
 
 var _ backend.Watcher = (*Driver)(nil)
 
-// NotifyChannel is the channel on which the driver announces, with NOTIFY,
-// the grants, label changes and releases of the leases acquired with
-// dlock.WithAnnounce (package election's candidates), and the breaks it
-// makes; the payload names the advisory lock (see AdvisoryKey.Payload). Watch
-// LISTENs on it. A lock whose holder's session ends (a crash, a network
-// partition, pg_terminate_backend by hand) is not announced: followers read
-// it on their next poll.
+// NotifyChannel is the channel on which the driver NOTIFYs the grants, label
+// changes and releases of leases acquired with dlock.WithAnnounce, and its
+// breaks, with AdvisoryKey.Payload; a session's end is not announced.
 const NotifyChannel = "dlock_lock_changed"
 
 // Payload returns the NOTIFY payload that names k on NotifyChannel: the
@@ -72,12 +68,8 @@ type listenRun struct {
 }
 
 // Watch implements backend.Watcher with LISTEN on NotifyChannel, on one
-// connection of the driver's own (outside the pool) that serves every Watch
-// and is closed when the last one ends. Announced are the grants, label
-// changes and releases of leases acquired with dlock.WithAnnounce, and the
-// breaks of this driver; see NotifyChannel for what is not. changed is
-// called from the listening goroutine, also each time its connection breaks
-// and once it listens again.
+// connection outside the pool shared by every Watch; it reports what
+// NotifyChannel carries, and each break and return of that connection.
 func (d *Driver) Watch(ctx context.Context, key string, changed func()) error {
 	if d.closed.Load() {
 		return errClosed

@@ -52,14 +52,9 @@ type ServerConfig struct {
 	AppendFsync string
 }
 
-// Risks describes what in c can break a lock or the fencing counter, one
-// sentence each; nil if nothing.
-//
-//   - With a memory limit, any maxmemory-policy but noeviction can evict the
-//     lock key (volatile-* policies pick keys with a TTL, as the lock key has;
-//     allkeys-* pick any key, the fencing counter too): the lock is then free
-//     while its holder believes it holds it. Tokens stay increasing only
-//     through the clock floor.
+// Risks describes, one sentence each, what in c can break a lock or the
+// fencing counter (a memory limit with a maxmemory-policy other than
+// noeviction); nil if nothing.
 func (c ServerConfig) Risks() []string {
 	if !c.Known || c.MaxMemory == 0 || c.MaxMemoryPolicy == "noeviction" {
 		return nil
@@ -78,9 +73,8 @@ func (c ServerConfig) Risks() []string {
 func (c ServerConfig) Durable() bool { return c.AppendOnly == "yes" && c.AppendFsync == "always" }
 
 // CheckServer reads maxmemory, maxmemory-policy, appendonly and appendfsync
-// from the master (in a Cluster, from every master) with CONFIG GET. A server
-// where CONFIG fails is reported with Known false, not as an error; the error
-// is for a deployment that cannot be reached.
+// from every master with CONFIG GET; a server where CONFIG fails is reported
+// with Known false, and the error is for a deployment it cannot reach.
 func (d *Driver) CheckServer(ctx context.Context) ([]ServerConfig, error) {
 	if cc, ok := d.client.(*goredis.ClusterClient); ok {
 		var (
@@ -140,7 +134,7 @@ func (d *Driver) startupCheck(ctx context.Context) error {
 	for _, c := range cfgs {
 		if !c.Known {
 			// Debug, not Info: most managed services disable CONFIG, and a line on
-			// every Open would be noise. The risk is documented in the package doc.
+			// every Open would be noise. The risk is documented in docs/redis.md.
 			log.DebugContext(ctx, "dlock/redis: CONFIG GET is unavailable; maxmemory-policy and persistence not checked", "addr", c.Addr)
 			continue
 		}
@@ -152,7 +146,7 @@ func (d *Driver) startupCheck(ctx context.Context) error {
 		}
 		if !c.Durable() {
 			// Debug: true of Redis's default configuration, so an Info line would
-			// greet almost every Open. The restart rule is in the package doc.
+			// greet almost every Open. The restart rule is in docs/redis.md.
 			log.DebugContext(ctx, "dlock/redis: the server does not fsync every write (appendonly "+c.AppendOnly+
 				", appendfsync "+c.AppendFsync+"): after a crash it forgets recent locks; restart it no sooner than the longest lock TTL",
 				"addr", c.Addr)

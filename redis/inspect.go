@@ -23,23 +23,10 @@ var (
 	_ backend.Breaker   = (*Driver)(nil)
 )
 
-// Inspect implements backend.Inspector, in one transaction (MULTI/EXEC, so
-// that no grant or release comes between its reads): the lock key's
-// value (owner ID and label), its PTTL (Expires), the fencing counter (the
-// holder's token: no grant came after the holder's while it holds the lock)
-// and the number of clients subscribed to the release channel (Waiters; -1
-// on Redis Cluster, where subscriptions are counted per node) or, in fair
-// mode, the number of waiters queued (a crashed one counts until its TTL
-// has passed and a later acquire drops it). Redis records no grant time.
-//
-// A key held shared reports Shared, the number of its shared holders (one
-// that vanished counts until the next script on the key sweeps it), and as
-// Owner, Label and Expires those of the holder whose expiry is the latest;
-// Token is 0 (the counter is the last grant's, whose holder may have left).
-//
-// A key that names a permit's slot, NAME/permits/i, and is not held as a
-// lock shows the holder of that permit of the counted semaphore NAME, if
-// any (see inspectPermit).
+// Inspect implements backend.Inspector in one MULTI/EXEC: no Granted, and
+// Waiters -1 on Redis Cluster. A key held shared reports the holder whose
+// expiry is the latest, with Token 0; a permit's slot key, NAME/permits/i,
+// reports that permit's holder.
 func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, error) {
 	if d.closed.Load() {
 		return backend.LockInfo{}, errClosed
@@ -109,11 +96,8 @@ func (d *Driver) inspect(ctx context.Context, key string, k *rediscore.Keys) (ba
 	return info, nil
 }
 
-// List implements backend.Inspector: SCAN for the lock keys under the
-// driver's prefix whose keys start with prefix (on every master of a
-// Cluster), each read as Inspect does; then a second SCAN for the counted
-// semaphores' holders hashes, whose permits are listed under their slots'
-// keys (NAME/permits/i) where those start with prefix.
+// List implements backend.Inspector by SCAN on every master, listing the
+// counted semaphores' permits under their slots' keys.
 func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, error) {
 	if d.closed.Load() {
 		return nil, errClosed
@@ -199,12 +183,9 @@ func (d *Driver) scanList(ctx context.Context, pattern string, read func(ctx con
 // readersSuffix ends the name of a key's shared holders' set.
 const readersSuffix = ":readers"
 
-// Break implements backend.Breaker: it deletes the lock key if it still
-// holds the holder Inspect read (so a holder that changed meanwhile is not
-// touched), keeps the fencing counter, and publishes the release so that
-// waiters try at once (in fair mode, it hands the lock to the head of the
-// queue, as a release does). The broken holder learns it at its next renewal.
-// A key held shared loses every shared holder.
+// Break implements backend.Breaker: it deletes the lock key (every shared
+// holder) if it still holds the holder it read, keeps the fencing counter,
+// and releases as a release does (in fair mode, to the head of the queue).
 func (d *Driver) Break(ctx context.Context, key string) (backend.LockInfo, error) {
 	if d.closed.Load() {
 		return backend.LockInfo{}, errClosed

@@ -3,9 +3,7 @@ package redis
 import "github.com/dlock-go/dlock/internal/rediscore"
 
 // HashTag returns the Redis Cluster hash tag of a dlock key: the key with '%',
-// '{' and '}' percent-encoded as "%25", "%7B" and "%7D". For a non-empty key
-// the tag is never empty and holds no brace, so Redis Cluster hashes exactly
-// it, and two different keys never share a tag.
+// '{' and '}' percent-encoded, never empty, and different for different keys.
 func HashTag(key string) string { return rediscore.HashTag(key) }
 
 // LockKey returns the Redis key that holds the lock on key: prefix followed by
@@ -22,12 +20,9 @@ func FenceKey(prefix, key string) string { return rediscore.FenceKey(prefix, key
 // that key was released, "<prefix>{<tag>}:released".
 func ReleaseChannel(prefix, key string) string { return rediscore.ReleaseChannel(prefix, key) }
 
-// PermitsKey returns the sorted set of the counted semaphore key
-// (AcquireRequest.Permits): "<prefix>{<tag>}:permits", each held slot scored by
-// its expiry in ms on the server's clock. The semaphore's other keys add a
-// suffix to it: PermitHoldersKey, ":size" (the number of permits its
-// holders use) and ":fence" (its fencing counter, no TTL); its channel is
-// ":released". All share key's hash tag.
+// PermitsKey returns the sorted set of the counted semaphore key,
+// "<prefix>{<tag>}:permits": slot → expiry (ms, server clock). Its other keys
+// add ":holders", ":size" and ":fence" to it, its channel ":released".
 func PermitsKey(prefix, key string) string { return rediscore.SemKeysFor(prefix, key).Permits }
 
 // PermitHoldersKey returns the hash of the counted semaphore key's holders,

@@ -26,8 +26,7 @@ const (
 	DefaultPrefix = "dlock:"
 
 	// DefaultPollInterval is the longest a waiting Acquire goes between two
-	// attempts when no release message arrives: each wait is drawn from
-	// [PollInterval/2, PollInterval]. DSN parameter "poll".
+	// attempts without a release message. DSN parameter "poll".
 	DefaultPollInterval = time.Second
 
 	// DefaultWaitTimeout bounds the WAIT for replicas when
@@ -45,8 +44,7 @@ const cleanupTimeout = 2 * time.Second
 // ctx ends. Its answer says what to give back, by a request sent after it.
 // Given back blind, with the answer lost, the cleanup goes out on another
 // connection, which the server may read first: the attempt then runs after
-// it, and what it took stays until it expires (TestSubscriptionChurn saw a
-// lock kept for its TTL so).
+// it, and what it took stays until it expires.
 const cancelGrace = time.Second
 
 // inFlight returns the context of an acquire attempt: ctx's values, and an
@@ -79,61 +77,44 @@ func init() {
 // Options configure a Driver. The zero value, or a nil *Options, gives the
 // defaults.
 type Options struct {
-	// Prefix is prepended to every Redis key and channel the driver uses (see
-	// the package doc's Key layout). It must not contain '{' or '}'. Empty means
-	// DefaultPrefix ("dlock:"). DSN parameter "prefix".
+	// Prefix is prepended to every Redis key and channel the driver uses;
+	// it must not contain '{' or '}'. Empty means DefaultPrefix ("dlock:").
+	// DSN parameter "prefix".
 	Prefix string
 
-	// PollInterval is the longest a waiting Acquire goes between two attempts
-	// when no release message arrives (a lock that expires is not announced;
-	// a message can be lost on a reconnect). Each wait is drawn uniformly from
-	// [PollInterval/2, PollInterval], and is cut short when the holder's TTL
-	// runs out. Zero means DefaultPollInterval (1s); negative is an error.
-	// DSN parameter "poll".
+	// PollInterval is the longest a waiting Acquire goes between two
+	// attempts without a release message (jittered, cut short when the
+	// holder's TTL runs out). Zero means DefaultPollInterval (1s); negative is
+	// an error. DSN parameter "poll".
 	PollInterval time.Duration
 
-	// MinReplicas, when > 0, makes every acquire and refresh wait, with Redis's
-	// WAIT command, until at least this many replicas have acknowledged the
-	// write, for at most WaitTimeout. If fewer acknowledge in time, an acquire
-	// fails with an error matching ErrTooFewReplicas and the lock it wrote is
-	// released; a refresh fails with the same error (so the keepalive reports
-	// the lease lost). See the package doc's Replication for what this does
-	// and does not guarantee. Zero (the default) sends no WAIT; negative is an
-	// error. DSN parameter "min_replicas".
+	// MinReplicas, when > 0, makes every acquire and refresh WAIT up to
+	// WaitTimeout for this many replicas to acknowledge the write, else fail
+	// with ErrTooFewReplicas (an acquire releasing its lock). Zero, the
+	// default, sends no WAIT; negative is an error. DSN parameter
+	// "min_replicas"; docs/redis.md, Replication, says what it guarantees.
 	MinReplicas int
 
-	// WaitTimeout bounds each WAIT when MinReplicas > 0; it must be shorter
-	// than the client's read timeout (go-redis default 3s). Zero means
-	// DefaultWaitTimeout (100ms); below 1ms is an error. DSN parameter
-	// "wait_timeout".
+	// WaitTimeout bounds each WAIT when MinReplicas > 0, and must be shorter
+	// than the client's read timeout. Zero means DefaultWaitTimeout (100ms);
+	// below 1ms is an error. DSN parameter "wait_timeout".
 	WaitTimeout time.Duration
 
-	// Checks says what to do when the server's configuration can break locks
-	// or tokens (see [Driver.CheckServer]): CheckWarn (the default, "")
-	// logs a warning to Logger, CheckError makes Open, OpenUniversal,
-	// NewDriver and New fail, CheckOff skips the check.
-	// DSN parameter "checks" ("warn", "error" or "off").
+	// Checks says what Open, OpenUniversal, New and NewDriver do when the server's
+	// configuration can break locks or tokens ([Driver.CheckServer]):
+	// CheckWarn (the default) logs to Logger, CheckError fails, CheckOff
+	// skips the check. DSN parameter "checks" ("warn", "error" or "off").
 	Checks CheckMode
 
 	// Logger receives the startup check's warnings and notes. nil means
 	// slog.Default(). Not settable from a DSN.
 	Logger *slog.Logger
 
-	// Fair grants waiting Acquires in the order they began waiting (FIFO):
-	// waiters queue in Redis, next to the lock (the keys :queue, :qexp and
-	// :qseq, :qwait, with the lock's hash tag), and a release hands the lock
-	// to the waiter at the head of the queue in the same script and tells
-	// that waiter's client alone (on the driver's own channel,
-	// <prefix>waiters:<id>), so a hand-off costs the server one request and
-	// one message however many clients wait. A
-	// waiter renews its place within its own TTL (the lease TTL it asked
-	// for), so one that crashed is dropped after that TTL, or, handed the
-	// lock, loses it after that TTL, and holds the queue up no longer. TryAcquire
-	// takes a free lock only when nobody is queued. Every client of a key
-	// must use the same mode: the modes exclude each other, but a client
-	// without Fair ignores the queue and its waiters fall back to polling.
-	// Default false (no queue: a release wakes every waiting client, and the
-	// fastest wins). DSN parameter "fair" (true or false).
+	// Fair grants waiting Acquires in the order they began waiting: they
+	// queue in Redis and a release hands the lock to the head. Every client
+	// of a key must use the same mode; shared locks are refused. Default
+	// false (a release wakes every waiter). DSN parameter "fair";
+	// docs/redis.md, Fair mode, has the details.
 	Fair bool
 }
 
@@ -177,9 +158,8 @@ func (o *Options) withDefaults() (Options, error) {
 	return r, nil
 }
 
-// Driver is the Redis implementation of backend.Driver. Its methods are safe
-// for concurrent use. Most programs use it through dlock.Open or New; build
-// one with NewDriver to pass to dlock.New with your own options.
+// Driver is the Redis implementation of backend.Driver, safe for concurrent
+// use; most programs use it through dlock.Open or New.
 type Driver struct {
 	client goredis.UniversalClient
 	owned  bool // Close closes client
@@ -202,18 +182,12 @@ var (
 	_ backend.Named  = (*Driver)(nil)
 )
 
-// NewDriver returns a driver that locks through client: a *goredis.Client, a
-// *goredis.ClusterClient, a Sentinel failover client, or anything else
-// implementing goredis.UniversalClient (a Ring is not suitable: it offers no
-// single source of truth for a key across its shards' failures). opts may be
-// nil for the defaults. Bounded by ctx, it pings the deployment and runs the
-// startup check that Options.Checks configures, as Open does.
-//
-// The caller keeps ownership of client: the driver's Close does not close it.
-// The driver opens one extra pub/sub connection through client when a call
-// first has to wait, and closes it on Close. Set ContextTimeoutEnabled in the
-// client's options so that ctx deadlines bound each call's network I/O, as
-// Open does; otherwise go-redis bounds it by its read and write timeouts only.
+// NewDriver returns a driver that locks through client (a single-node,
+// Sentinel failover or Cluster client; not a Ring), with opts nil for the
+// defaults. The caller keeps client (Close does not close it), and should set
+// ContextTimeoutEnabled so that ctx deadlines bound each call, as Open does.
+// Bounded by ctx, it pings the deployment and runs the startup check
+// (Options.Checks), as Open does.
 func NewDriver(ctx context.Context, client goredis.UniversalClient, opts *Options) (*Driver, error) {
 	d, err := newDriver(client, opts)
 	if err != nil {
@@ -323,13 +297,9 @@ func (d *Driver) Name() string { return "redis" }
 // Prefix returns the prefix of the driver's keys (see LockKey).
 func (d *Driver) Prefix() string { return d.prefix }
 
-// Capabilities reports strict fencing, server-side expiry and push-based
-// waiting; FIFO order only with Options.Fair; no fault tolerance and no
-// immediate loss notification (a lost lock is noticed at the next refresh);
-// counted semaphores in the driver's own layout (see semaphore.go); shared
-// locks in the driver's own layout (see shared.go), except in fair mode,
-// whose queue does not order shared requests. See the package doc for the
-// assumptions behind each.
+// Capabilities reports strict fencing, server-side expiry, push-based
+// waiting and counted semaphores; FIFO only with Options.Fair, shared locks
+// only without it; no fault tolerance and no loss notification.
 func (d *Driver) Capabilities() backend.Capabilities {
 	return backend.Capabilities{
 		Fencing:         backend.FencingStrict,
@@ -343,10 +313,9 @@ func (d *Driver) Capabilities() backend.Capabilities {
 	}
 }
 
-// Close stops the driver's pub/sub connection and its goroutines, and closes
-// the Redis client if the driver was opened from a DSN (a client passed to
-// NewDriver or New stays open). Waiting Acquire calls return an error. A
-// second Close returns an error.
+// Close stops the driver's pub/sub connection and goroutines, and closes the
+// client if it was opened from a DSN. Waiting Acquires and a second Close
+// fail with ErrClosed.
 func (d *Driver) Close() error {
 	if d.closed.Swap(true) {
 		return errClosed
@@ -378,14 +347,10 @@ func (d *Driver) keys(g *backend.Grant) *rediscore.Keys {
 	return rediscore.KeysFor(d.prefix, g.Key)
 }
 
-// Acquire implements backend.Driver. It makes one attempt; if the lock is
-// held and req.Wait is set, it subscribes to the key's release channel, waits
-// for the subscription to be confirmed, and tries again after every release
-// message, when the holder's TTL runs out, and at least every poll interval,
-// until granted or ctx is done. A waiting Acquire rides out transient errors
-// (the server down or restarting, loading, failing over; see
-// rediscore.Transient), trying again with jittered exponential backoff up to
-// the poll interval; any other error ends it.
+// Acquire implements backend.Driver. A waiting Acquire tries again after
+// every release message, when the holder's TTL runs out and at least every
+// poll interval, riding out transient errors (the server down, loading,
+// failing over) until ctx is done.
 func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*backend.Grant, error) {
 	if d.closed.Load() {
 		return nil, errClosed
@@ -817,11 +782,9 @@ func (d *Driver) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duratio
 	return validity, nil
 }
 
-// Relabel implements backend.Relabeler: it changes the lock's value to g's
-// owner ID and label if g's owner still holds it, keeping its TTL, and
-// announces the change on the release channel (Watch). With MinReplicas, the
-// change is acknowledged by as many replicas as a grant, so a failover does
-// not bring back the old value (which the next renewal would not recognise).
+// Relabel implements backend.Relabeler: it stores g's owner ID and label as
+// the lock's value, keeping its TTL, announces the change to Watch, and with
+// MinReplicas waits for the replicas as a grant does.
 func (d *Driver) Relabel(ctx context.Context, g *backend.Grant, label string) error {
 	if d.closed.Load() {
 		return errClosed

@@ -100,13 +100,9 @@ func cloneValues(v url.Values) url.Values {
 	return c
 }
 
-// OpenUniversal builds a client with goredis.NewUniversalClient(uo) — a
-// single-node client, a Sentinel failover client when uo.MasterName is set, or
-// a Cluster client when uo lists several addresses or sets IsClusterMode —
-// and returns a Locker over it that owns the client (Close closes it). It
-// sets uo.ContextTimeoutEnabled, pings the deployment within ctx, and runs
-// the startup check configured by opts.Checks, as Open does. opts may be nil
-// for the defaults.
+// OpenUniversal returns a Locker over goredis.NewUniversalClient(uo), which
+// it owns, with ContextTimeoutEnabled set; like Open it pings the deployment
+// within ctx and runs the startup check of opts.Checks. opts may be nil.
 func OpenUniversal(ctx context.Context, uo *goredis.UniversalOptions, opts *Options, lockerOpts ...dlock.Option) (dlock.Locker, error) {
 	if uo == nil {
 		return nil, &dlock.Error{Op: "open", Backend: "redis", Err: fmt.Errorf("%w: nil UniversalOptions", dlock.ErrInvalidOption)}

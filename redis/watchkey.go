@@ -9,12 +9,9 @@ import (
 
 var _ backend.Watcher = (*Driver)(nil)
 
-// Watch implements backend.Watcher through the key's release channel, on the
-// driver's shared pub/sub connection: every grant (the acquire scripts
-// publish "+", which waiters ignore), release and break is reported, and a
-// reconnect of that connection. A lock that expires is not announced (a
-// follower reads again after the holder's TTL); nor are the grants of
-// clients of older versions of dlock, or of Redlock.
+// Watch implements backend.Watcher through the key's release channel:
+// grants, releases, breaks and reconnects are reported; expiries are not, nor
+// the grants of clients that do not publish them (Redlock).
 func (d *Driver) Watch(ctx context.Context, key string, changed func()) error {
 	if d.closed.Load() {
 		return errClosed

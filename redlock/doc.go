@@ -11,10 +11,8 @@
 // configuration per node, IPv6 literals), call [New] or [NewDriver].
 //
 // The lock survives the loss of a minority of the nodes. Its validity is
-// counted on the client's clock, less a drift allowance, and its token is the
-// maximum over the granting quorum of per-node counters floored at each
-// node's clock: it is timing-dependent ([backend.FencingTimingDependent]),
-// and can go backwards in the failure cases docs/redlock.md describes — the
-// whole write-up, in the repository. Prefer etcd, ZooKeeper or PostgreSQL
-// where mutual exclusion must not depend on timing.
+// counted on the client's clock and its token is timing-dependent
+// ([backend.FencingTimingDependent]): it can go backwards in the failure cases
+// docs/redlock.md describes. Prefer etcd, ZooKeeper or PostgreSQL where mutual
+// exclusion must not depend on timing.
 package redlock

@@ -54,7 +54,7 @@ func TestLostLeaseKeysLeaveRestartedNodes(t *testing.T) {
 }
 
 // TestLostLeaseReleasedWhenClosedAtOnce: a holder that closes its Locker the
-// moment its lease is lost, as the fault suite's holder does, must not stop
+// moment its lease is lost, as a program shutting down does, must not stop
 // the release that frees what is left of the lock. Here the lock goes from
 // two nodes of three behind the holder's back (as in a restart without
 // data), the next renewal finds it on one node only, and the lease is lost.

@@ -56,12 +56,9 @@ func (d *Driver) views(ctx context.Context, k *rediscore.Keys) []nodeView {
 }
 
 // Inspect implements backend.Inspector: the lock is held if one holder's
-// value is on a quorum of nodes. Token is 0: a holder's token is the highest
-// counter of the first quorum of nodes that answered its acquire, and the
-// nodes that answered later hold higher counters, so no read tells which it
-// was. Expires is when fewer than a quorum of nodes will hold it;
-// Waiters is -1 (waiters poll and subscribe on every node). It fails if
-// fewer than a quorum of nodes answer.
+// value is on a quorum of nodes, until Expires, when fewer will hold it.
+// Token is 0 and Waiters -1; it fails with ErrNoQuorum if fewer than a quorum
+// answer.
 func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, error) {
 	if d.closed.Load() {
 		return backend.LockInfo{}, errClosed
@@ -158,11 +155,9 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, e
 	})
 }
 
-// Break implements backend.Breaker: it deletes the holder's lock key on
-// every node that has it (conditional on the holder's value), keeping the
-// fencing counters, and succeeds once the holder is left on fewer than a
-// quorum of nodes. The broken holder learns it at its next renewal, which
-// can no longer reach a quorum.
+// Break implements backend.Breaker: it deletes the holder's key on every
+// node that has it, keeping the fencing counters, and succeeds once fewer
+// than a quorum still hold it.
 func (d *Driver) Break(ctx context.Context, key string) (backend.LockInfo, error) {
 	if d.closed.Load() {
 		return backend.LockInfo{}, errClosed

@@ -3,9 +3,7 @@ package redlock
 import "github.com/dlock-go/dlock/internal/rediscore"
 
 // LockKey returns the Redis key that holds the lock on key on every node,
-// "<prefix>{<tag>}", where the tag is key with '%', '{' and '}'
-// percent-encoded. Its value is the holder's owner id and its TTL is the
-// lease's. The layout is the single-Redis driver's.
+// "<prefix>{<tag>}", as in the single-Redis driver's layout.
 func LockKey(prefix, key string) string { return rediscore.LockKey(prefix, key) }
 
 // FenceKey returns the Redis key of key's fencing counter on every node,

@@ -2,12 +2,15 @@ package redlock
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
 	"strconv"
 	"sync"
 	"time"
+
+	"github.com/hashicorp/go-multierror"
 
 	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/internal/rediscore"
@@ -59,17 +62,11 @@ type attemptResult struct {
 	expiry time.Duration
 }
 
-// Acquire implements backend.Driver. Each attempt is one round of the
-// algorithm (see the package doc). If the lock is held and req.Wait is set, it
-// subscribes to the key's release channel on every node, waits until a quorum
-// of subscriptions is confirmed, and tries again after every release message,
-// when enough holders' TTLs have run out, and at least every poll interval;
-// after a split vote or a failed round it tries again after a random delay. A
-// waiting Acquire rides out rounds in which fewer than a quorum of nodes
-// answered for a transient reason (nodes down, restarting, loading; see
-// rediscore.Transient) until ctx is done; a round whose node errors are all
-// of another kind (wrong password, no permission) ends it with an error
-// matching ErrNoQuorum.
+// Acquire implements backend.Driver, one round of the algorithm per attempt.
+// A waiting Acquire tries again after release messages, holders' TTLs,
+// RetryDelay or PollInterval, riding out transient node failures until ctx is
+// done; a round whose node errors are all permanent (wrong password) fails
+// with ErrNoQuorum.
 func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*backend.Grant, error) {
 	if d.closed.Load() {
 		return nil, errClosed
@@ -133,7 +130,7 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *redisc
 			// keep waiting, as Acquire promises, until ctx ends.
 			// (A quorum that granted too late is a matter of timing: try again.)
 			splits = 0
-			if a.kind == attemptNoQuorum && !rediscore.Transient(a.err) {
+			if a.kind == attemptNoQuorum && !transientRound(ctx, a.err) {
 				return nil, a.err
 			}
 			delay = backoff.Next()
@@ -161,6 +158,23 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, k *redisc
 			return nil, a.err
 		}
 	}
+}
+
+// transientRound reports whether a round that reached too few nodes is worth
+// another: whether some node's failure is transient (see
+// rediscore.Transient), a request that ran out of its own node timeout
+// counting as transient while ctx is live.
+func transientRound(ctx context.Context, err error) bool {
+	var nodes *multierror.Error
+	if !errors.As(err, &nodes) {
+		return rediscore.Transient(err)
+	}
+	for _, e := range nodes.Errors {
+		if rediscore.Transient(e) || ctx.Err() == nil && errors.Is(e, context.DeadlineExceeded) {
+			return true
+		}
+	}
+	return false
 }
 
 // attempt runs round number round (0, 1, …) of the algorithm: the acquire script on
@@ -321,10 +335,8 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, round 
 // retried in the background until they answer, ttl has passed or the driver
 // closes (see finishRelease). A node that failed the acquire by answering
 // late (stalled, loaded) may run it after the client gave up, and fail the
-// give-back the same way: without the retries the lock stayed there for its
-// TTL, after Close too (seen reproducing TestFaults/restart-empty: a round's
-// lock left on a node whose acquire and give-back had both timed out). The
-// give-back starts once every acquire request has returned, and go-redis
+// give-back the same way: without the retries the lock would stay there for
+// its TTL, after Close too. The give-back starts once every acquire request has returned, and go-redis
 // closes the connection of one that timed out, so the node has received the
 // acquire, if it was sent at all, before any try of the give-back.
 func (d *Driver) giveBack(ctx context.Context, owner string, k *rediscore.Keys, t *tally, nodeTimeout, ttl time.Duration) {
@@ -348,13 +360,10 @@ func (d *Driver) giveBack(ctx context.Context, owner string, k *rediscore.Keys, 
 	d.finishRelease(gt, op, ttl)
 }
 
-// Refresh implements backend.Driver: it resets the lock's TTL to ttl on every
-// node where g's owner holds it, and raises each node's fencing counter to
-// g's token. It succeeds if a quorum extended the lock within the validity,
-// measured from the refresh's send time, and returns ttl (in whole
-// milliseconds) less the drift allowance. If enough nodes no longer hold the
-// lock for g's owner to make a quorum impossible, the error matches
-// backend.ErrNotHeld; if too few nodes answered, ErrNoQuorum.
+// Refresh implements backend.Driver: it succeeds if a quorum extended the
+// lock within the validity counted from its send time. It fails with
+// backend.ErrNotHeld if too few nodes still hold it for a quorum, else with
+// ErrNoQuorum if too few answered.
 func (d *Driver) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duration) (time.Duration, error) {
 	if d.closed.Load() {
 		return 0, errClosed
@@ -389,14 +398,9 @@ func (d *Driver) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duratio
 	return 0, d.noQuorum("extended", t, errNodeNotHeld)
 }
 
-// Relabel implements backend.Relabeler: it changes the lock's value to g's
-// owner ID and the new label on every node where g's owner holds it (waiting
-// for every node's answer, within the node timeout). It succeeds if a quorum
-// of nodes took the new value; the renewals that follow name it, and a node
-// left with the old value no longer counts towards their quorum. If fewer
-// than a quorum did, the nodes that took it are set back to the old value and
-// the error matches ErrNoQuorum, or backend.ErrNotHeld if too many nodes no
-// longer held the lock for a quorum.
+// Relabel implements backend.Relabeler: it succeeds if a quorum of nodes
+// took the new value; else it sets those that did back and fails with
+// backend.ErrNotHeld if too few still hold the lock, or ErrNoQuorum.
 func (d *Driver) Relabel(ctx context.Context, g *backend.Grant, label string) error {
 	if d.closed.Load() {
 		return errClosed
@@ -446,18 +450,10 @@ func deadlineOr(ctx context.Context) time.Time {
 	return time.Now()
 }
 
-// Release implements backend.Driver: it deletes the lock on every node where
-// g's owner holds it, announces the release to waiters there, and raises each
-// node's fencing counter to g's token. It returns nil as soon as a quorum has
-// deleted the lock (the other nodes' requests go on; this driver's next
-// attempt on the key waits for them). Each node gets until ctx's deadline
-// when that is later than the node timeout. It returns an error matching
-// backend.ErrNotHeld if enough nodes no longer held it for g's owner to make a
-// quorum impossible; else one matching ErrNoQuorum. The release of the key on
-// nodes that failed (down, restarting) goes on in the background until it
-// succeeds or the key's TTL has run out there (see finishRelease), so a node
-// that comes back with the key (from its append-only file) does not keep
-// others out for the rest of the TTL.
+// Release implements backend.Driver: it returns nil once a quorum deleted
+// the lock, and retries the failed nodes in the background until the key's
+// TTL has passed. It fails with backend.ErrNotHeld if too few nodes held it
+// for a quorum, else with ErrNoQuorum.
 func (d *Driver) Release(ctx context.Context, g *backend.Grant) error {
 	if d.closed.Load() {
 		return errClosed

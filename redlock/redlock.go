@@ -54,10 +54,9 @@ const (
 // checkTimeout bounds the check of one node (INFO) when the driver is built.
 const checkTimeout = 5 * time.Second
 
-// ErrNoQuorum is matched (errors.Is) by the error of an operation that could
-// not reach a quorum of N/2+1 nodes for another reason than a lock held by
-// another owner: nodes down, too slow, or refusing. The error lists every
-// node that failed, with its cause (see NodeError).
+// ErrNoQuorum is matched by the error of an operation that could not reach a
+// quorum of N/2+1 nodes (down, too slow, refusing) for another reason than a
+// lock held by another owner; the error lists each failed node's NodeError.
 var ErrNoQuorum = errors.New("no quorum")
 
 var errClosed = fmt.Errorf("redlock driver: %w", backend.ErrClosed)
@@ -67,10 +66,8 @@ func init() {
 	backend.Register("redlocks", open)
 }
 
-// NodeError is one node's part of a failed operation: the node's address
-// (host:port, never a password) and what went wrong there. The errors of all
-// failed nodes are collected in a *multierror.Error inside the operation's
-// error; use errors.As to get at them.
+// NodeError is one node's part of a failed operation: its address (host:port)
+// and its error, collected in a *multierror.Error that errors.As reaches.
 type NodeError struct {
 	Addr string
 	Err  error
@@ -90,33 +87,26 @@ type Options struct {
 	// parameter "prefix".
 	Prefix string
 
-	// DriftFactor is the share of the TTL not counted on, for clock-rate
-	// differences: drift = TTL × DriftFactor + 2 ms, and a grant's validity is
-	// TTL − elapsed − drift. Zero means DefaultDriftFactor (0.01); otherwise
-	// it must be from 0.001 to 0.5. DSN parameter "drift".
+	// DriftFactor is the share of the TTL not counted on: validity is TTL −
+	// elapsed − (TTL × DriftFactor + 2ms). Zero means DefaultDriftFactor
+	// (0.01); else from 0.001 to 0.5. DSN parameter "drift".
 	DriftFactor float64
 
-	// NodeTimeout bounds each request to one node, so that a node that is
-	// down or slow costs a vote, not the lock's validity. Acquire and refresh
-	// use the smaller of NodeTimeout and a tenth of the TTL. Zero means
-	// DefaultNodeTimeout (100ms); negative is an error. DSN parameter
-	// "node_timeout".
+	// NodeTimeout bounds each request to one node (for acquire and refresh,
+	// at most a tenth of the TTL). Zero means DefaultNodeTimeout (100ms);
+	// negative is an error. DSN parameter "node_timeout".
 	NodeTimeout time.Duration
 
-	// RetryDelay is the nominal delay before a waiting Acquire tries again
-	// after an attempt that failed without a clear holder (no node had the
-	// lock for another owner on enough nodes to explain the failure: a split
-	// vote between contenders, or nodes down or slow). Each delay is drawn at
-	// random, doubling from [RetryDelay/2, RetryDelay] up to PollInterval, so
-	// contenders fall out of step. Zero means DefaultRetryDelay (10ms);
-	// negative is an error. DSN parameter "retry_delay".
+	// RetryDelay is the first nominal delay (jittered, doubling up to
+	// PollInterval) before a waiting Acquire tries again after a split vote or
+	// failed nodes. Zero means DefaultRetryDelay (10ms); negative is an error.
+	// DSN parameter "retry_delay".
 	RetryDelay time.Duration
 
-	// PollInterval is the longest a waiting Acquire goes between two attempts
-	// when no release message arrives (a lock that expires is not announced).
-	// Each wait is drawn from [PollInterval/2, PollInterval], and is cut short
-	// when enough holders' TTLs run out. Zero means DefaultPollInterval (1s);
-	// negative is an error. DSN parameter "poll".
+	// PollInterval is the longest a waiting Acquire goes between two
+	// attempts without a release message (jittered, cut short when enough
+	// holders' TTLs run out). Zero means DefaultPollInterval (1s); negative is
+	// an error. DSN parameter "poll".
 	PollInterval time.Duration
 }
 
@@ -196,18 +186,11 @@ type node struct {
 	refused error // non-nil: check found the node unusable (permanent)
 }
 
-// NewDriver returns a driver that locks on the Redis servers behind clients,
-// one client per node. Each must reach an independent master: the driver
-// checks every node it can reach (ctx bounds the check) and refuses a Redis
-// Cluster node, a replica, a Sentinel, and one server reached through two
-// clients; a node it cannot reach yet is checked before its first use. A
-// quorum of nodes must answer. Each client must have ContextTimeoutEnabled
-// set, so that the node timeout bounds every request. opts may be nil for
-// the defaults.
-//
-// The caller keeps ownership of the clients: the driver's Close does not close
-// them. The driver opens one extra pub/sub connection per node when a call
-// first has to wait, and closes them on Close.
+// NewDriver returns a driver over clients, one per independent Redis master
+// (each with ContextTimeoutEnabled), with opts nil for the defaults. It
+// refuses, within ctx, a Cluster node, a replica, a Sentinel and a server
+// reached twice (a node it cannot reach yet is checked before its first use).
+// The caller keeps the clients: Close does not close them.
 func NewDriver(ctx context.Context, clients []*goredis.Client, opts *Options) (*Driver, error) {
 	o, err := opts.withDefaults()
 	if err != nil {
@@ -374,7 +357,7 @@ func (d *Driver) Quorum() int { return d.quorum }
 
 // Capabilities reports timing-dependent fencing, client-side time authority,
 // push-based waiting and fault tolerance (with N ≥ 3 nodes); no FIFO order and
-// no immediate loss notification. See the package doc for what each rests on.
+// no loss notification.
 func (d *Driver) Capabilities() backend.Capabilities {
 	return backend.Capabilities{
 		Fencing:       backend.FencingTimingDependent,
@@ -386,13 +369,10 @@ func (d *Driver) Capabilities() backend.Capabilities {
 	}
 }
 
-// Close stops the driver's pub/sub connections and goroutines, waits for node
-// requests still in flight (each bounded by the node timeout), gives the
-// releases and give-backs that failed on some node a last try there (a retry
-// in flight ends within a second, the last try within 2s), and closes the
-// clients if the driver was opened from a DSN (clients passed to NewDriver or
-// New stay open). Waiting Acquire calls return an error. A second Close
-// returns an error.
+// Close stops the driver's pub/sub connections and goroutines, gives the
+// releases that failed on some node a last try (within 2s), and closes the
+// clients if it opened them from a DSN. Waiting Acquires and a second Close
+// fail with ErrClosed.
 func (d *Driver) Close() error {
 	if d.closed.Swap(true) {
 		return errClosed

@@ -10,13 +10,10 @@ import (
 
 var _ backend.Watcher = (*Driver)(nil)
 
-// Watch implements backend.Watcher through the key's release channel on every
-// node (each node's shared pub/sub connection): a grant, relabel, release or
-// break announced by any node is reported, and a reconnect. It returns once a
-// quorum of the subscriptions is confirmed (or after a second, with the
-// others on their way: a node that is down is subscribed to when it is
-// back). A lock that expires is not announced (a follower reads again after
-// the holder's TTL).
+// Watch implements backend.Watcher through the key's release channel on
+// every node: grants, relabels, releases, breaks and reconnects are
+// reported, expiries are not. It returns once a quorum of subscriptions is
+// confirmed, or after a second.
 func (d *Driver) Watch(ctx context.Context, key string, changed func()) error {
 	if d.closed.Load() {
 		return errClosed

@@ -2,52 +2,17 @@
 // one writer, each hold made of leases, so renewed, lost loudly, ended by the
 // server when its holder vanishes, and fenced.
 //
-// Where the backend holds locks shared (dlock.Capabilities().Shared:
-// PostgreSQL's pg_advisory_lock_shared, ZooKeeper's reader nodes, and
-// mem://), the read/write lock
-// NAME is the lock NAME itself, in the backend's own layout: a writer holds
-// it exclusively, a reader shared. Each hold is one lease, one request; any number of
-// readers hold it at once; the backend queues a waiting writer ahead of
-// later readers; a write's token is its lease's, and a read's is above every
-// earlier write's and below every later one's. Other clients of the
-// backend's layout exclude and are excluded.
-//
-// Elsewhere, a lock NAME is two things on the Locker: the write lock
-// NAME/write, and a semaphore of Readers read slots, NAME/read/permits/0 to
-// /15 (see package semaphore).
-//
-//   - A reader takes the write lock, then one read slot, then gives the write
-//     lock back at once. A reader's lease is its slot's.
-//   - A writer takes the write lock and keeps it, then takes every read slot
-//     (waiting for the readers that hold one to leave), and keeps them all
-//     until it releases. Its hold is those Readers+1 leases; it is lost when
-//     any of them is.
-//
-// So a writer excludes every reader and writer by the locks alone, with no
-// timing assumption beyond each lease's own. A waiting writer holds the
-// write lock, or waits for it in the backend's order, so readers that come
-// after it wait behind it: on backends whose locks are FIFO (see
-// dlock.Capabilities) a writer waits only for the readers and writers that
-// came before it; elsewhere no later reader can overtake a writer that holds
-// the write lock, and readers pass through it in one round trip.
-//
-// Tokens: a write hold's token is its write lock's lease token, strictly
-// greater than every earlier write's (and read's) on backends with strict
-// tokens. A read hold's token is the write lock's token at the moment the
-// reader passed through it: greater than the token of every write granted
-// before the read, smaller than that of every write granted after it. A
-// reader can tell which writes it saw by comparing tokens, and a resource can
-// fence writes with one fencing.Guard keyed by the lock's name.
-//
-// Upgrading (a write lock asked for under a read hold) and downgrading would
-// wait for the caller itself; under a ctx that carries a hold of the same
-// lock (the ctx Read and Write pass to their function, or one from
-// Hold.Context) Lock and RLock refuse at once with ErrNested.
-//
-// The price of portability, where the backend cannot hold a lock shared: a
-// read costs three requests (take and give back the write lock, take a
-// slot) and a write 2×(Readers+1); at most Readers readers hold the lock at
-// once, and the others wait.
+// Where the backend holds locks shared (dlock.Capabilities().Shared), the lock
+// NAME is the backend's own, a writer holding it exclusively and a reader
+// shared, and other clients of that layout interoperate. Elsewhere it is the
+// write lock NAME/write and a semaphore of [Readers] read slots: a reader
+// passes through the write lock to take a slot, and a writer keeps the write
+// lock and takes every slot. Either way writers are not starved by readers, a
+// write's token is above every earlier hold's (where tokens are strict), and a
+// read's token lies between the writes before and after it, so one
+// fencing.Guard keyed by the lock's name fences both. An upgrade or downgrade
+// under a ctx carrying the hold fails with [ErrNested]. docs/primitives.md has
+// the algorithm, guarantees and costs.
 package rwlock
 
 import (
@@ -62,20 +27,15 @@ import (
 	"github.com/dlock-go/dlock/semaphore"
 )
 
-// Readers is the number of read slots of the portable layout: the most
-// readers that hold one lock at once where the backend cannot hold a lock
-// shared (on its own shared lock, any number do). It is a constant, not an
-// option: writers and readers must agree on it, and a writer takes every
-// slot.
+// Readers is the number of read slots of the portable layout, the most
+// readers that hold one lock at once there; a constant, as writers and
+// readers must agree on it.
 const Readers = 16
 
 // ErrNested means Lock or RLock was called under a ctx that already carries
-// a hold of the same lock (the same name on the same Locker): an upgrade, a
-// downgrade or a second hold, which would wait for the caller itself.
-// Lockers are compared unwrapped (dlock.Unwrapper): a wrapper that
-// implements it is the Locker it wraps. One that does not, and whose type ==
-// cannot compare (a struct holding a func, say; never one dlock returns), is
-// never taken for the same, so under it nothing is refused as nested.
+// a hold of the same lock (the same name on the same Locker, compared unwrapped
+// through dlock.Unwrapper),
+// which would wait for the caller itself.
 var ErrNested = errors.New("rwlock: ctx already holds this lock")
 
 // RWMutex is the read/write lock name on one Locker. It is safe for
@@ -89,10 +49,9 @@ type RWMutex struct {
 	readers *semaphore.Semaphore  // nil where the backend holds locks shared
 }
 
-// New returns the read/write lock name on l; opts apply to every lease it
-// takes (WithTTL, WithLabel, …). It checks its arguments only (an error
-// matching dlock.ErrInvalidKey for a name that cannot make its keys) and
-// makes no call to the backend.
+// New returns the read/write lock name on l, whose leases all take opts,
+// without a call to the backend; it fails with dlock.ErrInvalidKey for a name
+// that cannot make its keys.
 func New(l dlock.Locker, name string, opts ...dlock.AcquireOption) (*RWMutex, error) {
 	if l != nil && l.Capabilities().Shared {
 		// The same names as elsewhere, so that a name is valid on every backend.
@@ -354,10 +313,9 @@ func (m *RWMutex) lock(ctx context.Context, wait bool) (*Hold, error) {
 	}
 }
 
-// RLock waits for a read hold or until ctx ends (the error then matches
-// dlock.ErrNotAcquired and ctx's error, and nothing is left behind). It
-// rides out what a Locker's Acquire rides out (a link cut, a server
-// restarting).
+// RLock waits for a read hold, riding out what a Locker's Acquire rides out,
+// or until ctx ends: then the error matches dlock.ErrNotAcquired and ctx's
+// error, and nothing is left behind.
 func (m *RWMutex) RLock(ctx context.Context) (*Hold, error) {
 	h, err := m.rlock(ctx, true)
 	if err != nil {

@@ -2,16 +2,14 @@
 // named semaphore, on any dlock backend, each permit a lease with a fencing
 // token.
 //
-// In its portable layout, a semaphore of n permits is n locks, its slots:
-// the keys NAME/permits/0 to NAME/permits/(n-1). A permit is the lease on
-// one slot, so it is everything a lock is: renewed by the Locker's
-// keepalive, lost loudly (Done, Err), ended by the server when its holder
-// vanishes (its TTL, or its session's end), so a crashed holder's permit
-// comes back instead of leaking, and fenced: a permit names its slot (Key)
-// and carries that slot's token, which is strictly greater than every
-// earlier holder's of that slot on the backends whose tokens are strict. A
-// resource that must reject a stale permit holder keeps one fencing.Guard
-// per slot:
+// In its portable layout a semaphore of n permits is n locks, its slots
+// NAME/permits/0 to NAME/permits/(n-1); waiters queue on the lock
+// NAME/permits/queue, and the head watches the slots. Where the backend has a
+// counted semaphore of its own (dlock.Capabilities().NativeSemaphore), the semaphore
+// is that one instead ([Semaphore.Native]), so that the backend's other
+// clients count toward n. Either way a permit names its slot (Key) and
+// carries a token that increases per slot, so a resource keeps one
+// fencing.Guard per slot:
 //
 //	sem, err := semaphore.New(locker, "gpu", 4)
 //	permit, err := sem.Acquire(ctx)
@@ -19,38 +17,8 @@
 //	defer permit.Release(context.Background())
 //	// write with (permit.Key(), permit.Token()); guard.Check keyed by permit.Key()
 //
-// Acquire tries the slots from a random one on, one attempt each. If all are
-// held it queues on the lock NAME/permits/queue (a lock, so waiters enter the
-// queue in the backend's order: FIFO where the backend's locks are), and the
-// waiter at the head watches the slots (dlock.Watch; pushed where the backend
-// pushes) and reads them again every poll interval, which catches what a
-// backend does not push, such as an expiry. The head keeps what it gathers
-// only while it holds the queue lock: if that lease is lost, it gives back
-// what it gathered and queues again. A waiting Acquire rides out what
-// dlock's Acquire rides out (a link cut, a server restarting). TryAcquire
-// makes one attempt at each slot and does not queue.
-//
-// Where the backend has a counted semaphore of its own that dlock drives
-// (dlock.Capabilities().NativeSemaphore: ZooKeeper, in the layout of Apache
-// Curator's InterProcessSemaphoreV2; Redis, a sorted set of expiring
-// permits; etcd, a waiting room and one lock name per slot; and mem://), the
-// semaphore is that one instead (Native): each permit is one counted acquire
-// of the key NAME, so other clients of the backend's
-// layout count toward the same n. A permit is still a lease whose Key names a slot,
-// NAME/permits/i, picked by the driver, and whose token increases per slot,
-// so guards are keyed as above. Acquire makes one try, then queues on
-// NAME/permits/queue and waits in the backend's own way; the driver refuses
-// a caller that disagrees on n (ErrSizeMismatch) where its layout records n,
-// and WithSizeCheck has no effect. Do not mix the two layouts on one name.
-//
-// In the portable layout every permit's label is "permits=N HOLDER", so
-// Inspect and List show the count the holder uses. All holders must agree
-// on n. After each grant the permit reads the semaphore's slots (dlock.List)
-// and, if any holder uses another count (or holds a slot past n), it gives
-// its permit back and returns ErrSizeMismatch: of two callers that
-// disagree, the later one is refused. The check costs one List per grant
-// (on Redis a SCAN of the keyspace; see WithSizeCheck). A backend that
-// cannot list is not checked.
+// All holders must agree on n (ErrSizeMismatch). docs/primitives.md has the
+// layouts, the algorithm and the guarantees.
 package semaphore
 
 import (
@@ -94,28 +62,23 @@ type config struct {
 }
 
 // WithLeaseOptions passes opts to every acquire of a slot and of the queue
-// (WithTTL, say). The semaphore sets the label of a permit itself ("permits=N
-// HOSTNAME:PID"), so a WithLabel among opts labels only the queue, and it
-// acquires permits WithAnnounce, so that PostgreSQL waiters are woken by
-// NOTIFY.
+// (WithTTL, say); a WithLabel among them labels only the queue, as a permit's
+// label is "permits=N HOSTNAME:PID".
 func WithLeaseOptions(opts ...dlock.AcquireOption) Option {
 	return func(c *config) { c.lease = append(c.lease, opts...) }
 }
 
-// WithSizeCheck turns the check that every holder uses the same number of
-// permits on or off (on by default), in the portable layout; in a backend's
-// own (Native) the driver checks, and this option has no effect. Off, a
-// grant costs no List, and callers that disagree on n are not told: the
-// semaphore then admits up to the largest n any caller uses.
+// WithSizeCheck turns on (the default) or off the List after each grant in
+// the portable layout that refuses a caller disagreeing on n; off, the
+// semaphore admits up to the largest n any caller uses. It has no effect
+// where Native is true.
 func WithSizeCheck(on bool) Option {
 	return func(c *config) { c.sizeCheck = on }
 }
 
-// WithSlotLocks keeps the semaphore in the portable layout of slot locks
-// even where the backend has a counted semaphore of its own (Native is then
-// false): for callers that also take the slots as locks, as package
-// rwlock's writers do. Off by default: the backend's own layout where there
-// is one.
+// WithSlotLocks keeps the semaphore in the portable layout even where the
+// backend has a counted semaphore of its own, for callers that also take the
+// slots as locks (rwlock's writers). Off by default.
 func WithSlotLocks() Option {
 	return func(c *config) { c.slotLocks = true }
 }
@@ -138,10 +101,9 @@ type Semaphore struct {
 	cfg     config
 }
 
-// New returns the semaphore name of n permits on l. It checks its arguments
-// only (an error matching dlock.ErrInvalidKey for a name that cannot make
-// slot keys, dlock.ErrInvalidOption for n outside 1..MaxPermits or a bad
-// option); it makes no call to the backend.
+// New returns the semaphore name of n permits on l, without a call to the
+// backend. It fails with dlock.ErrInvalidKey for a name that cannot make slot
+// keys, and dlock.ErrInvalidOption for n outside 1..MaxPermits or a bad option.
 func New(l dlock.Locker, name string, n int, opts ...Option) (*Semaphore, error) {
 	cfg := config{sizeCheck: true, poll: DefaultPollInterval}
 	for _, o := range opts {
@@ -267,11 +229,9 @@ func (s *Semaphore) TryAcquire(ctx context.Context) (*Permit, error) {
 	return ps[0], nil
 }
 
-// Acquire waits until a permit is granted or ctx ends; then the error
-// matches dlock.ErrNotAcquired and ctx's error, and nothing is left behind.
-// It rides out what a Locker's Acquire rides out (a link cut, a server
-// restarting) and returns what it returns. ctx bounds the wait only, never
-// the permit's life.
+// Acquire waits until a permit is granted, riding out what a Locker's
+// Acquire rides out, or ctx ends: then the error matches
+// dlock.ErrNotAcquired and ctx's error, and nothing is left behind.
 func (s *Semaphore) Acquire(ctx context.Context) (*Permit, error) {
 	ps, err := s.AcquireN(ctx, 1)
 	if err != nil {
@@ -295,11 +255,8 @@ func (s *Semaphore) TryAcquireN(ctx context.Context, k int) ([]*Permit, error) {
 }
 
 // AcquireN waits until it holds k permits (1 ≤ k ≤ n), in slot order, or
-// ctx ends (the error then matches dlock.ErrNotAcquired and ctx's error,
-// and it gives back what it took), riding out what Acquire rides out. Only
-// the waiter at the head of the queue, while it holds the queue lock, keeps
-// the permits it gathers while it waits for the rest, so two callers of
-// AcquireN do not hold part of what the other needs.
+// ctx ends, as Acquire does; only the head of the queue keeps what it gathers,
+// so two callers never hold part of what the other needs.
 func (s *Semaphore) AcquireN(ctx context.Context, k int) ([]*Permit, error) {
 	ps, err := s.acquire(ctx, k, true)
 	if err != nil {

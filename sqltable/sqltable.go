@@ -42,17 +42,13 @@ const cleanupTimeout = 2 * time.Second
 var errClosed = fmt.Errorf("sqltable driver: %w", backend.ErrClosed)
 
 // ErrAsyncCommit is returned by NewDriver (and Open) when the database does
-// not make a commit durable before it answers (PostgreSQL's
-// synchronous_commit=off for the driver's sessions; MySQL's
-// innodb_flush_log_at_trx_commit=0): a grant, and its token, could be lost in
-// a crash, and tokens would go backwards.
+// not make a commit durable before it answers (synchronous_commit=off,
+// innodb_flush_log_at_trx_commit=0), so tokens could go backwards.
 var ErrAsyncCommit = errors.New("sqltable: commits are not durable")
 
 // ErrTableFormat is returned by NewDriver (and Open) when the lock table's
-// time columns are not what the driver needs: a PostgreSQL table whose times
-// are not timestamptz, or a MySQL table of an older dlock (times in the
-// session's time zone) that cannot be upgraded while an older client may
-// hold one of its rows. The error says what to do.
+// time columns cannot serve (not timestamptz; a MySQL table in session time
+// that cannot be upgraded yet); the error says what to do.
 var ErrTableFormat = errors.New("sqltable: the lock table's format does not fit")
 
 func init() {
@@ -119,11 +115,10 @@ const (
 	MySQL      = "mysql" // MySQL and MariaDB
 )
 
-// NewDriver returns a table lock over db, whose SQL dialect is dialect
-// (PostgreSQL or MySQL). opts may be nil for the defaults. It creates the
-// table if it is missing and checks its time columns (ErrTableFormat),
-// upgrading a MySQL table of an older version where that is safe, bounded
-// by ctx. The caller keeps db: Close does not close it.
+// NewDriver returns a table lock over db, which the caller keeps, in dialect
+// PostgreSQL or MySQL, with opts nil for the defaults. Within ctx it creates
+// the table if missing and checks its time columns (ErrTableFormat),
+// upgrading a MySQL table in session time where that is safe.
 func NewDriver(ctx context.Context, db *sql.DB, dialectName string, opts *Options) (*Driver, error) {
 	return newDriver(ctx, db, dialectName, opts, false)
 }
@@ -232,10 +227,8 @@ func parseParams(u *url.URL) (o Options, maxConns int, rest url.Values, err erro
 // Name implements backend.Named.
 func (d *Driver) Name() string { return "sqltable" }
 
-// Capabilities reports strict fencing (the row's counter, committed with the
-// grant), expiry by the database server's clock, and waiting by polling;
-// not FIFO, not fault tolerant (one database), no loss notification (a
-// holder learns of a loss at its next renewal or its deadline).
+// Capabilities reports strict fencing and server-side expiry; waiting by
+// polling, not FIFO, not fault tolerant, no loss notification.
 func (d *Driver) Capabilities() backend.Capabilities {
 	return backend.Capabilities{
 		Fencing:       backend.FencingStrict,
@@ -244,11 +237,9 @@ func (d *Driver) Capabilities() backend.Capabilities {
 }
 
 // Acquire implements backend.Driver: one statement takes the row if it is
-// free or expired (by the server's clock), setting the owner, the expiry and
-// the next token; a refused attempt reads the holder's remaining TTL. A
-// waiting Acquire tries again after a jittered poll interval (or when the
-// holder's TTL ends, if sooner) until granted or ctx ends, riding out
-// transient errors. A grant that races the end of ctx is released.
+// free or expired. A waiting Acquire tries again after a jittered poll
+// interval, or when the holder's TTL ends, riding out transient errors until
+// ctx ends.
 func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*backend.Grant, error) {
 	if d.closed.Load() {
 		return nil, errClosed

@@ -20,19 +20,9 @@ var (
 	_ backend.Breaker   = (*Driver)(nil)
 )
 
-// Inspect implements backend.Inspector: the holder is the oldest lock node
-// under the key's node (as the queue orders them), its token the node's
-// czxid, its label the node's data, its owner ID the UUID of its protected
-// name; the other lock nodes are the waiters. If the oldest node is a shared
-// one, every shared node before the first exclusive one holds the lock:
-// LockInfo.Shared counts them and the rest describes the one granted last
-// (the youngest of them). It reads after a sync, so it
-// sees every grant and release the ensemble committed before it was
-// called. A lock lasts as long as its holder's session, so Expires is zero;
-// ZooKeeper records no grant time. A slot key of a counted semaphore,
-// NAME/permits/i, reads the dlock lease node that holds slot i (token its
-// czxid, label its label; Waiters the dlock lease nodes that wait for a
-// slot).
+// Inspect implements backend.Inspector after a sync, so it sees every change
+// committed before the call; Expires and Granted are zero, and a semaphore's
+// slot key, NAME/permits/i, reports the lease node that holds slot i.
 func (d *Driver) Inspect(ctx context.Context, key string) (backend.LockInfo, error) {
 	if d.closed.Load() {
 		return backend.LockInfo{}, errClosed
@@ -78,7 +68,7 @@ func (d *Driver) readHolder(ctx context.Context, key string) (info backend.LockI
 			return info, nil, false, nil
 		}
 		if err != nil {
-			return info, nil, false, fmt.Errorf("list %s: %w", parent, err)
+			return info, nil, false, fmt.Errorf("list %s: %w", parent, d.refused(err, parent))
 		}
 		locks := sortedLocks(children, st.Cversion)
 		h := holders(locks)
@@ -92,7 +82,7 @@ func (d *Driver) readHolder(ctx context.Context, key string) (info backend.LockI
 			continue
 		}
 		if err != nil {
-			return info, nil, false, fmt.Errorf("read %s: %w", path, err)
+			return info, nil, false, fmt.Errorf("read %s: %w", path, d.refused(err, path))
 		}
 		info.Held = true
 		if isShared(last) {
@@ -125,10 +115,8 @@ func ownerOf(child string) string {
 	return id
 }
 
-// List implements backend.Inspector: the key nodes under the root whose keys
-// start with prefix, each read as Inspect does, and the held slots of the
-// counted semaphores whose slot keys start with prefix; key nodes nobody
-// holds are left out.
+// List implements backend.Inspector over the key nodes under the root and
+// the counted semaphores' held slots.
 func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, error) {
 	if d.closed.Load() {
 		return nil, errClosed
@@ -141,7 +129,7 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, e
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("list %s: %w", d.root, err)
+		return nil, fmt.Errorf("list %s: %w", d.root, d.refused(err, d.root))
 	}
 	esc := EscapeKey(prefix)
 	if prefix == "" {
@@ -182,13 +170,9 @@ func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, e
 // unescapeKey inverts EscapeKey (percent-encoding).
 func unescapeKey(name string) (string, error) { return url.PathUnescape(name) }
 
-// Break implements backend.Breaker: it deletes the holder's lock node, the
-// one it read (a node's sequential name is never used again), or, if the
-// lock is held shared, every shared holder's node it read, or, for a
-// semaphore's slot key, the lease node that holds the slot.
-// The key's node, whose mzxid the tokens come from, stays: the next grant's
-// token is higher. A broken holder learns it at its next renewal, from its
-// node's watch; the first waiter is woken by its own watch of that node.
+// Break implements backend.Breaker: it deletes the holder's node it read
+// (every shared holder's; a slot's lease node), keeping the key's node, so
+// the next grant's token is higher.
 func (d *Driver) Break(ctx context.Context, key string) (backend.LockInfo, error) {
 	if d.closed.Load() {
 		return backend.LockInfo{}, errClosed
@@ -208,7 +192,7 @@ func (d *Driver) Break(ctx context.Context, key string) (backend.LockInfo, error
 			deleted++
 		case errors.Is(err, zk.ErrNoNode): // went on its own meanwhile
 		default:
-			return info, fmt.Errorf("delete %s: %w", path, err)
+			return info, fmt.Errorf("delete %s: %w", path, d.refused(err, parentOf(path)))
 		}
 	}
 	if deleted == 0 {

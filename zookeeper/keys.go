@@ -29,20 +29,10 @@ const (
 )
 
 // EscapeKey returns the single ZooKeeper node name that stands for a dlock
-// key. The mapping is injective: two different keys never share a node.
-//
-// It percent-encodes, byte by byte of their UTF-8 form ("%2F", "%E2%80%A8"):
-//
-//   - '%' itself and '/', the path separator;
-//   - every character ZooKeeper forbids in a path (PathUtils.validatePath):
-//     U+0000–U+001F, U+007F–U+009F, U+D800–U+F8FF and U+FFF0–U+FFFF;
-//   - every character above U+FFFF (emoji and the like), which Java sees as a
-//     surrogate pair in U+D800–U+DFFF and so rejects too;
-//   - any byte that is not valid UTF-8.
-//
-// The whole keys "." and "..", which ZooKeeper reads as relative path
-// components, become "%2E" and "%2E%2E". Every other character is kept as it
-// is, so "jobs/nightly" becomes "jobs%2Fnightly".
+// key, different for different keys: '%', '/', every character ZooKeeper
+// forbids in a path or Java sees as a surrogate pair, and invalid UTF-8 are
+// percent-encoded byte by byte, and "." and ".." become "%2E" and "%2E%2E"
+// ("jobs/nightly" becomes "jobs%2Fnightly").
 func EscapeKey(key string) string {
 	if key == "." || key == ".." {
 		return strings.Repeat("%2E", len(key))

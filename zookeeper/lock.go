@@ -118,21 +118,10 @@ func retryBackoff() backend.Backoff {
 	return backend.Backoff{Min: 20 * time.Millisecond, Max: 500 * time.Millisecond}
 }
 
-// Acquire implements backend.Driver. It creates the lease's lock node (see the
-// package doc), a shared one if req.Shared, and, unless the node is the key's
-// only one, lists the key's nodes in queue order. An exclusive node holds the
-// lock when it is first; a shared node when no exclusive node (dlock's or a
-// foreign one) is ahead of it. If it does not hold the lock and req.Wait is
-// false, it deletes its node and returns ErrHeld; otherwise it watches the
-// node it waits for (an exclusive request the node just before its own, a
-// shared one the nearest exclusive node ahead) and looks again when that one
-// goes.
-//
-// Connection failures do not fail it while the session may be alive: it
-// retries once reconnected. It fails when the session is lost. When ctx ends,
-// or on any failure, it deletes its node before returning (or, if the server
-// cannot be reached within a couple of seconds, in the background as soon as
-// it can).
+// Acquire implements backend.Driver: it queues a lock node and, when
+// waiting, watches the node it waits for. Connection failures do not fail it
+// while the session may be alive, its loss does; on any failure or ctx's end
+// it deletes its node (in the background if the server is unreachable).
 func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*backend.Grant, error) {
 	if d.closed.Load() {
 		return nil, errClosed
@@ -253,7 +242,7 @@ func (d *Driver) createNode(ctx context.Context, s *session, wait bool, parent, 
 			}
 		case transient(err), errors.Is(err, zk.ErrSessionExpired):
 		default:
-			return nil, fmt.Errorf("create lock node under %s: %w", parent, err)
+			return nil, fmt.Errorf("create lock node under %s: %w", parent, d.refused(err, parent))
 		}
 		if err := d.pause(ctx, &b, s); err != nil && !s.isLost() {
 			return nil, err
@@ -298,14 +287,17 @@ func (d *Driver) findOwn(s *session, parent, prefix string) (*lockNode, error) {
 }
 
 // ensureParent creates the key's node as a container (and, for a
-// semaphore's locks and leases, the key's node above them), and the root's
-// nodes if they are missing.
+// semaphore's locks and leases, the key's node above them) with the ACL of
+// Options.ACL, and the root's nodes, with Options.RootACL, if they are
+// missing.
 func (d *Driver) ensureParent(parent string) error {
 	for range 2 {
 		_, err := d.conn.CreateContainer(parent, nil, zk.FlagContainer, d.acl)
 		switch {
 		case err == nil, errors.Is(err, zk.ErrNodeExists):
 			return nil
+		case errors.Is(err, zk.ErrNoAuth):
+			return fmt.Errorf("create %s: %w", parent, d.refused(err, parentOf(parent)))
 		case errors.Is(err, zk.ErrNoNode):
 			up := parent[:strings.LastIndexByte(parent, '/')]
 			if up == d.root || len(up) <= len(d.root) {
@@ -327,12 +319,14 @@ func (d *Driver) ensureParent(parent string) error {
 	return nil
 }
 
+// ensureRoot creates the root and the nodes above it that are missing, open
+// to every client (Options.RootACL).
 func (d *Driver) ensureRoot() error {
 	p := ""
 	for _, part := range strings.Split(d.root[1:], "/") {
 		p += "/" + part
-		if _, err := d.conn.Create(p, nil, zk.FlagPersistent, d.acl); err != nil && !errors.Is(err, zk.ErrNodeExists) {
-			return fmt.Errorf("create %s: %w", p, err)
+		if _, err := d.conn.Create(p, nil, zk.FlagPersistent, d.rootACL); err != nil && !errors.Is(err, zk.ErrNodeExists) {
+			return fmt.Errorf("create %s: %w", p, d.refused(err, parentOf(p)))
 		}
 	}
 	return nil
@@ -515,19 +509,10 @@ func (d *Driver) node(g *backend.Grant) (*lockNode, error) {
 	return n, nil
 }
 
-// Refresh implements backend.Driver. It proves g's node is still there, in
-// the session that created it, as of a moment the leader confirmed: a sync
-// shared by every refresh of the driver that asked before it was sent (see
-// sharedSync), then the node's watch (see nodeGone), which a deletion
-// committed before the sync has fired by the time its reply arrives. So a
-// renewal costs the server one sync per batch, however many leases renew, and
-// the node's own read only at its first renewal. It returns min(ttl, session
-// timeout) less the drift allowance. The session, not the refresh, keeps the
-// node alive; the refresh proves it still does.
-//
-// While the connection is down but the session may be alive, it waits for a
-// reconnection (until ctx ends); once the session is lost it returns
-// ErrNotHeld.
+// Refresh implements backend.Driver: through a sync with the leader it proves
+// g's node is still there in its session, and returns min(ttl, session
+// timeout) less the drift allowance. It waits for a reconnection while the
+// session may be alive, and fails with ErrNotHeld once it is lost.
 func (d *Driver) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duration) (time.Duration, error) {
 	if d.closed.Load() {
 		return 0, errClosed
@@ -604,14 +589,9 @@ func (d *Driver) Relabel(ctx context.Context, g *backend.Grant, label string) er
 	return nil
 }
 
-// Release implements backend.Driver: it deletes g's node. The node's name
-// carries the lease's owner id, so no other lease's node can be deleted. It
-// returns ErrNotHeld if the node was gone already (the session ended).
-//
-// While the connection is down but the session may be alive, it waits for a
-// reconnection until ctx ends or the session is lost; if it cannot delete
-// the node by then, a goroutine goes on trying for as long as the session may
-// be alive, so a live session never keeps a released lock.
+// Release implements backend.Driver: it deletes g's node, failing with
+// ErrNotHeld if it was gone. A delete that cannot finish within ctx goes on in
+// the background for as long as the session may be alive.
 func (d *Driver) Release(ctx context.Context, g *backend.Grant) error {
 	if d.closed.Load() {
 		return errClosed
@@ -647,7 +627,7 @@ func (d *Driver) Release(ctx context.Context, g *backend.Grant) error {
 		if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
 			err = fmt.Errorf("%w (%w)", ctx.Err(), err)
 		}
-		return fmt.Errorf("delete %s: %w", n.path, err)
+		return fmt.Errorf("delete %s: %w", n.path, d.refused(err, n.parent))
 	}
 }
 

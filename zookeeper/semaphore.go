@@ -164,9 +164,9 @@ func (d *Driver) acquirePermit(ctx context.Context, req backend.AcquireRequest, 
 // reads are answered by this client's server, which may lag behind the
 // leader (an ensemble's follower): a verdict to fail is only given after a
 // sync and a second read, so a try does not fail on a holder that has
-// already gone (CI saw it on an ensemble: a refused acquirer's mutex node,
-// deleted before its Acquire returned, still listed). A try may still go on
-// to find the same under the mutex.
+// already gone (a refused acquirer's mutex node, deleted before its Acquire
+// returned, still listed by a lagging follower). A try may still go on to
+// find the same under the mutex.
 func (d *Driver) tryPermitRead(ctx context.Context, sem string, permits int) error {
 	type counts struct{ locks, leases int }
 	read := func(sync bool) (counts, error) {

@@ -13,12 +13,9 @@ import (
 
 var _ backend.Watcher = (*Driver)(nil)
 
-// Watch implements backend.Watcher: a children watch on key's node (an
-// exists watch while it has none), set again each time it fires, as
-// Curator's LeaderLatch follows its participants; and a data watch on the
-// holder's node (of a lock held shared, the one Inspect describes: the
-// holder granted last), which hears a new label (Relabel; election's
-// Proclaim).
+// Watch implements backend.Watcher with a children watch on key's node, as
+// Curator's LeaderLatch follows its participants, and a data watch on the
+// holder's node, which hears a new label.
 func (d *Driver) Watch(ctx context.Context, key string, changed func()) error {
 	if d.closed.Load() {
 		return errClosed

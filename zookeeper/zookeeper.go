@@ -61,16 +61,11 @@ type Options struct {
 	// DSN: the path.
 	Root string
 
-	// SessionTimeout is, for Dial, the session timeout to ask the servers for;
-	// they clamp it to [2, 20] × tickTime, and the driver uses the timeout
-	// they grant. Zero means DefaultSessionTimeout (10s). DSN parameter
+	// SessionTimeout is, for Dial, the session timeout to ask for (the
+	// servers clamp it); zero means DefaultSessionTimeout (10s). For
+	// NewDriver and New it is required, and at most the timeout conn
+	// negotiated: leases' validity is computed from it. DSN parameter
 	// "session".
-	//
-	// For NewDriver and New it is required: the session timeout the server
-	// negotiated for conn, or less. The driver cannot learn it from a
-	// connection it did not dial, and it computes every lease's validity from
-	// it, so a value above the negotiated timeout would let a lease be
-	// believed after the server dropped it.
 	SessionTimeout time.Duration
 
 	// ConnectTimeout bounds how long Dial and NewDriver wait for the first
@@ -83,9 +78,16 @@ type Options struct {
 	// info. Default: none.
 	Digest string
 
-	// ACL is the ACL of the nodes the driver creates. Default:
-	// zk.AuthACL(zk.PermAll) when Digest is set, else zk.WorldACL(zk.PermAll).
+	// ACL is the ACL of the key, lock and lease nodes. Default: with Digest,
+	// all permissions for its identity and read for anyone; without, open.
+	// DSN parameter "acl", as ZooKeeper's command line writes it
+	// ("digest:app:HASH:cdrwa,world:anyone:r"); docs/zookeeper.md, ACLs.
 	ACL []zk.ACL
+
+	// RootACL is the ACL of the root and of the nodes above it that the
+	// driver creates, which every client of the root shares. Default: open,
+	// zk.WorldACL(zk.PermAll). DSN parameter "rootacl", written as "acl".
+	RootACL []zk.ACL
 
 	// Logger receives go-zookeeper's log lines (Dial only). Default: they are
 	// discarded.
@@ -121,11 +123,10 @@ func (o *Options) withDefaults(dialing bool) (Options, error) {
 		return r, errors.New(`digest credentials must read "user:password"`)
 	}
 	if len(r.ACL) == 0 {
-		if r.Digest != "" {
-			r.ACL = zk.AuthACL(zk.PermAll)
-		} else {
-			r.ACL = zk.WorldACL(zk.PermAll)
-		}
+		r.ACL = defaultACL(r.Digest != "")
+	}
+	if len(r.RootACL) == 0 {
+		r.RootACL = zk.WorldACL(zk.PermAll)
 	}
 	if r.Logger == nil {
 		r.Logger = discard{}
@@ -145,8 +146,12 @@ type Driver struct {
 	owned   bool            // Close closes conn (it was dialled by Dial)
 	events  <-chan zk.Event // owned connections: closed once go-zookeeper is done
 	root    string
-	acl     []zk.ACL
-	timeout time.Duration // asked for (Dial) or declared (NewDriver)
+	acl     []zk.ACL // of key, lock and lease nodes (Options.ACL)
+	rootACL []zk.ACL // of the root and the nodes above it
+	// identity names the client in refusals: "digest:<user>",
+	// "anonymous", or "" when unknown (a connection of the caller's).
+	identity string
+	timeout  time.Duration // asked for (Dial) or declared (NewDriver)
 
 	sess   *sessions
 	syncs  *batch.Group  // the refreshes' shared syncs (renew.go)
@@ -174,6 +179,7 @@ func newDriver(o Options) *Driver {
 	d := &Driver{
 		root:    o.Root,
 		acl:     o.ACL,
+		rootACL: o.RootACL,
 		timeout: o.SessionTimeout,
 		sess:    newSessions(),
 		quit:    make(chan struct{}),
@@ -182,12 +188,10 @@ func newDriver(o Options) *Driver {
 	return d
 }
 
-// Dial connects to the ZooKeeper servers ("host:port" each; a host without a
-// port gets DefaultPort) and returns a driver that owns the connection: its
-// Close closes the connection, which ends the session and so deletes every
-// lock node the driver still has. It returns once the servers have granted a
-// session, or fails when ctx ends or Options.ConnectTimeout passes first.
-// opts may be nil for the defaults.
+// Dial connects to the ZooKeeper servers ("host:port", DefaultPort if none)
+// and returns, once they grant a session, a driver that owns the connection;
+// it fails when ctx ends or Options.ConnectTimeout passes first. opts may be
+// nil for the defaults.
 func Dial(ctx context.Context, servers []string, opts *Options) (*Driver, error) {
 	o, err := opts.withDefaults(true)
 	if err != nil {
@@ -204,6 +208,10 @@ func Dial(ctx context.Context, servers []string, opts *Options) (*Driver, error)
 	servers = zk.FormatServers(servers)
 	d := newDriver(o)
 	d.owned = true
+	d.identity = "anonymous"
+	if user, _, ok := strings.Cut(o.Digest, ":"); ok {
+		d.identity = "digest:" + user
+	}
 	conn, events, err := zk.Connect(servers, o.SessionTimeout,
 		zk.WithDialer(d.dial),
 		zk.WithLogger(o.Logger),
@@ -230,16 +238,12 @@ func Dial(ctx context.Context, servers []string, opts *Options) (*Driver, error)
 	return d, nil
 }
 
-// NewDriver returns a driver that locks over conn, a connection your program
-// made with zk.Connect and keeps: the driver's Close does not close it.
-// opts.SessionTimeout is required (see Options). It returns once conn has a
-// session, or fails when ctx ends or Options.ConnectTimeout passes first, as
-// Dial does. The driver watches conn's
-// state by polling it every 50ms, since go-zookeeper reports events only to
-// the creator of a connection.
-//
-// Lock nodes live in conn's session, so they end with it; a node the driver
-// could not delete by the time Close returns stays until you close conn.
+// NewDriver returns a driver that locks over conn, which the caller made with
+// zk.Connect and keeps (Close does not close it); opts.SessionTimeout is
+// required. Lock nodes live in conn's session, so one not deleted by Close
+// stays until conn is closed.
+// It returns once conn has a session, or fails when ctx ends or
+// Options.ConnectTimeout passes first.
 func NewDriver(ctx context.Context, conn *zk.Conn, opts *Options) (*Driver, error) {
 	if conn == nil {
 		return nil, fmt.Errorf("%w: nil ZooKeeper connection", dlock.ErrInvalidOption)
@@ -278,6 +282,19 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 	o := Options{
 		SessionTimeout: p.Duration("session", DefaultSessionTimeout),
 		ConnectTimeout: p.Duration("connect", DefaultConnectTimeout),
+	}
+	q := u.Query()
+	for _, a := range []struct {
+		name string
+		acl  *[]zk.ACL
+	}{{"acl", &o.ACL}, {"rootacl", &o.RootACL}} {
+		if s := p.String(a.name, ""); q.Has(a.name) {
+			acl, err := parseACL(s)
+			if err != nil {
+				return nil, fmt.Errorf("%w: parameter %s: %w", dlock.ErrInvalidOption, a.name, err)
+			}
+			*a.acl = acl
+		}
 	}
 	if err := p.Done(); err != nil {
 		return nil, err
@@ -359,10 +376,9 @@ func (d *Driver) Conn() *zk.Conn { return d.conn }
 // Root returns the node under which the driver's locks live (see LockPath).
 func (d *Driver) Root() string { return d.root }
 
-// SessionTimeout returns the timeout of the driver's current session: the one
-// the servers negotiated for a connection the driver dialled, else
-// Options.SessionTimeout. Before the first session it returns the timeout
-// asked for.
+// SessionTimeout returns the timeout of the driver's current session: the
+// negotiated one for a connection it dialled (before the first session, the
+// one asked for), else Options.SessionTimeout.
 func (d *Driver) SessionTimeout() time.Duration {
 	if c := d.sess.current(); c != nil {
 		return c.timeout
@@ -370,13 +386,9 @@ func (d *Driver) SessionTimeout() time.Duration {
 	return d.timeout
 }
 
-// Capabilities reports strict fencing (czxid tokens), FIFO waiting with a
-// watch on the predecessor, fault tolerance (when ZooKeeper runs as an
-// ensemble: a lock survives the loss of a minority of servers), server-side
-// expiry (the session timeout, on the servers' clocks), immediate loss
-// notification when the session ends, shared locks (reader nodes in the
-// same queue, "_c_<uuid>-read-lock-<seq>"), and counted semaphores in the
-// layout of Curator's InterProcessSemaphoreV2 (see semaphore.go).
+// Capabilities reports strict fencing, FIFO push-based waiting, fault
+// tolerance (on an ensemble), server-side expiry, loss notification, shared
+// locks and counted semaphores.
 func (d *Driver) Capabilities() backend.Capabilities {
 	return backend.Capabilities{
 		Fencing:         backend.FencingStrict,
@@ -390,10 +402,9 @@ func (d *Driver) Capabilities() backend.Capabilities {
 	}
 }
 
-// Close ends the driver. For a connection the driver owns it closes the
-// connection, which ends the session: the server deletes every lock node the
-// driver still had. A connection passed to NewDriver stays open. Waiting
-// Acquire calls return an error. A second Close returns an error.
+// Close ends the driver and closes the connection if it dialled it, which
+// ends the session and its lock nodes. Waiting Acquires and a second Close
+// fail with ErrClosed.
 func (d *Driver) Close() error {
 	if d.closed.Swap(true) {
 		return errClosed

@@ -532,9 +532,13 @@ func testDigestAuth(t *testing.T, srv *testenv.ZooKeeper, h *harness) {
 		t.Fatal(err)
 	}
 	parent := zookeeper.LockPath("/digest", k)
-	// Without the credentials, nobody can see, join or remove the queue.
-	if _, _, err := h.admin.Children(parent); !errors.Is(err, zk.ErrNoAuth) {
-		t.Fatalf("unauthenticated list of %s: %v, want ErrNoAuth", parent, err)
+	// Without the credentials, anyone can see the queue, but nobody can
+	// join or remove it.
+	if _, _, err := h.admin.Children(parent); err != nil {
+		t.Fatalf("unauthenticated list of %s: %v", parent, err)
+	}
+	if _, err := h.admin.Create(parent+"/_c_x-lock-", nil, zk.FlagEphemeralSequential, zk.WorldACL(zk.PermAll)); !errors.Is(err, zk.ErrNoAuth) {
+		t.Fatalf("unauthenticated create under %s: %v, want ErrNoAuth", parent, err)
 	}
 	alice, _, err := zk.Connect(h.servers, 4*time.Second, zk.WithLogInfo(false), zk.WithLogger(discard{}))
 	if err != nil {
@@ -545,8 +549,8 @@ func testDigestAuth(t *testing.T, srv *testenv.ZooKeeper, h *harness) {
 		t.Fatal(err)
 	}
 	acl, _, err := alice.GetACL(parent)
-	if err != nil || len(acl) != 1 || acl[0].Scheme != "digest" || !strings.HasPrefix(acl[0].ID, "alice:") {
-		t.Fatalf("ACL of %s = %+v, %v; want alice's digest", parent, acl, err)
+	if err != nil || len(acl) != 2 || acl[0].Scheme != "digest" || !strings.HasPrefix(acl[0].ID, "alice:") || acl[1] != (zk.ACL{Perms: zk.PermRead, Scheme: "world", ID: "anyone"}) {
+		t.Fatalf("ACL of %s = %+v, %v; want alice's digest, and read for anyone", parent, acl, err)
 	}
 	children, _, err := alice.Children(parent)
 	if err != nil || len(children) != 1 {

@@ -7,12 +7,13 @@
 //
 // Every subcommand takes the backend as a DSN, with --dsn or in the
 // environment variable DLOCK_DSN. Every scheme of dlock's drivers works:
-// redis, rediss, redlock, redlocks, etcd, etcds, zk, postgres, postgresql,
-// and mem (in-process, for trying things out). Passwords in DSNs are never
-// printed. Messages go to standard error, prefixed "dlock: ", and so do the
-// drivers' warnings (such as the Redis driver's about a server configured to
-// evict keys); -v shows the drivers' notes too. `dlock help COMMAND` shows a
-// command's flags and exit statuses.
+// redis and rediss (with their +sentinel and +cluster forms), redlock,
+// redlocks, etcd, etcds, zk, postgres, postgresql, mysql, pgtable,
+// mysqltable, migrate, and mem (in-process, for trying things out).
+// Passwords in DSNs are never printed. Messages go to standard error,
+// prefixed "dlock: ", and so do the drivers' warnings (such as the Redis
+// driver's about a server configured to evict keys); -v shows the drivers'
+// notes too. `dlock help COMMAND` shows a command's flags and exit statuses.
 //
 // # dlock run
 //
@@ -191,7 +192,7 @@ The backend is a DSN, given with --dsn or in $DLOCK_DSN:
   zk://host1:2181,host2:2181/dlock                ZooKeeper
   postgres://user:password@host:5432/db           PostgreSQL advisory locks
   mem://NAME                                      in-process, for trying things out
-Passwords in DSNs are never printed.
+Passwords in DSNs are never printed (but by dlock migrate dsn --show-passwords).
 
 Examples:
   export DLOCK_DSN=redis://127.0.0.1:6379/0

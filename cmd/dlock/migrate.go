@@ -9,11 +9,12 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/migrate"
 )
 
 const migrateUsage = `Usage:
-  dlock migrate dsn --from OLD --to NEW [--mode new]
+  dlock migrate dsn --from OLD --to NEW [--mode new] [--show-passwords]
   dlock migrate switch-tokens --from OLD --to NEW [--margin 24h | --base N] [--timeout 1m]
   dlock migrate status --to NEW [--from OLD] [--timeout 1m]
 
@@ -23,7 +24,8 @@ docs/MIGRATING.md.
 
   dsn            prints the migrate:// DSN to deploy: first without --mode
                  (migrating: both locks), then, after the switch, with
-                 --mode new (the new lock only).
+                 --mode new (the new lock only). Passwords show as xxxxx
+                 unless --show-passwords.
   switch-tokens  records the token switch in NEW, once every client runs the
                  migrating DSN (no OLD-only client left). From then on every
                  grant's token comes from NEW, mapped above every token OLD
@@ -34,6 +36,10 @@ Flags:
   --from DSN        the old backend's DSN (as the clients use it)
   --to DSN          the new backend's DSN (etcd://, etcds:// or zk://)
   --mode new        dsn: the new-only DSN
+  --show-passwords  dsn: print the DSN whole, passwords included, to deploy it
+                    as it is. Dangerous: the output is then a secret, kept by
+                    terminal scrollback, CI logs and whatever records output;
+                    redirect it straight into your secret store
   --margin 24h      switch-tokens: added to OLD's clock (read through a token on
                     the key ".dlock-migrate-probe") to make the base (default 24h)
   --base N          switch-tokens: record N as the base instead of probing; for an
@@ -47,7 +53,7 @@ Exit statuses:
       old backend, or the check after it failed
   64  usage error: a bad flag or DSN
   69  a backend could not be reached
-Passwords in DSNs are never printed.
+Passwords in DSNs are printed only by dsn --show-passwords.
 `
 
 // migrateMain runs `dlock migrate`.
@@ -64,6 +70,7 @@ func migrateMain(args []string, stdout, stderr io.Writer) int {
 	margin := fs.Duration("margin", migrate.DefaultMargin, "")
 	base := fs.String("base", "", "")
 	timeout := fs.Duration("timeout", time.Minute, "")
+	showPasswords := fs.Bool("show-passwords", false, "")
 	switch sub {
 	case "dsn", "switch-tokens", "status":
 	case "help", "-h", "-help", "--help":
@@ -87,6 +94,9 @@ func migrateMain(args []string, stdout, stderr io.Writer) int {
 	if *timeout <= 0 {
 		return usageError(stderr, "migrate", "--timeout must be positive")
 	}
+	if *showPasswords && sub != "dsn" {
+		return usageError(stderr, "migrate", "--show-passwords is a flag of dsn, not of %s", sub)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
 
@@ -95,7 +105,16 @@ func migrateMain(args []string, stdout, stderr io.Writer) int {
 		if *mode != "" && *mode != migrate.ModeNew && *mode != migrate.ModeMigrate {
 			return usageError(stderr, "migrate", "--mode %q: want new (or migrate, the default)", *mode)
 		}
-		fmt.Fprintln(stdout, migrate.DSN(*from, *to, *mode))
+		if *showPasswords {
+			fmt.Fprintln(stdout, migrate.DSN(*from, *to, *mode))
+			return exitOK
+		}
+		shownFrom, maskedFrom := maskedDSN(*from)
+		shownTo, maskedTo := maskedDSN(*to)
+		fmt.Fprintln(stdout, migrate.DSN(shownFrom, shownTo, *mode))
+		if maskedFrom || maskedTo {
+			fmt.Fprintln(stderr, "dlock migrate dsn: passwords are shown as xxxxx; --show-passwords prints them (see dlock help migrate)")
+		}
 		return exitOK
 
 	case "switch-tokens":
@@ -147,6 +166,19 @@ func migrateMain(args []string, stdout, stderr io.Writer) int {
 		}
 		return exitOK
 	}
+}
+
+// maskedDSN returns dsn as it is if it holds no secret, else redacted as
+// redactDSN does; masked reports which.
+func maskedDSN(dsn string) (shown string, masked bool) {
+	u, err := backend.ParseDSN(dsn)
+	if err != nil {
+		return redactDSN(dsn), true
+	}
+	if r := backend.Redact(u); r != u.String() {
+		return r, true
+	}
+	return dsn, false
 }
 
 // printRecord prints a switch record, one field a line.

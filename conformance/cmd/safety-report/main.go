@@ -10,11 +10,14 @@
 //
 // Without -from it runs
 //
-//	go test -run 'Faults|Soak' -count=1 ./...
+//	go test -run 'Faults|Soak' -count=1 -timeout 60m ./...
 //
-// with DLOCK_SAFETY_OUT set to a new temporary directory, where RunFaults and
-// Soak append their results (see conformance.Record), and keeps going when
-// a test fails: the report shows the failed cells. -from reads the results of
+// with GOWORK=off in every module of the repository whose tests call
+// conformance.RunFaults or conformance.Soak (the root and the nested etcd
+// module), with DLOCK_SAFETY_OUT set to a new temporary directory, where
+// RunFaults and Soak append their results (see conformance.Record), and keeps
+// going when a test fails: the report shows the failed cells. Set
+// DLOCK_FAULT_TRIALS to run more trials per cell. -from reads the results of
 // an earlier run, such as CI's `go test ./...` with DLOCK_SAFETY_OUT set.
 //
 // -check compares the claims of the report it would write — each row's
@@ -36,7 +39,8 @@
 // docs/SAFETY.md under the module root), -readme FILE (default README.md
 // under the module root; "none" skips the summary), -check, -race (run the tests with
 // the race detector; default off, so latencies are not inflated), -run
-// REGEXP (default "Faults|Soak"), -pkgs (default "./...").
+// REGEXP (default "Faults|Soak"), -pkgs (default "./...", in each module),
+// -timeout (default 60m, per module's go test).
 package main
 
 import (
@@ -88,14 +92,16 @@ func run(args []string, stdout, stderr io.Writer) error {
 	check := fl.Bool("check", false, "compare the report's claims with the file and exit 1 on a difference; write nothing")
 	race := fl.Bool("race", false, "run the tests with -race")
 	runRE := fl.String("run", "Faults|Soak", "the tests to run")
-	pkgs := fl.String("pkgs", "./...", "the packages to test")
+	pkgs := fl.String("pkgs", "./...", "the packages to test, in each module")
+	timeout := fl.Duration("timeout", 60*time.Minute, "go test's -timeout, in each module")
 	readme := fl.String("readme", "", "the README whose generated summary block to update or check (default README.md under the module root; \"none\" to skip)")
 	if err := fl.Parse(args); err != nil {
 		return err
 	}
-	if *out == "" || *readme == "" {
-		root, err := moduleRoot()
-		if err != nil {
+	root := ""
+	if *out == "" || *readme == "" || *from == "" {
+		var err error
+		if root, err = moduleRoot(); err != nil {
 			return err
 		}
 		if *out == "" {
@@ -113,17 +119,26 @@ func run(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		fmt.Fprintf(stderr, "safety-report: results in %s\n", dir)
-		goArgs := []string{"test", "-run", *runRE, "-count=1"}
+		mods, err := faultModules(root)
+		if err != nil {
+			return err
+		}
+		goArgs := []string{"test", "-run", *runRE, "-count=1", "-timeout", timeout.String()}
 		if *race {
 			goArgs = append(goArgs, "-race")
 		}
 		goArgs = append(goArgs, strings.Fields(*pkgs)...)
-		cmd := exec.Command("go", goArgs...)
-		cmd.Env = append(os.Environ(), "DLOCK_SAFETY_OUT="+dir)
-		cmd.Stdout, cmd.Stderr = stderr, stderr
-		fmt.Fprintf(stderr, "safety-report: go %s\n", strings.Join(goArgs, " "))
 		start := time.Now()
-		testErr = cmd.Run()
+		for _, mod := range mods {
+			cmd := exec.Command("go", goArgs...)
+			cmd.Dir = mod
+			cmd.Env = append(os.Environ(), "GOWORK=off", "DLOCK_SAFETY_OUT="+dir)
+			cmd.Stdout, cmd.Stderr = stderr, stderr
+			fmt.Fprintf(stderr, "safety-report: (cd %s && go %s)\n", mod, strings.Join(goArgs, " "))
+			if err := cmd.Run(); err != nil && testErr == nil {
+				testErr = fmt.Errorf("%s: %w", mod, err)
+			}
+		}
 		fmt.Fprintf(stderr, "safety-report: tests took %v\n", time.Since(start).Round(time.Second))
 	}
 	recs, err := readRecords(dir)
@@ -194,6 +209,66 @@ func moduleRoot() (string, error) {
 		return "", errors.New("not inside a Go module; run from the repository root or pass -o")
 	}
 	return filepath.Dir(mod), nil
+}
+
+// faultModules returns the directory of every module under root (root
+// included; not under third_party, testdata or a directory whose name starts
+// with "."), whose own test files call conformance.RunFaults or
+// conformance.Soak, in name order.
+func faultModules(root string) ([]string, error) {
+	uses := map[string]bool{}
+	var mods []string
+	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		name := d.Name()
+		if d.IsDir() {
+			if path != root && (name == "third_party" || name == "testdata" || strings.HasPrefix(name, ".")) {
+				return filepath.SkipDir
+			}
+			if _, err := os.Stat(filepath.Join(path, "go.mod")); err == nil {
+				mods = append(mods, path)
+			}
+			return nil
+		}
+		if !strings.HasSuffix(name, "_test.go") {
+			return nil
+		}
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		if bytes.Contains(b, []byte("conformance.RunFaults(")) || bytes.Contains(b, []byte("conformance.Soak(")) {
+			uses[owningModule(mods, path)] = true
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, m := range mods {
+		if uses[m] {
+			out = append(out, m)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("no module under %s runs conformance.RunFaults or conformance.Soak", root)
+	}
+	return out, nil
+}
+
+// owningModule returns the module of mods (directories) that holds path:
+// the longest that is a parent of it.
+func owningModule(mods []string, path string) string {
+	best := ""
+	for _, m := range mods {
+		if strings.HasPrefix(path, m+string(filepath.Separator)) && len(m) > len(best) {
+			best = m
+		}
+	}
+	return best
 }
 
 // readRecords reads every *.jsonl file in dir.
@@ -356,7 +431,15 @@ lock with a short TTL and auto-renew and keeps incrementing a counter behind a f
 random phase of the refresh tick and is healed. The leader-, semaphore- and rw- cells repeat
 partition and pause-holder with the holder and the contender leading an election (package
 election), holding the one permit of a semaphore of 1 (package semaphore), or holding the
-write side of a read/write lock (package rwlock). Outcomes, best first:
+write side of a read/write lock (package rwlock). Two cells repeat partition with a crowd:
+in semaphore-3-partition the holder takes one permit of a semaphore of 3 and four contenders
+take permits of it (two hold the free ones, two wait), each holder incrementing its slot's
+counter; in rw-reader-partition the holder reads a read/write lock (fenced reads), a writer
+waits for it, and once the writer is in a later reader asks. Their outcome is the holder's
+against the first contender granted its slot (the writer); they also fail, whatever they
+expect, if more than 3 permits are ever held other than by the lost holder and its slot's
+next holder, or a permit lies outside the 3 slots, or the later reader is granted while the
+writer holds. Outcomes, best first:
 
 - **held** — the holder kept the lock through the fault; nobody else got it.
 - **loss-detected** — the holder's lease ended (Done closed; for a paused process its Deadline

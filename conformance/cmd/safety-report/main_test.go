@@ -1,6 +1,8 @@
 package main
 
 import (
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -100,5 +102,59 @@ func TestSummaryGrid(t *testing.T) {
 	}
 	if _, err := spliceSummary("no markers", sum); err == nil {
 		t.Error("spliceSummary without markers: no error")
+	}
+}
+
+// The crowd cells are rows of their own, in the suite's order (each after
+// the cells of its primitive that it follows), columns of the summary, and
+// claims that -check compares.
+func TestCrowdCells(t *testing.T) {
+	rec := func(f string) conformance.Record {
+		return conformance.Record{Kind: "fault", Deployment: "redis", Fault: f, Expected: "loss-detected", Observed: "loss-detected",
+			Trials: 1, LatencyP50Ms: 700, LatencyMaxMs: 700, Why: "as partition, for " + f}
+	}
+	var recs []conformance.Record
+	for _, f := range []string{"rw-reader-partition", "semaphore-3-partition", "rw-pause", "semaphore-pause", "restart-empty", "partition"} {
+		recs = append(recs, rec(f))
+	}
+	r := render(recs, "test machine", time.Now())
+	order := []string{"| redis | partition |", "| redis | semaphore-pause |", "| redis | semaphore-3-partition |",
+		"| redis | rw-pause |", "| redis | rw-reader-partition |", "| redis | restart-empty |"}
+	last := -1
+	for _, row := range order {
+		i := strings.Index(r, row)
+		if i < 0 || i < last {
+			t.Fatalf("row %q missing or out of the suite's order:\n%s", row, r)
+		}
+		last = i
+	}
+	c := claims(r)
+	for _, f := range []string{"semaphore-3-partition", "rw-reader-partition"} {
+		if got := c["fault redis "+f]; got != "expected loss-detected, pass" {
+			t.Errorf("claim of %s = %q", f, got)
+		}
+	}
+	if sum := summary(recs); !strings.Contains(sum, "| deployment | partition | semaphore-pause | semaphore-3-partition | rw-pause | rw-reader-partition | restart-empty | soak |") {
+		t.Errorf("summary columns:\n%s", sum)
+	}
+	recs[0].Failed = true
+	if d := compareClaims(c, claims(render(recs, "other", time.Now()))); len(d) != 1 || !strings.Contains(d[0], "rw-reader-partition") {
+		t.Errorf("compareClaims = %q, want the failed rw-reader-partition row", d)
+	}
+}
+
+// Without -from the tests run in every module with a fault matrix or a
+// soak: the root and the nested etcd module.
+func TestFaultModules(t *testing.T) {
+	root, err := moduleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mods, err := faultModules(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{root, filepath.Join(root, "etcd")}; !slices.Equal(mods, want) {
+		t.Fatalf("faultModules = %q, want %q", mods, want)
 	}
 }
