@@ -21,7 +21,7 @@ import (
 // fn's ctx carries the lease: under it, an Acquire, TryAcquire or Do with
 // WithReentrant of the same key on the same Locker is a nested hold of the
 // lease instead of a wait for itself (see WithReentrant).
-func Do(ctx context.Context, l Locker, key string, fn func(ctx context.Context, lease *Lease) error, opts ...Option) error {
+func Do(ctx context.Context, l Locker, key string, fn func(ctx context.Context, lease *Lease) error, opts ...AcquireOption) error {
 	lease, err := l.Acquire(ctx, key, opts...)
 	if err != nil {
 		return err

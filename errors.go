@@ -46,9 +46,10 @@ var (
 
 	// ErrUpgrade means an exclusive acquire of a key was asked for, with
 	// WithReentrant, under a ctx that carries a shared hold of that key
-	// (WithShared): it would wait for the shared hold, its own, for ever.
-	// Release the shared hold first; the opposite (a shared acquire under an
-	// exclusive hold) is a nested hold of the exclusive lease.
+	// (package rwlock's read holds): it would wait for its own shared hold
+	// for ever. Release the shared hold first; the opposite (a shared
+	// acquire under an exclusive hold) is a nested hold of the exclusive
+	// lease.
 	ErrUpgrade = errors.New("an exclusive acquire under a shared hold of the same key would wait for itself")
 
 	// ErrLockOrder means AcquireAll was asked, with WithReentrant, for a set
@@ -58,7 +59,7 @@ var (
 	// the same AcquireAll as the rest, or use TryAcquireAll.
 	ErrLockOrder = errors.New("keys taken out of sorted order")
 
-	// ErrSizeMismatch means a counted acquire (WithPermits) found a holder
+	// ErrSizeMismatch means a counted acquire (package semaphore's permits) found a holder
 	// of the semaphore that uses another number of permits; nothing was
 	// granted. It is backend.ErrSizeMismatch, which drivers wrap, and
 	// package semaphore's ErrSizeMismatch.

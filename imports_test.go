@@ -93,8 +93,8 @@ func TestZooKeeperClientReplaced(t *testing.T) {
 }
 
 // TestImportRules enforces the import rules of docs/DESIGN.md with go list: the root
-// imports only backend, internal/clock and internal/sharedctx; backend only the
-// standard library; internal/clock and internal/sockstate only the standard library and x/sys;
+// imports only backend, observe, internal/clock, internal/sharedctx and
+// internal/mode/hook; backend and observe only the standard library; internal/clock and internal/sockstate only the standard library and x/sys;
 // internal/sharedctx and internal/sqlstate only the standard library; drivers never import each other; conformance never imports a driver;
 // examples never import internal/.
 func TestImportRules(t *testing.T) {
@@ -114,20 +114,24 @@ func TestImportRules(t *testing.T) {
 			}
 			stdlib := !strings.Contains(strings.SplitN(imp, "/", 2)[0], ".")
 			switch {
-			case pkg == mod && strings.HasPrefix(imp, mod) && imp != mod+"/backend" && imp != mod+"/internal/clock" && imp != mod+"/internal/sharedctx":
-				t.Errorf("%s imports %s: the root may import only backend, internal/clock and internal/sharedctx (mem:// is registered by importing memlock)", pkg, imp)
-			case (pkg == mod+"/internal/sharedctx" || pkg == mod+"/internal/sqlstate") && !stdlib:
+			case pkg == mod && strings.HasPrefix(imp, mod) && imp != mod+"/backend" && imp != mod+"/internal/clock" && imp != mod+"/internal/sharedctx" && imp != mod+"/internal/mode/hook" && imp != mod+"/observe":
+				t.Errorf("%s imports %s: the root may import only backend, observe, internal/clock, internal/sharedctx and internal/mode/hook (mem:// is registered by importing memlock)", pkg, imp)
+			case (pkg == mod+"/internal/sharedctx" || pkg == mod+"/internal/sqlstate" || pkg == mod+"/internal/mode/hook") && !stdlib:
 				t.Errorf("%s imports %s: %s may import only the standard library", pkg, imp, pkg)
 			case (pkg == mod+"/internal/clock" || pkg == mod+"/internal/sockstate") && !stdlib && imp != "golang.org/x/sys/unix":
 				t.Errorf("%s imports %s: %s may import only the standard library and x/sys", pkg, imp, pkg)
-			case pkg == mod+"/backend" && !stdlib:
-				t.Errorf("%s imports %s: backend may import only the standard library", pkg, imp)
+			case (pkg == mod+"/backend" || pkg == mod+"/observe") && !stdlib:
+				t.Errorf("%s imports %s: %s may import only the standard library", pkg, imp, pkg)
 			case drivers[pkg] && drivers[imp]:
 				t.Errorf("driver %s imports driver %s", pkg, imp)
-			case (pkg == mod+"/election" || pkg == mod+"/semaphore") && strings.HasPrefix(imp, mod) && imp != mod:
+			case pkg == mod+"/election" && strings.HasPrefix(imp, mod) && imp != mod:
 				t.Errorf("%s imports %s: %s is built on the public API alone (the root)", pkg, imp, pkg)
-			case pkg == mod+"/rwlock" && strings.HasPrefix(imp, mod) && imp != mod && imp != mod+"/semaphore":
-				t.Errorf("%s imports %s: rwlock is built on the root and semaphore alone", pkg, imp)
+			case pkg == mod+"/semaphore" && strings.HasPrefix(imp, mod) && imp != mod && imp != mod+"/internal/mode":
+				t.Errorf("%s imports %s: semaphore is built on the root and its counted mode (internal/mode) alone", pkg, imp)
+			case pkg == mod+"/rwlock" && strings.HasPrefix(imp, mod) && imp != mod && imp != mod+"/semaphore" && imp != mod+"/internal/mode":
+				t.Errorf("%s imports %s: rwlock is built on the root, semaphore and its shared mode (internal/mode) alone", pkg, imp)
+			case pkg == mod+"/internal/mode" && strings.HasPrefix(imp, mod) && imp != mod && imp != mod+"/internal/mode/hook":
+				t.Errorf("%s imports %s: internal/mode imports only the root and internal/mode/hook", pkg, imp)
 			case pkg == mod+"/conformance" && drivers[imp]:
 				t.Errorf("conformance imports driver %s", imp)
 			case strings.HasPrefix(pkg, mod+"/examples/") && strings.HasPrefix(imp, mod+"/internal/"):

@@ -25,8 +25,8 @@ type LockInfo = backend.LockInfo
 // it where they have room: the lock's value (Redis, etcd), node data
 // (ZooKeeper, as Curator stores a participant's address), the session's
 // application_name (PostgreSQL).
-func WithLabel(label string) Option {
-	return func(s *settings) { s.label, s.labelSet = label, true }
+func WithLabel(label string) LeaseOption {
+	return LeaseOption{func(s *settings) { s.label, s.labelSet = label, true }}
 }
 
 // DefaultLabel is the label stored with grants unless WithLabel says
@@ -79,6 +79,16 @@ type Breaker interface {
 // can implement it by forwarding to dlock.Watch.
 type Watcher interface {
 	Watch(ctx context.Context, key string, changed func()) error
+}
+
+// Unwrapper is implemented by a Locker that wraps another and passes keys to
+// it unchanged (one that adds metrics or retries, say): Unwrap returns the
+// Locker it wraps. Package rwlock compares Lockers unwrapped, so that it
+// refuses a hold nested in a hold of the same lock (rwlock.ErrNested)
+// through such a wrapper whatever its type. A wrapper that changes keys (adds
+// a prefix, say) must not implement it.
+type Unwrapper interface {
+	Unwrap() Locker
 }
 
 // errUnsupported wraps errors.ErrUnsupported for a Locker whose backend
@@ -158,8 +168,8 @@ func Watch(ctx context.Context, l Locker, key string, changed func()) error {
 // commit is flushed to disk. The backends that announce every change anyway
 // (etcd, ZooKeeper, Redis, Redlock) ignore it. Package election's Campaign
 // sets it. Off by default; given to Open or New it applies to every acquire.
-func WithAnnounce() Option {
-	return func(s *settings) { s.announce = true }
+func WithAnnounce() LeaseOption {
+	return LeaseOption{func(s *settings) { s.announce = true }}
 }
 
 func (l *locker) Watch(ctx context.Context, key string, changed func()) error {

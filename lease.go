@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/observe"
 )
 
 // String returns the token in decimal.
@@ -23,22 +24,6 @@ const (
 	ended                // Done is closed; err says why
 )
 
-// lossKind is a LossCause in a byte (a Lease's field: a lease's size is
-// scale, see docs/BENCHMARKS.md).
-type lossKind uint8
-
-// lossCauses are the LossCause of each lossKind; 0 is none.
-var lossCauses = [...]LossCause{"", LossRenewalFailed, LossDeadlinePassed, LossBackendReported}
-
-func kindOf(c LossCause) lossKind {
-	for i, x := range lossCauses {
-		if x == c {
-			return lossKind(i)
-		}
-	}
-	return 0
-}
-
 // Lease is a granted lock. Its methods are safe for concurrent use.
 //
 // A lease ends exactly once: released by its holder (Release, Locker.Close, the
@@ -48,9 +33,9 @@ func kindOf(c LossCause) lossKind {
 type Lease struct {
 	locker *locker
 	grant  *backend.Grant
-	set    *settings     // the Locker's own when the lease was taken without options; never changed
-	outer  *Lease        // the enclosing lease of a nested hold (see WithReentrant); nil for a lease
-	obs    LeaseObserver // nil: none; set before the lease starts, never after
+	set    *settings             // the Locker's own when the lease was taken without options; never changed
+	outer  *Lease                // the enclosing lease of a nested hold (see WithReentrant); nil for a lease
+	obs    observe.LeaseObserver // nil: none; set before the lease starts, never after
 
 	// calls orders SetLabel's driver call (which may update grant) after and
 	// before the others that pass grant (read-locked).
@@ -86,78 +71,6 @@ func newLease(l *locker, g *backend.Grant, s *settings, start time.Duration) *Le
 	return lease
 }
 
-// setDeadlineLocked records a grant or renewal sent at start (on the locker's
-// clock) with validity v.
-func (l *Lease) setDeadlineLocked(start, v time.Duration) {
-	l.deadline = start + v
-	l.deadlineAt = time.Now().Add(l.deadline - l.locker.clk.Now())
-	l.nextRenew = start + renewInterval(l.set.ttl, v)
-}
-
-// errDeadlinePassed is the cause of a lease that ran out of time.
-var errDeadlinePassed = errors.New("deadline passed without a successful renewal")
-
-// renewInterval is the time from a grant or renewal's start to the next
-// renewal: a third of the TTL, or of the validity if that is shorter, so two
-// more attempts fit before the deadline.
-func renewInterval(ttl, validity time.Duration) time.Duration {
-	return min(ttl, validity) / 3
-}
-
-// start hands the lease to the scheduler and, for session-bound backends,
-// watches the grant's Lost channel.
-func (l *Lease) start() {
-	l.locker.sched.schedule(l, l.nextEvent())
-	if lost := l.grant.Lost; lost != nil {
-		l.locker.sched.spawn(func() {
-			select {
-			case <-lost:
-				l.lose(errors.New("backend reported the lock gone (session ended)"))
-			case <-l.Done():
-			}
-		})
-	}
-}
-
-// lossLatch carries a driver's AcquireRequest.OnLost call to the lease, which
-// does not exist yet while the driver is granting: a loss reported before the
-// lease is attached ends it the moment it is.
-type lossLatch struct {
-	mu    sync.Mutex
-	lease *Lease
-	cause error // non-nil once fired
-}
-
-func (x *lossLatch) fire(cause error) {
-	if cause == nil {
-		cause = errBackendLost
-	}
-	x.mu.Lock()
-	if x.cause != nil {
-		x.mu.Unlock()
-		return
-	}
-	x.cause = cause
-	lease := x.lease
-	x.mu.Unlock()
-	if lease != nil {
-		lease.lose(fmt.Errorf("backend reported the lock gone: %w", cause))
-	}
-}
-
-func (x *lossLatch) attach(l *Lease) {
-	x.mu.Lock()
-	x.lease = l
-	cause := x.cause
-	x.mu.Unlock()
-	if cause != nil {
-		l.lose(fmt.Errorf("backend reported the lock gone: %w", cause))
-	}
-}
-
-// errBackendLost is the cause of a loss a driver reported without one.
-var errBackendLost = errors.New("session ended")
-
 // Key returns the lock's key.
 func (l *Lease) Key() string { return l.grant.Key }
 
@@ -165,13 +78,13 @@ func (l *Lease) Key() string { return l.grant.Key }
 // for what it guarantees on this backend.
 func (l *Lease) Token() Token { return Token(l.grant.Token) }
 
-// Granted returns the local time read just before the request that won the
+// GrantedAt returns the local time read just before the request that won the
 // grant was sent (backend.Grant.Start), or, for a waiter woken by a watch,
 // the moment its driver learned it holds the lock: about when the lock became
 // this lease's, and earlier than Acquire returned by up to a round trip. A
 // checker that orders two holders uses it as the later holder's start, so a
 // deadline overstated by less than a round trip is still caught.
-func (l *Lease) Granted() time.Time { return l.grant.Start }
+func (l *Lease) GrantedAt() time.Time { return l.grant.Start }
 
 // Deadline returns the local time before which the lease is known to be held:
 // the start of the latest successful grant or renewal request (the moment it was
@@ -293,24 +206,6 @@ func (l *Lease) Err() error {
 	return l.err
 }
 
-// expireIfPast ends a held lease whose deadline has passed. Once Close has
-// begun it only ends the lease: Close waits for its scheduler's goroutines,
-// and no clean-up release may be started under it.
-func (l *Lease) expireIfPast() {
-	l.mu.Lock()
-	past := l.state == held && l.locker.clk.Now() >= l.deadline
-	l.mu.Unlock()
-	if !past {
-		return
-	}
-	if l.locker.enter() {
-		defer l.locker.inflight.Done()
-		l.loseBy(LossDeadlinePassed, errDeadlinePassed)
-	} else if l.end(held, withKind(ErrLeaseLost, errDeadlinePassed)) {
-		l.locker.sched.unschedule(l)
-	}
-}
-
 // Refresh extends the lease by its TTL now, for use when auto-renew is off (it
 // works when it is on, too). If the backend says the lock is no longer this
 // lease's, the lease ends and the error matches ErrLeaseLost. Any other failure
@@ -339,7 +234,7 @@ func (l *Lease) Refresh(ctx context.Context) error {
 	}
 	if err != nil {
 		if errors.Is(err, backend.ErrNotHeld) {
-			l.loseBy(LossBackendReported, err)
+			l.loseBy(observe.LossBackendReported, err)
 			return l.Err()
 		}
 		if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
@@ -375,24 +270,6 @@ func (l *Lease) heldErrOr(op string, err error) error {
 		return e
 	}
 	return l.locker.errorf(op, l.Key(), err)
-}
-
-// renewed records a successful renewal sent at start (on the locker's clock)
-// with validity v.
-func (l *Lease) renewed(start, v time.Duration) {
-	l.mu.Lock()
-	if l.state != held {
-		l.mu.Unlock()
-		return
-	}
-	if start+v > l.deadline {
-		l.setDeadlineLocked(start, v)
-	} else {
-		l.nextRenew = start + renewInterval(l.set.ttl, v)
-	}
-	next := l.nextEventLocked()
-	l.mu.Unlock()
-	l.locker.sched.schedule(l, next)
 }
 
 // Release gives up the lock. It returns nil if the lock was this lease's until
@@ -479,47 +356,6 @@ func (l *Lease) releaseOnClose() error {
 	return nil
 }
 
-// lose ends a held lease as lost, then frees the lock on the backend in case the
-// holder is still recorded there (a conditional release, so it can never touch
-// another owner's lock).
-func (l *Lease) lose(cause error) { l.loseBy(LossBackendReported, cause) }
-
-// loseBy is lose with the kind of cause, for observers.
-func (l *Lease) loseBy(kind LossCause, cause error) {
-	l.mu.Lock()
-	if l.state != held {
-		l.mu.Unlock()
-		return
-	}
-	if l.lossCause == 0 {
-		l.lossCause = kindOf(kind)
-	}
-	l.mu.Unlock()
-	// The clean-up release is handed to the scheduler before Done closes, and
-	// starts once the lease has ended, if this call ended it. A holder may
-	// close the Locker the moment it sees Done; Close stops the scheduler,
-	// which starts nothing after that, and then the driver, and a lease
-	// already lost is not among those Close releases. Spawned after Done, the
-	// release could be refused, and the lock stayed on the nodes that still
-	// had it until its TTL ran out (CI: a Redlock holder lost its lease in the
-	// restart-empty fault, closed its Locker 0.1ms later, and its keys stayed
-	// on the two nodes that had not restarted).
-	ended := make(chan bool, 1)
-	l.locker.sched.spawn(func() {
-		if !<-ended {
-			return
-		}
-		l.calls.RLock()
-		defer l.calls.RUnlock()
-		_ = l.locker.releaseDetached(l.grant, l.set.releaseTimeout)
-	})
-	ok := l.end(held, withKind(ErrLeaseLost, cause))
-	ended <- ok
-	if ok {
-		l.locker.sched.unschedule(l)
-	}
-}
-
 // SetLabel changes the label stored with the lease's lock (see WithLabel),
 // where Inspect and List report it and where followers of the key
 // (dlock.Watch, package election's Observe) see it change; package election's
@@ -558,7 +394,7 @@ func (l *Lease) SetLabel(ctx context.Context, label string) error {
 	l.calls.Unlock()
 	if err != nil {
 		if errors.Is(err, backend.ErrNotHeld) {
-			l.loseBy(LossBackendReported, err)
+			l.loseBy(observe.LossBackendReported, err)
 			return l.Err()
 		}
 		if ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
@@ -593,11 +429,11 @@ func (l *Lease) end(from leaseState, err error) bool {
 		case !lost:
 			cause = ""
 		case cause == "" && errors.Is(err, errDeadlinePassed):
-			cause = LossDeadlinePassed
+			cause = observe.LossDeadlinePassed
 		case cause == "":
-			cause = LossBackendReported
+			cause = observe.LossBackendReported
 		}
-		l.obs.Ended(LeaseEnd{Lost: lost, Cause: cause, Held: time.Since(l.grant.Start), Err: lerr})
+		l.obs.Ended(observe.LeaseEnd{Lost: lost, Cause: cause, Held: time.Since(l.grant.Start), Err: lerr})
 	}
 	l.signalEnd()
 	if stopRenewal != nil {
@@ -605,100 +441,4 @@ func (l *Lease) end(from leaseState, err error) bool {
 	}
 	l.locker.forget(l)
 	return true
-}
-
-// nextEvent is when (on the locker's clock) the scheduler must next look at
-// the lease.
-func (l *Lease) nextEvent() time.Duration {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.nextEventLocked()
-}
-
-func (l *Lease) nextEventLocked() time.Duration {
-	if l.set.autoRenew && !l.renewing && l.nextRenew < l.deadline {
-		return l.nextRenew
-	}
-	return l.deadline
-}
-
-// tick is called by the scheduler at or after the lease's next event; now is
-// on the locker's clock.
-func (l *Lease) tick(now time.Duration) {
-	l.mu.Lock()
-	if l.state != held {
-		l.mu.Unlock()
-		return
-	}
-	if now >= l.deadline {
-		// A renewal still on its way did not finish in time: that is why.
-		kind := LossDeadlinePassed
-		if l.renewing {
-			kind = LossRenewalFailed
-		}
-		l.mu.Unlock()
-		l.loseBy(kind, errDeadlinePassed)
-		return
-	}
-	renew := l.set.autoRenew && !l.renewing && now >= l.nextRenew
-	if renew {
-		l.renewing = true
-	}
-	deadline := l.deadline
-	next := l.nextEventLocked()
-	l.mu.Unlock()
-
-	l.locker.sched.schedule(l, next)
-	if renew {
-		l.locker.sched.spawn(func() { l.autoRenew(deadline) })
-	}
-}
-
-// autoRenew runs one keepalive renewal, which must finish before deadline (on
-// the locker's clock). The scheduler ends the lease at the deadline whatever
-// the renewal's ctx says; the ctx's deadline, on Go's timers, only stops a
-// renewal that could no longer help.
-func (l *Lease) autoRenew(deadline time.Duration) {
-	start := l.locker.clk.Now()
-	// Its own context, not one tied to the lease (which would keep a record
-	// of it for the rest of the lease, about 300 B per held lease once it
-	// has been renewed): end cancels it.
-	ctx, cancel := context.WithTimeout(context.Background(), deadline-start)
-	defer cancel()
-	l.mu.Lock()
-	if l.state != held {
-		l.renewing = false
-		l.mu.Unlock()
-		return
-	}
-	l.stopRenewal = cancel
-	l.mu.Unlock()
-	l.calls.RLock()
-	v, err := l.locker.drv.Refresh(ctx, l.grant, l.set.ttl)
-	l.calls.RUnlock()
-	l.mu.Lock()
-	l.renewing = false
-	l.stopRenewal = nil
-	l.mu.Unlock()
-	if l.obs != nil && !l.hasEnded() {
-		l.obs.Renewed(l.locker.clk.Now()-start, err)
-	}
-	if err != nil {
-		if l.hasEnded() {
-			return // the lease ended meanwhile; its error is already set
-		}
-		kind := LossRenewalFailed
-		switch {
-		case ctx.Err() != nil:
-			err = fmt.Errorf("renewal did not finish before the deadline: %w", err)
-		case errors.Is(err, backend.ErrNotHeld):
-			kind = LossBackendReported
-			err = fmt.Errorf("renewal failed: %w", err)
-		default:
-			err = fmt.Errorf("renewal failed: %w", err)
-		}
-		l.loseBy(kind, err)
-		return
-	}
-	l.renewed(start, v)
 }

@@ -32,6 +32,21 @@
 // that counts a host suspend (CLOCK_BOOTTIME on Linux), so a VM pause or a sleep
 // that outlasts a lease ends it, as the server's own clock does. [Do] runs a
 // function under a lease and cancels its context the moment the lease is lost.
+//
+// # Options
+//
+// An [Option] configures a Locker (Open, New, a driver package's New), an
+// [AcquireOption] one acquire; a [LeaseOption] (WithTTL, WithLabel, …) is
+// both, the Locker's default or one lease's. An option given where it does
+// not belong does not compile. [WithObserver] and [WithLogger] report every
+// lease's events (package observe).
+//
+// # Wrappers
+//
+// A Locker that wraps another keeps what it forwards of the optional
+// interfaces that the Lockers of Open and New implement — [Inspector],
+// [Breaker], [Watcher], [MultiAcquirer] — and, if it passes keys on
+// unchanged, says so with [Unwrapper].
 package dlock
 
 import (
@@ -44,6 +59,8 @@ import (
 	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/internal/clock"
 	"github.com/dlock-go/dlock/internal/sharedctx"
+
+	"github.com/dlock-go/dlock/observe"
 )
 
 // Token is a fencing token: strictly increasing per key across successive
@@ -62,11 +79,11 @@ type Locker interface {
 	// Acquire waits until the lock key is granted or ctx is done. ctx bounds the
 	// wait only, never the lease's life. If ctx ends first, the error matches both
 	// ErrNotAcquired and ctx.Err(), and nothing is left behind on the backend.
-	Acquire(ctx context.Context, key string, opts ...Option) (*Lease, error)
+	Acquire(ctx context.Context, key string, opts ...AcquireOption) (*Lease, error)
 
 	// TryAcquire makes one attempt. If another owner holds the lock it returns an
 	// error matching ErrNotAcquired at once.
-	TryAcquire(ctx context.Context, key string, opts ...Option) (*Lease, error)
+	TryAcquire(ctx context.Context, key string, opts ...AcquireOption) (*Lease, error)
 
 	// Capabilities says what this backend guarantees.
 	Capabilities() Capabilities
@@ -102,7 +119,7 @@ func Open(ctx context.Context, dsn string, opts ...Option) (Locker, error) {
 	if err != nil {
 		return nil, &Error{Op: "open", Backend: u.Scheme, Err: err}
 	}
-	s, err := defaultSettings().with(append(dsnOpts, opts...))
+	s, err := defaultSettings().withLocker(append(dsnOpts, opts...))
 	if err != nil {
 		return nil, &Error{Op: "open", Backend: u.Scheme, Err: err}
 	}
@@ -122,7 +139,7 @@ func New(d backend.Driver, opts ...Option) (Locker, error) {
 		return nil, &Error{Op: "open", Err: fmt.Errorf("%w: nil driver", ErrInvalidOption)}
 	}
 	name := driverName(d)
-	s, err := defaultSettings().with(opts)
+	s, err := defaultSettings().withLocker(opts)
 	if err != nil {
 		_ = d.Close()
 		return nil, &Error{Op: "open", Backend: name, Err: err}
@@ -147,7 +164,7 @@ type locker struct {
 	name    string
 	caps    backend.Capabilities
 	base    settings
-	obs     Observer // nil: none (WithObserver, WithLogger)
+	obs     observe.Observer // nil: none (WithObserver, WithLogger)
 	sched   *scheduler
 	closing context.Context // cancelled (cause ErrClosed) when Close starts
 	close   context.CancelCauseFunc
@@ -185,11 +202,11 @@ func newLockerClock(d backend.Driver, name string, s settings, clk clock.Clock) 
 
 func (l *locker) Capabilities() Capabilities { return l.caps }
 
-func (l *locker) Acquire(ctx context.Context, key string, opts ...Option) (*Lease, error) {
+func (l *locker) Acquire(ctx context.Context, key string, opts ...AcquireOption) (*Lease, error) {
 	return l.acquire(ctx, "acquire", key, true, opts)
 }
 
-func (l *locker) TryAcquire(ctx context.Context, key string, opts ...Option) (*Lease, error) {
+func (l *locker) TryAcquire(ctx context.Context, key string, opts ...AcquireOption) (*Lease, error) {
 	return l.acquire(ctx, "try-acquire", key, false, opts)
 }
 
@@ -200,18 +217,18 @@ func (l *locker) errorf(op, key string, err error) error {
 // settingsFor returns the settings of a call with opts: the Locker's own,
 // shared by every lease taken without options (a lease keeps a pointer to
 // its settings, not a copy of about 100 bytes), or a copy with opts applied.
-func (l *locker) settingsFor(opts []Option) (*settings, error) {
+func (l *locker) settingsFor(opts []AcquireOption) (*settings, error) {
 	if len(opts) == 0 {
 		return &l.base, nil
 	}
-	s, err := l.base.with(opts)
+	s, err := l.base.withAcquire(opts)
 	if err != nil {
 		return nil, err
 	}
 	return &s, nil
 }
 
-func (l *locker) acquire(ctx context.Context, op, key string, wait bool, opts []Option) (*Lease, error) {
+func (l *locker) acquire(ctx context.Context, op, key string, wait bool, opts []AcquireOption) (*Lease, error) {
 	if err := validateKey(key); err != nil {
 		return nil, l.errorf(op, key, err)
 	}
@@ -226,7 +243,7 @@ func (l *locker) acquire(ctx context.Context, op, key string, wait bool, opts []
 		return nil, l.errorf(op, key, fmt.Errorf("the backend cannot hold a lock shared: %w", errors.ErrUnsupported))
 	}
 	if s.permits > 0 {
-		if !l.caps.Counted {
+		if !l.caps.NativeSemaphore {
 			return nil, l.errorf(op, key, fmt.Errorf("the backend has no semaphore layout of its own: %w", errors.ErrUnsupported))
 		}
 		if err := validateKey(backend.PermitKey(key, s.permits-1)); err != nil {
@@ -245,21 +262,21 @@ func (l *locker) acquire(ctx context.Context, op, key string, wait bool, opts []
 		return l.grantLease(ctx, op, key, wait, s, nil)
 	}
 	began := time.Now()
-	octx, done := l.obs.StartAcquire(ctx, AcquireInfo{Backend: l.name, Key: key, Wait: wait})
+	octx, done := l.obs.StartAcquire(ctx, observe.AcquireInfo{Backend: l.name, Key: key, Wait: wait})
 	observed := false
 	lease, err := l.grantLease(octx, op, key, wait, s, func(lease *Lease) {
 		observed = true
-		lease.obs = done(AcquireOutcome{Result: ResultGranted, Token: lease.Token(), Took: time.Since(began)})
+		lease.obs = done(observe.AcquireOutcome{Result: observe.ResultGranted, Token: uint64(lease.Token()), Took: time.Since(began)})
 	})
 	if !observed {
-		done(AcquireOutcome{Result: resultOf(octx, err), Took: time.Since(began), Err: err})
+		done(observe.AcquireOutcome{Result: resultOf(octx, err), Took: time.Since(began), Err: err})
 	}
 	return lease, err
 }
 
 // grantLease is acquire's request to the driver, once the arguments are
-// checked; observe, if not nil, is called with the lease before it starts.
-func (l *locker) grantLease(ctx context.Context, op, key string, wait bool, s *settings, observe func(*Lease)) (*Lease, error) {
+// checked; onGrant, if not nil, is called with the lease before it starts.
+func (l *locker) grantLease(ctx context.Context, op, key string, wait bool, s *settings, onGrant func(*Lease)) (*Lease, error) {
 	if !l.enter() {
 		return nil, l.errorf(op, key, ErrClosed)
 	}
@@ -295,7 +312,7 @@ func (l *locker) grantLease(ctx context.Context, op, key string, wait bool, s *s
 		if err != nil {
 			return nil, l.errorf(op, key, l.acquireErr(ctx, err))
 		}
-		lease, err := l.hold(op, g, s, lost, called, onClock, observe)
+		lease, err := l.hold(op, g, s, lost, called, onClock, onGrant)
 		if !errors.Is(err, errGrantedLate) || !wait {
 			return lease, err
 		}
@@ -330,9 +347,9 @@ func (l *locker) acquireErr(ctx context.Context, err error) error {
 }
 
 // hold makes the lease of a grant the driver returned for an acquire that
-// began at called, and starts it; observe, if not nil, is called with the
+// began at called, and starts it; onGrant, if not nil, is called with the
 // lease before it starts.
-func (l *locker) hold(op string, g *backend.Grant, s *settings, lost *lossLatch, called time.Time, onClock func(time.Time) time.Duration, observe func(*Lease)) (*Lease, error) {
+func (l *locker) hold(op string, g *backend.Grant, s *settings, lost *lossLatch, called time.Time, onClock func(time.Time) time.Duration, onGrant func(*Lease)) (*Lease, error) {
 	if g == nil || g.Validity <= 0 {
 		// A driver bug; never hand out a lease nobody can vouch for.
 		if g != nil {
@@ -367,8 +384,8 @@ func (l *locker) hold(op string, g *backend.Grant, s *settings, lost *lossLatch,
 	}
 	l.leases[lease] = struct{}{}
 	l.mu.Unlock()
-	if observe != nil {
-		observe(lease)
+	if onGrant != nil {
+		onGrant(lease)
 	}
 	lease.start()
 	lost.attach(lease)

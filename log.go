@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/dlock-go/dlock/observe"
 )
 
 // WithLogger makes the Locker log its leases' events to logger: at Debug, each
@@ -14,32 +16,33 @@ import (
 // for a reason other than the lock being held, and a renewal that failed
 // (the lease is lost then); at Error, every lost lease, with its cause. Each
 // record has the attributes backend, key (see WithLogKeys), token and, where
-// there is one, err or cause; never a password. Only options given to Open
-// or New set it. Default none: dlock logs nothing.
+// there is one, err or cause; never a password. It is a Locker option only.
+// Default none: dlock logs nothing.
 func WithLogger(logger *slog.Logger) Option {
-	return func(s *settings) { s.logger = logger }
+	return lockerOption(func(s *settings) { s.logger = logger })
 }
 
 // WithLogKeys says whether WithLogger's records carry the lock's key (an
-// attribute "key"); turn it off where keys are sensitive. Default true.
+// attribute "key"); turn it off where keys are sensitive. It is a Locker
+// option only. Default true.
 func WithLogKeys(on bool) Option {
-	return func(s *settings) { s.logKeys = on }
+	return lockerOption(func(s *settings) { s.logKeys = on })
 }
 
-// slogObserver is the Observer of WithLogger.
+// slogObserver is the observe.Observer of WithLogger.
 type slogObserver struct {
 	log  *slog.Logger
 	keys bool
 }
 
-func (o *slogObserver) attrs(backend, key string, tok Token) []slog.Attr {
+func (o *slogObserver) attrs(backend, key string, tok uint64) []slog.Attr {
 	as := make([]slog.Attr, 0, 4)
 	as = append(as, slog.String("backend", backend))
 	if o.keys {
 		as = append(as, slog.String("key", key))
 	}
 	if tok != 0 {
-		as = append(as, slog.Uint64("token", uint64(tok)))
+		as = append(as, slog.Uint64("token", tok))
 	}
 	return as
 }
@@ -54,15 +57,15 @@ func (o *slogObserver) errAttr(err error) slog.Attr {
 	return slog.Any("err", err)
 }
 
-func (o *slogObserver) StartAcquire(ctx context.Context, a AcquireInfo) (context.Context, func(AcquireOutcome) LeaseObserver) {
-	return ctx, func(out AcquireOutcome) LeaseObserver {
+func (o *slogObserver) StartAcquire(ctx context.Context, a observe.AcquireInfo) (context.Context, func(observe.AcquireOutcome) observe.LeaseObserver) {
+	return ctx, func(out observe.AcquireOutcome) observe.LeaseObserver {
 		as := o.attrs(a.Backend, a.Key, out.Token)
 		as = append(as, slog.Bool("wait", a.Wait), slog.Duration("took", out.Took))
 		switch out.Result {
-		case ResultGranted:
+		case observe.ResultGranted:
 			o.log.LogAttrs(ctx, slog.LevelDebug, "dlock: acquired", as...)
 			return &slogLease{o: o, ctx: context.WithoutCancel(ctx), as: o.attrs(a.Backend, a.Key, out.Token)}
-		case ResultError:
+		case observe.ResultError:
 			o.log.LogAttrs(ctx, slog.LevelWarn, "dlock: acquire failed", append(as, o.errAttr(out.Err))...)
 		default:
 			o.log.LogAttrs(ctx, slog.LevelDebug, "dlock: not acquired", append(as, slog.String("result", string(out.Result)))...)
@@ -94,7 +97,7 @@ func (l *slogLease) StartRelease(ctx context.Context) (context.Context, func(err
 	}
 }
 
-func (l *slogLease) Ended(e LeaseEnd) {
+func (l *slogLease) Ended(e observe.LeaseEnd) {
 	as := append(l.as, slog.Duration("held", e.Held))
 	if e.Lost {
 		l.o.log.LogAttrs(l.ctx, slog.LevelError, "dlock: lease lost", append(as, slog.String("cause", string(e.Cause)), l.o.errAttr(e.Err))...)

@@ -48,7 +48,7 @@ func (d *callbackDriver) lose(owner string, cause error) {
 func newCallbackLocker(t *testing.T, before bool) (*locker, *callbackDriver) {
 	t.Helper()
 	d := &callbackDriver{Driver: memlock.NewStore().NewDriver(), fireBeforeReturn: before, onLost: map[string]func(error){}}
-	s, err := defaultSettings().with([]Option{WithTTL(30 * time.Second)})
+	s, err := defaultSettings().withLocker([]Option{WithTTL(30 * time.Second)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/internal/clock"
+	"github.com/dlock-go/dlock/observe"
 )
 
 // LeaseSet is a set of leases taken all or nothing by AcquireAll or
@@ -29,10 +30,23 @@ type LeaseSet struct {
 	released bool
 }
 
+// MultiAcquirer is implemented by every Locker that Open and New return: it
+// takes a set of keys all or nothing (see the package-level AcquireAll and
+// TryAcquireAll, which are the way to call it), in one atomic step where the
+// backend can, and refuses a re-entrant set taken out of order
+// (ErrLockOrder). A Locker that wraps another keeps both by implementing it,
+// forwarding to dlock.AcquireAll and dlock.TryAcquireAll on the Locker it
+// wraps; without it, AcquireAll takes the keys with the wrapper's own
+// TryAcquire and Acquire, one key each.
+type MultiAcquirer interface {
+	AcquireAll(ctx context.Context, keys []string, opts ...AcquireOption) (*LeaseSet, error)
+	TryAcquireAll(ctx context.Context, keys []string, opts ...AcquireOption) (*LeaseSet, error)
+}
+
 // AcquireAll takes every key in keys on l, or none. It first tries to take
-// them all at once: in one atomic step where the backend can (etcd: one
-// transaction; see backend.MultiAcquirer), otherwise with one TryAcquire per
-// key, up to 16 in flight, giving back what it took if a key is held. If a key
+// them all at once: in one atomic step where the backend can (etcd and
+// mem://: one transaction; see backend.MultiAcquirer) and l is a
+// MultiAcquirer, otherwise with one TryAcquire per key, up to 16 in flight, giving back what it took if a key is held. If a key
 // is held (or a try failed), it then acquires the keys one at a time in
 // sorted order, waiting for each as Acquire does (riding out what Acquire
 // rides out), so that two callers asking for overlapping sets
@@ -49,23 +63,39 @@ type LeaseSet struct {
 // matching ErrLockOrder and ErrNotAcquired: it would wait for the lower key
 // while holding the higher one. Keys held outside the set are the caller's
 // to order, as for Acquire.
-func AcquireAll(ctx context.Context, l Locker, keys []string, opts ...Option) (*LeaseSet, error) {
-	return acquireAll(ctx, l, keys, true, opts)
+func AcquireAll(ctx context.Context, l Locker, keys []string, opts ...AcquireOption) (*LeaseSet, error) {
+	if m, ok := l.(MultiAcquirer); ok {
+		return m.AcquireAll(ctx, keys, opts...)
+	}
+	return acquireAll(ctx, l, nil, keys, true, opts)
 }
 
 // TryAcquireAll is AcquireAll with one attempt per key: if any key is held by
 // another owner, it releases the keys it took and returns an error matching
 // ErrNotAcquired that names that key.
-func TryAcquireAll(ctx context.Context, l Locker, keys []string, opts ...Option) (*LeaseSet, error) {
-	return acquireAll(ctx, l, keys, false, opts)
+func TryAcquireAll(ctx context.Context, l Locker, keys []string, opts ...AcquireOption) (*LeaseSet, error) {
+	if m, ok := l.(MultiAcquirer); ok {
+		return m.TryAcquireAll(ctx, keys, opts...)
+	}
+	return acquireAll(ctx, l, nil, keys, false, opts)
 }
 
-func acquireAll(ctx context.Context, l Locker, keys []string, wait bool, opts []Option) (*LeaseSet, error) {
+func (l *locker) AcquireAll(ctx context.Context, keys []string, opts ...AcquireOption) (*LeaseSet, error) {
+	return acquireAll(ctx, l, l, keys, true, opts)
+}
+
+func (l *locker) TryAcquireAll(ctx context.Context, keys []string, opts ...AcquireOption) (*LeaseSet, error) {
+	return acquireAll(ctx, l, l, keys, false, opts)
+}
+
+// acquireAll is AcquireAll (wait) or TryAcquireAll on l; lk is l if l is a
+// Locker of this package (its atomic step and its lock-order check), else nil.
+func acquireAll(ctx context.Context, l Locker, lk *locker, keys []string, wait bool, opts []AcquireOption) (*LeaseSet, error) {
 	sorted, err := sortedKeys(keys)
 	if err != nil {
 		return nil, err
 	}
-	if lk, ok := l.(*locker); ok && wait {
+	if lk != nil && wait {
 		if err := lk.lockOrder(ctx, sorted, opts); err != nil {
 			return nil, err
 		}
@@ -73,7 +103,7 @@ func acquireAll(ctx context.Context, l Locker, keys []string, wait bool, opts []
 	if len(sorted) > 1 {
 		err := errNoAtomic
 		var leases []*Lease
-		if lk, ok := l.(*locker); ok {
+		if lk != nil {
 			leases, err = lk.tryAll(ctx, sorted, opts)
 		}
 		if errors.Is(err, errNoAtomic) {
@@ -155,7 +185,7 @@ func forEach(n int, f func(i int)) {
 // tryEach tries every key of sorted at once, one TryAcquire each: all the
 // leases, or, if any try failed, it releases the ones taken and returns the
 // first error that is not ErrNotAcquired, else the first error.
-func tryEach(ctx context.Context, l Locker, sorted []string, opts []Option) ([]*Lease, error) {
+func tryEach(ctx context.Context, l Locker, sorted []string, opts []AcquireOption) ([]*Lease, error) {
 	leases := make([]*Lease, len(sorted))
 	errs := make([]error, len(sorted))
 	forEach(len(sorted), func(i int) { leases[i], errs[i] = l.TryAcquire(ctx, sorted[i], opts...) })
@@ -189,7 +219,7 @@ var errNoAtomic = errors.New("no atomic multi-key acquire")
 // matching ErrNotAcquired if one is held, or errNoAtomic if the driver
 // cannot, or the acquire is re-entrant (nested holds are per key), shared or
 // counted.
-func (l *locker) tryAll(ctx context.Context, sorted []string, opts []Option) ([]*Lease, error) {
+func (l *locker) tryAll(ctx context.Context, sorted []string, opts []AcquireOption) ([]*Lease, error) {
 	ma, ok := l.drv.(backend.MultiAcquirer)
 	if !ok {
 		return nil, errNoAtomic
@@ -210,10 +240,10 @@ func (l *locker) tryAll(ctx context.Context, sorted []string, opts []Option) ([]
 	defer l.inflight.Done()
 
 	began := time.Now()
-	dones := make([]func(AcquireOutcome) LeaseObserver, len(sorted))
+	dones := make([]func(observe.AcquireOutcome) observe.LeaseObserver, len(sorted))
 	if l.obs != nil {
 		for i, k := range sorted {
-			_, dones[i] = l.obs.StartAcquire(ctx, AcquireInfo{Backend: l.name, Key: k, Wait: false})
+			_, dones[i] = l.obs.StartAcquire(ctx, observe.AcquireInfo{Backend: l.name, Key: k, Wait: false})
 		}
 	}
 	onClock := clock.Offset(l.clk)
@@ -234,20 +264,20 @@ func (l *locker) tryAll(ctx context.Context, sorted []string, opts []Option) ([]
 		err = l.acquireErr(ctx, err)
 		for _, done := range dones {
 			if done != nil {
-				done(AcquireOutcome{Result: resultOf(ctx, err), Took: time.Since(began), Err: err})
+				done(observe.AcquireOutcome{Result: resultOf(ctx, err), Took: time.Since(began), Err: err})
 			}
 		}
 		return nil, l.errorf("acquire-all", strings.Join(sorted, ", "), err)
 	}
 	leases := make([]*Lease, 0, len(gs))
 	for i, g := range gs {
-		var observe func(*Lease)
+		var onGrant func(*Lease)
 		if done := dones[i]; done != nil {
-			observe = func(lease *Lease) {
-				lease.obs = done(AcquireOutcome{Result: ResultGranted, Token: lease.Token(), Took: time.Since(began)})
+			onGrant = func(lease *Lease) {
+				lease.obs = done(observe.AcquireOutcome{Result: observe.ResultGranted, Token: uint64(lease.Token()), Took: time.Since(began)})
 			}
 		}
-		lease, err := l.hold("acquire-all", g, s, lost[i], began, onClock, observe)
+		lease, err := l.hold("acquire-all", g, s, lost[i], began, onClock, onGrant)
 		if err != nil {
 			releaseAll(leases)
 			for _, g := range gs[i+1:] {
@@ -263,7 +293,7 @@ func (l *locker) tryAll(ctx context.Context, sorted []string, opts []Option) ([]
 // lockOrder returns an error matching ErrLockOrder if the acquires of
 // sorted with opts are re-entrant and ctx holds, on l, a key of sorted that
 // sorts above one it does not hold.
-func (l *locker) lockOrder(ctx context.Context, sorted []string, opts []Option) error {
+func (l *locker) lockOrder(ctx context.Context, sorted []string, opts []AcquireOption) error {
 	s, err := l.settingsFor(opts)
 	if err != nil || !s.reentrant || s.permits > 0 {
 		return nil // a bad option is reported by the acquire

@@ -4,107 +4,34 @@ import (
 	"context"
 	"errors"
 	"time"
+
+	"github.com/dlock-go/dlock/observe"
 )
 
-// Observer receives the events of a Locker's leases, for metrics, traces and
-// logs: package github.com/dlock-go/dlock/dlockotel implements it with
-// OpenTelemetry, and WithLogger with log/slog. Set it with WithObserver. A
-// Locker without one pays a nil check per event.
-//
-// Its methods, and those of the values it returns, are called from the
-// Locker's goroutines and the callers' (concurrently for different leases)
-// and must not block.
-type Observer interface {
-	// StartAcquire is called when an Acquire or TryAcquire begins (after its
-	// arguments were checked). It returns the ctx the acquire goes on with
-	// (one carrying a span, say) and a function that is called once with the
-	// outcome; for a granted lease that function returns the lease's
-	// observer, or nil.
-	StartAcquire(ctx context.Context, a AcquireInfo) (context.Context, func(AcquireOutcome) LeaseObserver)
-}
-
-// LeaseObserver receives the events of one lease.
-type LeaseObserver interface {
-	// Renewed is called after each renewal (auto-renew or Refresh), with how
-	// long it took and its error (nil if it succeeded).
-	Renewed(took time.Duration, err error)
-
-	// StartRelease is called when Release begins talking to the backend; the
-	// function it returns is called with Release's error.
-	StartRelease(ctx context.Context) (context.Context, func(err error))
-
-	// Ended is called once, when the lease ends, before its Done channel
-	// is closed.
-	Ended(e LeaseEnd)
-}
-
-// AcquireInfo describes an acquire as it begins.
-type AcquireInfo struct {
-	Backend string // the DSN scheme or driver name
-	Key     string
-	Wait    bool // Acquire (true) or TryAcquire (false)
-}
-
-// AcquireOutcome is how an acquire ended.
-type AcquireOutcome struct {
-	Result Result        // granted, not-acquired, cancelled or error
-	Token  Token         // the granted lease's token (0 unless granted)
-	Took   time.Duration // from the start of the acquire, wait included
-	Err    error         // nil if granted
-}
-
-// Result classifies the outcome of an acquire.
-type Result string
-
-// The results of an acquire.
-const (
-	ResultGranted     Result = "granted"      // a lease was granted
-	ResultNotAcquired Result = "not-acquired" // held by another owner (TryAcquire), or the wait's ctx deadline passed
-	ResultCancelled   Result = "cancelled"    // the wait's ctx was cancelled, or the Locker closed
-	ResultError       Result = "error"        // the backend failed
-)
-
-// LeaseEnd says how a lease ended.
-type LeaseEnd struct {
-	Lost  bool          // lost (true) or released
-	Cause LossCause     // why it was lost ("" if released)
-	Held  time.Duration // from the grant to the end
-	Err   error         // the lease's Err
-}
-
-// LossCause classifies why a lease was lost.
-type LossCause string
-
-// The causes of a lost lease.
-const (
-	LossRenewalFailed   LossCause = "renewal-failed"   // a renewal failed, or could not finish before the deadline
-	LossDeadlinePassed  LossCause = "deadline-passed"  // the deadline passed without a renewal (auto-renew off, a pause)
-	LossBackendReported LossCause = "backend-reported" // the backend said the lock is gone (expired, broken, session ended)
-)
-
-// WithObserver sets the Locker's Observer (see Observer). Options given to
-// Acquire cannot change it. Default none.
-func WithObserver(o Observer) Option {
-	return func(s *settings) { s.observer = o }
+// WithObserver sets the Locker's observer (package observe), which sees
+// every acquire, renewal, release and end of its leases, for metrics, traces
+// and logs; it is a Locker option only. Default none.
+func WithObserver(o observe.Observer) Option {
+	return lockerOption(func(s *settings) { s.observer = o })
 }
 
 // resultOf classifies an acquire's error.
-func resultOf(ctx context.Context, err error) Result {
+func resultOf(ctx context.Context, err error) observe.Result {
 	switch {
 	case err == nil:
-		return ResultGranted
+		return observe.ResultGranted
 	case errors.Is(err, ErrClosed), errors.Is(err, context.Canceled):
-		return ResultCancelled
+		return observe.ResultCancelled
 	case errors.Is(err, ErrNotAcquired), ctx.Err() != nil:
-		return ResultNotAcquired
+		return observe.ResultNotAcquired
 	}
-	return ResultError
+	return observe.ResultError
 }
 
-// observers returns the Observer of settings s: WithObserver's, WithLogger's,
+// observers returns the observe.Observer of settings s: WithObserver's, WithLogger's,
 // both, or nil.
-func (s settings) observers() Observer {
-	var log Observer
+func (s settings) observers() observe.Observer {
+	var log observe.Observer
 	if s.logger != nil {
 		log = &slogObserver{log: s.logger, keys: s.logKeys}
 	}
@@ -118,12 +45,12 @@ func (s settings) observers() Observer {
 }
 
 // twoObservers tells two Observers every event.
-type twoObservers struct{ a, b Observer }
+type twoObservers struct{ a, b observe.Observer }
 
-func (o *twoObservers) StartAcquire(ctx context.Context, a AcquireInfo) (context.Context, func(AcquireOutcome) LeaseObserver) {
+func (o *twoObservers) StartAcquire(ctx context.Context, a observe.AcquireInfo) (context.Context, func(observe.AcquireOutcome) observe.LeaseObserver) {
 	ctx, da := o.a.StartAcquire(ctx, a)
 	ctx, db := o.b.StartAcquire(ctx, a)
-	return ctx, func(out AcquireOutcome) LeaseObserver {
+	return ctx, func(out observe.AcquireOutcome) observe.LeaseObserver {
 		la, lb := da(out), db(out)
 		switch {
 		case la == nil:
@@ -135,7 +62,7 @@ func (o *twoObservers) StartAcquire(ctx context.Context, a AcquireInfo) (context
 	}
 }
 
-type twoLeaseObservers struct{ a, b LeaseObserver }
+type twoLeaseObservers struct{ a, b observe.LeaseObserver }
 
 func (o *twoLeaseObservers) Renewed(took time.Duration, err error) {
 	o.a.Renewed(took, err)
@@ -148,7 +75,7 @@ func (o *twoLeaseObservers) StartRelease(ctx context.Context) (context.Context, 
 	return ctx, func(err error) { fa(err); fb(err) }
 }
 
-func (o *twoLeaseObservers) Ended(e LeaseEnd) {
+func (o *twoLeaseObservers) Ended(e observe.LeaseEnd) {
 	o.a.Ended(e)
 	o.b.Ended(e)
 }

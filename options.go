@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"time"
 	"unicode/utf8"
+
+	"github.com/dlock-go/dlock/observe"
 )
 
 // Defaults. Every one can be changed per Locker (options to Open or New, or DSN
@@ -24,10 +26,47 @@ const (
 	MaxKeyLen = 1024
 )
 
-// Option changes a setting. Options given to Open or New set the Locker's
-// defaults; options given to Acquire, TryAcquire or Do apply to that lease only
-// and take precedence.
-type Option func(*settings)
+// Option configures a Locker: give it to Open, New or a driver package's New.
+// WithObserver, WithLogger and WithLogKeys are Locker options only; the
+// lease options (a LeaseOption: WithTTL, WithLabel, …) are Options too, and
+// set the default of every lease the Locker grants. An Option that is not
+// also an AcquireOption cannot be given to Acquire: the compiler refuses it.
+// A nil Option changes nothing.
+type Option interface{ applyLocker(*settings) }
+
+// AcquireOption configures one acquire: give it to Locker.Acquire,
+// Locker.TryAcquire, Do, AcquireAll or TryAcquireAll (and the per-call
+// options of packages semaphore, rwlock and election). It applies to that
+// lease only and takes precedence over the Locker's default. A nil
+// AcquireOption changes nothing.
+type AcquireOption interface{ applyAcquire(*settings) }
+
+// LeaseOption is an option of a lease, valid in both scopes: given to Open
+// or New it sets the default of every lease of the Locker, given to an
+// acquire it sets that lease's. WithTTL, WithAutoRenew, WithReleaseTimeout,
+// WithLabel, WithReentrant and WithAnnounce return one; the zero LeaseOption
+// changes nothing.
+type LeaseOption struct{ set func(*settings) }
+
+func (o LeaseOption) applyLocker(s *settings)  { o.apply(s) }
+func (o LeaseOption) applyAcquire(s *settings) { o.apply(s) }
+
+func (o LeaseOption) apply(s *settings) {
+	if o.set != nil {
+		o.set(s)
+	}
+}
+
+// lockerOption is an Option of the Locker's scope only.
+type lockerOption func(*settings)
+
+func (o lockerOption) applyLocker(s *settings) { o(s) }
+
+// acquireOption is an AcquireOption of one acquire's scope only (the shared
+// and counted modes, see package internal/mode).
+type acquireOption func(*settings)
+
+func (o acquireOption) applyAcquire(s *settings) { o(s) }
 
 type settings struct {
 	ttl            time.Duration
@@ -35,11 +74,11 @@ type settings struct {
 	releaseTimeout time.Duration
 	reentrant      bool
 	shared         bool
-	permits        int // WithPermits; 0: a lock
+	permits        int // mode.WithPermits; 0: a lock
 	announce       bool
 	label          string
 	labelSet       bool // label was given (WithLabel), "" included
-	observer       Observer
+	observer       observe.Observer
 	logger         *slog.Logger
 	logKeys        bool
 }
@@ -53,8 +92,8 @@ func defaultSettings() settings {
 // (the default) a live holder renews every TTL/3, so the lease lasts until it is
 // released. Default DefaultTTL (15s); DSN parameter "ttl". A TTL ≤ 0 is an error,
 // never a silent default.
-func WithTTL(ttl time.Duration) Option {
-	return func(s *settings) { s.ttl = ttl }
+func WithTTL(ttl time.Duration) LeaseOption {
+	return LeaseOption{func(s *settings) { s.ttl = ttl }}
 }
 
 // WithAutoRenew turns the keepalive on or off. When on (the default), one
@@ -62,8 +101,8 @@ func WithTTL(ttl time.Duration) Option {
 // fails, or cannot finish before the lease's deadline, ends the lease (Done is
 // closed, Err is ErrLeaseLost). When off, the lease ends at its Deadline unless
 // the holder calls Refresh in time. DSN parameter "autorenew".
-func WithAutoRenew(on bool) Option {
-	return func(s *settings) { s.autoRenew = on }
+func WithAutoRenew(on bool) LeaseOption {
+	return LeaseOption{func(s *settings) { s.autoRenew = on }}
 }
 
 // WithReleaseTimeout bounds a release that dlock runs on a detached context:
@@ -73,16 +112,35 @@ func WithAutoRenew(on bool) Option {
 // deadline. Default DefaultReleaseTimeout (5s). Releases whose ctx can never be
 // cancelled (context.Background, say) share one deadline: each gets at least d
 // and at most d·9/8.
-func WithReleaseTimeout(d time.Duration) Option {
-	return func(s *settings) { s.releaseTimeout = d }
+func WithReleaseTimeout(d time.Duration) LeaseOption {
+	return LeaseOption{func(s *settings) { s.releaseTimeout = d }}
 }
 
-func (s settings) with(opts []Option) (settings, error) {
+// withLocker returns s with a Locker's options applied, or an error
+// matching ErrInvalidOption.
+func (s settings) withLocker(opts []Option) (settings, error) {
 	for _, o := range opts {
 		if o != nil {
-			o(&s)
+			o.applyLocker(&s)
 		}
 	}
+	return s.check()
+}
+
+// withAcquire returns s with an acquire's options applied, or an error
+// matching ErrInvalidOption.
+func (s settings) withAcquire(opts []AcquireOption) (settings, error) {
+	for _, o := range opts {
+		if o != nil {
+			o.applyAcquire(&s)
+		}
+	}
+	return s.check()
+}
+
+// check returns s, its label defaulted, or an error matching
+// ErrInvalidOption for a value or a combination that makes no sense.
+func (s settings) check() (settings, error) {
 	if s.ttl <= 0 {
 		return s, fmt.Errorf("%w: ttl must be > 0, got %v", ErrInvalidOption, s.ttl)
 	}
@@ -93,7 +151,7 @@ func (s settings) with(opts []Option) (settings, error) {
 		return s, fmt.Errorf("%w: permits must be > 0, got %d", ErrInvalidOption, s.permits)
 	}
 	if s.permits > 0 && s.shared {
-		return s, fmt.Errorf("%w: WithPermits and WithShared cannot be combined", ErrInvalidOption)
+		return s, fmt.Errorf("%w: a counted acquire cannot be shared", ErrInvalidOption)
 	}
 	if !s.labelSet {
 		s.label = DefaultLabel

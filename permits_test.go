@@ -8,22 +8,23 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/mode"
 	"github.com/dlock-go/dlock/memlock"
 )
 
-// WithPermits is refused on a backend that does not claim Counted (before
+// WithPermits is refused on a backend that does not claim NativeSemaphore (before
 // the driver sees it), with a count that is not > 0, beside WithShared, and
 // for a key whose slot keys would be too long; a counted acquire under a
 // re-entrant hold of the same key is not nested in it.
 func TestPermitsOptions(t *testing.T) {
 	ctx := context.Background()
-	plain, err := dlock.New(unclaimed{memlock.NewStore().NewDriver(), func(c *backend.Capabilities) { c.Counted = false }})
+	plain, err := dlock.New(unclaimed{memlock.NewStore().NewDriver(), func(c *backend.Capabilities) { c.NativeSemaphore = false }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer plain.Close()
-	if _, err := plain.TryAcquire(ctx, "k", dlock.WithPermits(2)); !errors.Is(err, errors.ErrUnsupported) {
-		t.Errorf("WithPermits on a backend without Counted: %v, want errors.ErrUnsupported", err)
+	if _, err := plain.TryAcquire(ctx, "k", mode.WithPermits(2)); !errors.Is(err, errors.ErrUnsupported) {
+		t.Errorf("WithPermits on a backend without NativeSemaphore: %v, want errors.ErrUnsupported", err)
 	}
 	l, err := dlock.Open(ctx, "mem://permits-options", dlock.WithReentrant())
 	if err != nil {
@@ -32,13 +33,13 @@ func TestPermitsOptions(t *testing.T) {
 	defer l.Close()
 	for _, tc := range []struct {
 		key  string
-		opts []dlock.Option
+		opts []dlock.AcquireOption
 		want error
 	}{
-		{"k", []dlock.Option{dlock.WithPermits(0)}, dlock.ErrInvalidOption},
-		{"k", []dlock.Option{dlock.WithPermits(-1)}, dlock.ErrInvalidOption},
-		{"k", []dlock.Option{dlock.WithPermits(2), dlock.WithShared()}, dlock.ErrInvalidOption},
-		{strings.Repeat("k", dlock.MaxKeyLen-len("/permits/1")+1), []dlock.Option{dlock.WithPermits(2)}, dlock.ErrInvalidKey},
+		{"k", []dlock.AcquireOption{mode.WithPermits(0)}, dlock.ErrInvalidOption},
+		{"k", []dlock.AcquireOption{mode.WithPermits(-1)}, dlock.ErrInvalidOption},
+		{"k", []dlock.AcquireOption{mode.WithPermits(2), mode.WithShared()}, dlock.ErrInvalidOption},
+		{strings.Repeat("k", dlock.MaxKeyLen-len("/permits/1")+1), []dlock.AcquireOption{mode.WithPermits(2)}, dlock.ErrInvalidKey},
 	} {
 		if lease, err := l.TryAcquire(ctx, tc.key, tc.opts...); !errors.Is(err, tc.want) {
 			if err == nil {
@@ -52,7 +53,7 @@ func TestPermitsOptions(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer outer.Release(ctx)
-	p, err := l.TryAcquire(dlock.ContextWithLease(ctx, outer), "k", dlock.WithPermits(2))
+	p, err := l.TryAcquire(dlock.ContextWithLease(ctx, outer), "k", mode.WithPermits(2))
 	if err != nil {
 		t.Fatal(err)
 	}

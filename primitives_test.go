@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/observe"
 )
 
 // TestAcquireAllRejectsBadSets: an empty set, a key listed twice and an
@@ -130,7 +131,7 @@ type flakyTries struct{ dlock.Locker }
 
 var errSlowNode = errors.New("no reply within 100ms")
 
-func (flakyTries) TryAcquire(context.Context, string, ...dlock.Option) (*dlock.Lease, error) {
+func (flakyTries) TryAcquire(context.Context, string, ...dlock.AcquireOption) (*dlock.Lease, error) {
 	return nil, errSlowNode
 }
 
@@ -160,8 +161,8 @@ func TestAcquireAllRidesOutAFailedTry(t *testing.T) {
 // lossSignal is an Observer that sends the key of each lease lost.
 type lossSignal chan string
 
-func (s lossSignal) StartAcquire(ctx context.Context, a dlock.AcquireInfo) (context.Context, func(dlock.AcquireOutcome) dlock.LeaseObserver) {
-	return ctx, func(dlock.AcquireOutcome) dlock.LeaseObserver { return lossOf{s, a.Key} }
+func (s lossSignal) StartAcquire(ctx context.Context, a observe.AcquireInfo) (context.Context, func(observe.AcquireOutcome) observe.LeaseObserver) {
+	return ctx, func(observe.AcquireOutcome) observe.LeaseObserver { return lossOf{s, a.Key} }
 }
 
 type lossOf struct {
@@ -173,7 +174,7 @@ func (lossOf) Renewed(time.Duration, error) {}
 func (lossOf) StartRelease(ctx context.Context) (context.Context, func(error)) {
 	return ctx, func(error) {}
 }
-func (o lossOf) Ended(e dlock.LeaseEnd) {
+func (o lossOf) Ended(e observe.LeaseEnd) {
 	if e.Lost {
 		o.s <- o.key
 	}
@@ -187,7 +188,7 @@ type cancelOnTry struct {
 	cancel context.CancelFunc
 }
 
-func (c cancelOnTry) TryAcquire(ctx context.Context, key string, opts ...dlock.Option) (*dlock.Lease, error) {
+func (c cancelOnTry) TryAcquire(ctx context.Context, key string, opts ...dlock.AcquireOption) (*dlock.Lease, error) {
 	c.cancel()
 	return c.Locker.TryAcquire(context.WithoutCancel(ctx), key, opts...)
 }

@@ -32,8 +32,8 @@ import (
 //
 // Off by default. Given to Open or New it makes every acquire of the Locker
 // re-entrant; DSN parameter "reentrant" (true or false).
-func WithReentrant() Option {
-	return func(s *settings) { s.reentrant = true }
+func WithReentrant() LeaseOption {
+	return LeaseOption{func(s *settings) { s.reentrant = true }}
 }
 
 // heldKey is the context key of the leases a ctx carries.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/mode"
 	"github.com/dlock-go/dlock/memlock"
 )
 
@@ -34,8 +35,8 @@ func TestSharedUnsupported(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	for _, acquire := range []func(context.Context, string, ...dlock.Option) (*dlock.Lease, error){l.Acquire, l.TryAcquire} {
-		lease, err := acquire(ctx, "k", dlock.WithShared())
+	for _, acquire := range []func(context.Context, string, ...dlock.AcquireOption) (*dlock.Lease, error){l.Acquire, l.TryAcquire} {
+		lease, err := acquire(ctx, "k", mode.WithShared())
 		if err == nil {
 			_ = lease.Release(ctx)
 			t.Fatal("a shared acquire succeeded on a backend that does not claim shared locks")
@@ -44,7 +45,7 @@ func TestSharedUnsupported(t *testing.T) {
 			t.Errorf("shared acquire: %v, want errors.ErrUnsupported", err)
 		}
 	}
-	if _, err := dlock.AcquireAll(ctx, l, []string{"a", "b"}, dlock.WithShared()); !errors.Is(err, errors.ErrUnsupported) {
+	if _, err := dlock.AcquireAll(ctx, l, []string{"a", "b"}, mode.WithShared()); !errors.Is(err, errors.ErrUnsupported) {
 		t.Errorf("shared AcquireAll: %v, want errors.ErrUnsupported", err)
 	}
 	lease, err := l.TryAcquire(ctx, "k")
@@ -66,7 +67,7 @@ func TestSharedReentrant(t *testing.T) {
 	defer l.Close()
 
 	err = dlock.Do(ctx, l, "k", func(ctx context.Context, r *dlock.Lease) error {
-		nested, err := l.TryAcquire(ctx, "k", dlock.WithShared())
+		nested, err := l.TryAcquire(ctx, "k", mode.WithShared())
 		if err != nil {
 			return fmt.Errorf("shared under shared: %w", err)
 		}
@@ -79,13 +80,13 @@ func TestSharedReentrant(t *testing.T) {
 			t.Errorf("exclusive under shared: %v, want ErrUpgrade and ErrNotAcquired", err)
 		}
 		return nil
-	}, dlock.WithShared())
+	}, mode.WithShared())
 	if err != nil {
 		t.Fatal(err)
 	}
 
 	err = dlock.Do(ctx, l, "k", func(ctx context.Context, w *dlock.Lease) error {
-		r, err := l.TryAcquire(ctx, "k", dlock.WithShared())
+		r, err := l.TryAcquire(ctx, "k", mode.WithShared())
 		if err != nil {
 			return fmt.Errorf("shared under exclusive: %w", err)
 		}
@@ -110,8 +111,8 @@ func ExampleWithShared() {
 	}
 	defer locker.Close()
 
-	r1, _ := locker.Acquire(ctx, "config", dlock.WithShared())
-	r2, _ := locker.Acquire(ctx, "config", dlock.WithShared())
+	r1, _ := locker.Acquire(ctx, "config", mode.WithShared())
+	r2, _ := locker.Acquire(ctx, "config", mode.WithShared())
 	fmt.Println("two readers:", r1.Shared(), r2.Shared(), r2.Token() > r1.Token())
 
 	if _, err := locker.TryAcquire(ctx, "config"); errors.Is(err, dlock.ErrNotAcquired) {

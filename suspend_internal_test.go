@@ -22,7 +22,7 @@ func (c *suspendClock) suspend(d time.Duration) { c.jumped.Add(int64(d)) }
 
 func newSuspendLocker(t *testing.T, clk clock.Clock) *locker {
 	t.Helper()
-	s, err := defaultSettings().with([]Option{WithTTL(30 * time.Second)})
+	s, err := defaultSettings().withLocker([]Option{WithTTL(30 * time.Second)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -104,15 +104,15 @@ type AcquireRequest struct {
 	// Inspector stores it where its backend has room. "" stores none.
 	Label string
 
-	// Shared asks for the lock in shared mode (dlock.WithShared; only where
+	// Shared asks for the lock in shared mode (package rwlock's readers; only where
 	// Capabilities().Shared): granted while no one holds it exclusively and
 	// no exclusive request waits. Every grant, shared or not, gets a token
 	// above every earlier grant's.
 	Shared bool
 
 	// Permits, if > 0, asks for one of Permits permits of the semaphore Key,
-	// in the backend's own layout (dlock.WithPermits; only where
-	// Capabilities().Counted, never with Shared); 0, the default, asks for a
+	// in the backend's own layout (package semaphore's permits; only where
+	// Capabilities().NativeSemaphore, never with Shared); 0, the default, asks for a
 	// lock. The grant's Key is PermitKey(Key, slot) for a slot no other holder
 	// has, its Token above every earlier grant's of that slot; a holder using
 	// another number of permits fails it with ErrSizeMismatch.
@@ -240,14 +240,14 @@ type Capabilities struct {
 	LossNotify bool
 
 	// Shared is true if the driver honours AcquireRequest.Shared in the
-	// backend's own layout; elsewhere dlock.WithShared fails with
+	// backend's own layout; elsewhere a shared acquire fails with
 	// errors.ErrUnsupported.
 	Shared bool
 
-	// Counted is true if the driver honours AcquireRequest.Permits in the
-	// backend's own semaphore layout; elsewhere dlock.WithPermits fails with
+	// NativeSemaphore is true if the driver honours AcquireRequest.Permits in the
+	// backend's own semaphore layout; elsewhere a counted acquire fails with
 	// errors.ErrUnsupported and package semaphore uses slot locks.
-	Counted bool
+	NativeSemaphore bool
 }
 
 // PermitKey returns the key of slot i of the semaphore key, key+"/permits/"+i:

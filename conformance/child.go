@@ -197,10 +197,12 @@ func runHolderChild(c *childConn, spec childSpec) error {
 	defer l.Close()
 	if spec.Role == roleLeader {
 		var finish func()
-		err := election.Run(ctx, l, spec.Keys[0], spec.Name, election.Callbacks{}, func(tctx context.Context, ld *election.Leadership) error {
-			finish = holdAndReport(c, spec, ld.Lease(), tctx.Done(), func() error { return context.Cause(tctx) })
-			return election.ErrStop // Run resigns
-		}, dlock.WithTTL(spec.TTL))
+		err := election.Run(ctx, election.Config{Locker: l, Name: spec.Keys[0], Value: spec.Name,
+			AcquireOptions: []dlock.AcquireOption{dlock.WithTTL(spec.TTL)},
+			OnStartedLeading: func(tctx context.Context, ld *election.Leadership) error {
+				finish = holdAndReport(c, spec, ld.Lease(), tctx.Done(), func() error { return context.Cause(tctx) })
+				return election.ErrStop // Run resigns
+			}})
 		if finish != nil {
 			finish()
 		}
@@ -341,7 +343,7 @@ func soakLocker(c *childConn, spec childSpec, g int) error {
 			// At is when Acquire returned; Granted when the winning request
 			// was sent (Lease.Granted), for the overlap check after a lost
 			// lease (see soakLease.sent).
-			c.send(msg{T: "grant", Lease: label, Key: spec.Keys[i], Lock: lease.Key(), Token: lease.Token(), At: granted, Granted: lease.Granted().UnixNano(), Deadline: wallDeadline(lease)})
+			c.send(msg{T: "grant", Lease: label, Key: spec.Keys[i], Lock: lease.Key(), Token: lease.Token(), At: granted, Granted: lease.GrantedAt().UnixNano(), Deadline: wallDeadline(lease)})
 			var doneAt atomic.Int64
 			watched := make(chan struct{})
 			go func() { // owned by this iteration: ends with the lease

@@ -37,7 +37,7 @@ func Run(t *testing.T, h Harness) {
 	probe := s.locker(t)
 	s.caps = probe.Capabilities()
 	t.Logf("capabilities: fencing=%v fifo=%v fault-tolerant=%v time=%v push-wait=%v loss-notify=%v shared=%v counted=%v",
-		s.caps.Fencing, s.caps.FIFO, s.caps.FaultTolerant, s.caps.TimeAuthority, s.caps.PushWait, s.caps.LossNotify, s.caps.Shared, s.caps.Counted)
+		s.caps.Fencing, s.caps.FIFO, s.caps.FaultTolerant, s.caps.TimeAuthority, s.caps.PushWait, s.caps.LossNotify, s.caps.Shared, s.caps.NativeSemaphore)
 
 	tests := []struct {
 		name string
@@ -86,7 +86,7 @@ func Run(t *testing.T, h Harness) {
 		{"SemaphoreSize", s.testSemaphoreSize},
 		{"SemaphoreFenced", s.testSemaphoreFenced},
 		{"SemaphoreMany", s.testSemaphoreMany},
-		{"Counted", s.testCounted},
+		{"NativeSemaphore", s.testNativeSemaphore},
 		{"RWExclusion", s.testRWExclusion},
 		{"RWWriterNotStarved", s.testRWWriterNotStarved},
 		{"RWWriterFirst", s.testRWWriterFirst},
@@ -139,7 +139,7 @@ func key(t *testing.T, parts ...string) string {
 	return "conformance/" + name + "/" + hex.EncodeToString(b[:]) + strings.Join(parts, "")
 }
 
-func mustAcquire(t *testing.T, ctx context.Context, l dlock.Locker, k string, opts ...dlock.Option) *dlock.Lease {
+func mustAcquire(t *testing.T, ctx context.Context, l dlock.Locker, k string, opts ...dlock.AcquireOption) *dlock.Lease {
 	t.Helper()
 	lease, err := l.Acquire(ctx, k, opts...)
 	if err != nil {
@@ -563,7 +563,7 @@ func (s *suite) testHolderVanishes(t *testing.T) {
 	deadline := gone.Deadline()
 	lease := mustAcquire(t, ctx, b, k)
 	returned := time.Now()
-	granted := lease.Granted()
+	granted := lease.GrantedAt()
 	defer mustRelease(t, lease)
 	// The safety property of a lease lock: nobody else is granted the lock
 	// before the old holder's lease has ended by its own clock.
@@ -882,7 +882,7 @@ func (s *suite) testPausedHolder(t *testing.T) {
 	}
 	leaseB := r.lease
 	defer mustRelease(t, leaseB)
-	notBefore(t, "B's lock (after the paused holder's)", leaseB.Granted(), r.returned, leaseA.Deadline())
+	notBefore(t, "B's lock (after the paused holder's)", leaseB.GrantedAt(), r.returned, leaseA.Deadline())
 	tokB := leaseB.Token()
 	if err := write(tokB, "B1"); err != nil {
 		t.Fatalf("B's write with token %d: %v", tokB, err)

@@ -54,36 +54,37 @@ func (s *suite) testElection(t *testing.T) {
 		value := fmt.Sprintf("candidate-%d", c)
 		led := 0
 		go func() {
-			runErrs <- election.Run(ctx, l, name, value, election.Callbacks{}, func(tctx context.Context, ld *election.Leadership) error {
-				mu.Lock()
-				leading++
-				overlap := leading > 1
-				tok := uint64(ld.Token())
-				stale := s.fences() && tok <= lastToken
-				lastToken, lastValue = tok, value
-				mu.Unlock()
-				switch {
-				case overlap:
-					t.Errorf("%s leads while another term runs", value)
-				case stale:
-					t.Errorf("%s's term has token %d, not above the last term's", value, tok)
-				}
-				mu.Lock()
-				v := counter
-				mu.Unlock()
-				select { // think time, cut short by a loss
-				case <-time.After(5 * time.Millisecond):
-				case <-tctx.Done():
-				}
-				mu.Lock()
-				counter = v + 1
-				leading--
-				mu.Unlock()
-				if led++; led == terms {
-					return election.ErrStop
-				}
-				return nil
-			}, dlock.WithTTL(s.ttl))
+			runErrs <- election.Run(ctx, election.Config{Locker: l, Name: name, Value: value,
+				AcquireOptions: []dlock.AcquireOption{dlock.WithTTL(s.ttl)}, OnStartedLeading: func(tctx context.Context, ld *election.Leadership) error {
+					mu.Lock()
+					leading++
+					overlap := leading > 1
+					tok := uint64(ld.Token())
+					stale := s.fences() && tok <= lastToken
+					lastToken, lastValue = tok, value
+					mu.Unlock()
+					switch {
+					case overlap:
+						t.Errorf("%s leads while another term runs", value)
+					case stale:
+						t.Errorf("%s's term has token %d, not above the last term's", value, tok)
+					}
+					mu.Lock()
+					v := counter
+					mu.Unlock()
+					select { // think time, cut short by a loss
+					case <-time.After(5 * time.Millisecond):
+					case <-tctx.Done():
+					}
+					mu.Lock()
+					counter = v + 1
+					leading--
+					mu.Unlock()
+					if led++; led == terms {
+						return election.ErrStop
+					}
+					return nil
+				}})
 		}()
 	}
 	for range candidates {
@@ -235,19 +236,24 @@ func (s *suite) runUntilLost(t *testing.T, lose func(name string)) {
 	started := make(chan struct{})
 	var stopped error
 	cause := make(chan error, 1)
-	err := election.Run(ctx, l, name, "leader", election.Callbacks{
-		OnStartedLeading: func(*election.Leadership) { close(started) },
+	err := election.Run(ctx, election.Config{
+		Locker:         l,
+		Name:           name,
+		Value:          "leader",
+		AcquireOptions: []dlock.AcquireOption{dlock.WithTTL(s.ttl)},
+		OnStartedLeading: func(tctx context.Context, ld *election.Leadership) error {
+			close(started)
+			lose(name)
+			select {
+			case <-tctx.Done():
+				cause <- context.Cause(tctx)
+			case <-time.After(5*s.ttl + 5*time.Second):
+				cause <- errors.New("the term's ctx was not cancelled")
+			}
+			return election.ErrStop
+		},
 		OnStoppedLeading: func(_ *election.Leadership, err error) { stopped = err },
-	}, func(tctx context.Context, ld *election.Leadership) error {
-		lose(name)
-		select {
-		case <-tctx.Done():
-			cause <- context.Cause(tctx)
-		case <-time.After(5*s.ttl + 5*time.Second):
-			cause <- errors.New("the term's ctx was not cancelled")
-		}
-		return election.ErrStop
-	}, dlock.WithTTL(s.ttl))
+	})
 	if err != nil {
 		t.Fatalf("Run: %v", err)
 	}

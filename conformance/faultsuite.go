@@ -467,37 +467,38 @@ func (fs *faultSuite) localLeader(ctx context.Context, dsn, k string, reg *regis
 	defer l.Close()
 	watched := make(chan struct{})
 	terms := 0
-	err = election.Run(ctx, l, k, "holder", election.Callbacks{}, func(tctx context.Context, ld *election.Leadership) error {
-		terms++
-		lease := ld.Lease()
-		ref := leaseRef{Label: "holder", Token: lease.Token(), Granted: time.Now().UnixNano()}
-		v.grant(k, ref.Token, ref.Granted, 0)
-		go func() { // owned by the leader: ends with the term, which Run ends after this function
-			defer close(watched)
-			<-tctx.Done()
-			at := time.Now()
-			v.mu.Lock()
-			v.deadline = at.Add(lease.Deadline().Sub(at)).UnixNano() // on the wall clock
-			v.mu.Unlock()
-			cause := context.Cause(tctx)
-			v.end(at.UnixNano(), errors.Is(cause, dlock.ErrLeaseLost), fmt.Sprint(cause))
-		}()
-		for tctx.Err() == nil {
-			localIncrement(reg, k, ref, fs.ttl/10)
-			select {
-			case <-tctx.Done():
-			case <-time.After(fs.ttl / 20): // pacing between increments
+	err = election.Run(ctx, election.Config{Locker: l, Name: k, Value: "holder",
+		AcquireOptions: []dlock.AcquireOption{dlock.WithTTL(fs.ttl)}, OnStartedLeading: func(tctx context.Context, ld *election.Leadership) error {
+			terms++
+			lease := ld.Lease()
+			ref := leaseRef{Label: "holder", Token: lease.Token(), Granted: time.Now().UnixNano()}
+			v.grant(k, ref.Token, ref.Granted, 0)
+			go func() { // owned by the leader: ends with the term, which Run ends after this function
+				defer close(watched)
+				<-tctx.Done()
+				at := time.Now()
+				v.mu.Lock()
+				v.deadline = at.Add(lease.Deadline().Sub(at)).UnixNano() // on the wall clock
+				v.mu.Unlock()
+				cause := context.Cause(tctx)
+				v.end(at.UnixNano(), errors.Is(cause, dlock.ErrLeaseLost), fmt.Sprint(cause))
+			}()
+			for tctx.Err() == nil {
+				localIncrement(reg, k, ref, fs.ttl/10)
+				select {
+				case <-tctx.Done():
+				case <-time.After(fs.ttl / 20): // pacing between increments
+				}
 			}
-		}
-		if ctx.Err() != nil { // told to stop: the release is Run's resignation
-			v.mu.Lock()
-			v.relAt = time.Now().UnixNano()
-			v.mu.Unlock()
-		} else {
-			<-ctx.Done() // the term was lost: wait to be told to stop
-		}
-		return election.ErrStop
-	}, dlock.WithTTL(fs.ttl))
+			if ctx.Err() != nil { // told to stop: the release is Run's resignation
+				v.mu.Lock()
+				v.relAt = time.Now().UnixNano()
+				v.mu.Unlock()
+			} else {
+				<-ctx.Done() // the term was lost: wait to be told to stop
+			}
+			return election.ErrStop
+		}})
 	if terms > 0 {
 		<-watched
 	}
@@ -594,7 +595,7 @@ func (fs *faultSuite) startContender(t *testing.T, k string, reg *register, boun
 			}
 			ref := leaseRef{Label: "contender", Token: lease.Token(), Granted: time.Now().UnixNano()}
 			c.mu.Lock()
-			c.token, c.grantAt, c.sentAt = ref.Token, ref.Granted, lease.Granted().UnixNano()
+			c.token, c.grantAt, c.sentAt = ref.Token, ref.Granted, lease.GrantedAt().UnixNano()
 			c.mu.Unlock()
 			close(c.granted)
 			for lease.Err() == nil && ctx.Err() == nil {
@@ -660,13 +661,13 @@ type hold struct {
 
 // leaseHold is the hold of one lease whose requests go to key.
 func leaseHold(lease *dlock.Lease, key string) hold {
-	return hold{lease: lease, token: lease.Token(), key: key, granted: lease.Granted(), keys: []string{lease.Key()},
+	return hold{lease: lease, token: lease.Token(), key: key, granted: lease.GrantedAt(), keys: []string{lease.Key()},
 		done: lease.Done(), err: lease.Err, deadline: lease.Deadline, release: lease.Release}
 }
 
 // rwHold is the hold h of the read/write lock m, whose requests go to key.
 func rwHold(m *rwlock.RWMutex, h *rwlock.Hold, key string) hold {
-	return hold{lease: h.Lease(), token: h.Token(), key: key, read: !h.Write(), granted: h.Granted(),
+	return hold{lease: h.Lease(), token: h.Token(), key: key, read: !h.Write(), granted: h.GrantedAt(),
 		keys: append(m.ReadKeys(), m.WriteKey()), done: h.Done(), err: h.Err, deadline: h.Deadline, release: h.Release}
 }
 

@@ -14,7 +14,7 @@ import (
 	"github.com/dlock-go/dlock/rwlock"
 )
 
-func (s *suite) rwmutex(t *testing.T, l dlock.Locker, name string, opts ...dlock.Option) *rwlock.RWMutex {
+func (s *suite) rwmutex(t *testing.T, l dlock.Locker, name string, opts ...dlock.AcquireOption) *rwlock.RWMutex {
 	t.Helper()
 	m, err := rwlock.New(l, name, opts...)
 	if err != nil {
@@ -274,10 +274,10 @@ func (s *suite) testRWHolderVanishes(t *testing.T) {
 	defer w.Release(context.Background())
 	// The writer's hold is complete when its last slot was granted, which
 	// is after the vanished reader's slot was free again.
-	if !w.Deadline().After(w.Granted()) {
-		t.Errorf("the write hold's deadline %v is not after its grant %v", w.Deadline(), w.Granted())
+	if !w.Deadline().After(w.GrantedAt()) {
+		t.Errorf("the write hold's deadline %v is not after its grant %v", w.Deadline(), w.GrantedAt())
 	}
-	notBefore(t, "the write hold (after a vanished reader)", w.Granted(), returned, r.Deadline())
+	notBefore(t, "the write hold (after a vanished reader)", w.GrantedAt(), returned, r.Deadline())
 	if s.fences() && w.Token() <= r.Token() {
 		t.Errorf("write token %v not above the vanished read's %v", w.Token(), r.Token())
 	}

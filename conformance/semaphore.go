@@ -12,6 +12,7 @@ import (
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/fencing"
+	"github.com/dlock-go/dlock/internal/mode"
 	"github.com/dlock-go/dlock/semaphore"
 )
 
@@ -220,7 +221,7 @@ func (s *suite) testSemaphoreHolderVanishes(t *testing.T) {
 			t.Fatalf("acquire after the holder vanished: %v", err)
 		}
 		old := gone[p.Slot()]
-		notBefore(t, fmt.Sprintf("slot %d (after its vanished holder)", p.Slot()), p.Lease().Granted(), returned, old.Lease().Deadline())
+		notBefore(t, fmt.Sprintf("slot %d (after its vanished holder)", p.Slot()), p.Lease().GrantedAt(), returned, old.Lease().Deadline())
 		if s.fences() && p.Token() <= old.Token() {
 			t.Errorf("slot %d: token %v not above the vanished holder's %v", p.Slot(), p.Token(), old.Token())
 		}
@@ -464,33 +465,33 @@ func (s *suite) testSemaphoreMany(t *testing.T) {
 	}
 }
 
-// testCounted: a driver that claims Capabilities().Counted grants up to n
-// permits of a key (dlock.WithPermits), each the lease of a distinct slot
+// testNativeSemaphore: a driver that claims Capabilities().NativeSemaphore grants up to n
+// permits of a key (mode.WithPermits), each the lease of a distinct slot
 // key, NAME/permits/i, whose tokens increase per slot; package semaphore
 // uses that layout. A driver that does not claim it refuses WithPermits
 // with errors.ErrUnsupported, and package semaphore uses slot locks.
-func (s *suite) testCounted(t *testing.T) {
+func (s *suite) testNativeSemaphore(t *testing.T) {
 	ctx := s.ctx(t)
 	name := key(t)
 	l := s.locker(t)
-	if sem := s.semaphore(t, l, name, 2); sem.Native() != s.caps.Counted {
-		t.Errorf("semaphore.Native() = %v, Capabilities().Counted = %v", sem.Native(), s.caps.Counted)
+	if sem := s.semaphore(t, l, name, 2); sem.Native() != s.caps.NativeSemaphore {
+		t.Errorf("semaphore.Native() = %v, Capabilities().NativeSemaphore = %v", sem.Native(), s.caps.NativeSemaphore)
 	}
-	if !s.caps.Counted {
-		if lease, err := l.TryAcquire(ctx, name, dlock.WithPermits(2)); !errors.Is(err, errors.ErrUnsupported) {
+	if !s.caps.NativeSemaphore {
+		if lease, err := l.TryAcquire(ctx, name, mode.WithPermits(2)); !errors.Is(err, errors.ErrUnsupported) {
 			if err == nil {
 				mustRelease(t, lease)
 			}
-			t.Fatalf("WithPermits on a driver that does not claim Counted: %v, want errors.ErrUnsupported", err)
+			t.Fatalf("WithPermits on a driver that does not claim NativeSemaphore: %v, want errors.ErrUnsupported", err)
 		}
-		t.Skip("the backend claims no semaphore layout of its own (Capabilities().Counted = false)")
+		t.Skip("the backend claims no semaphore layout of its own (Capabilities().NativeSemaphore = false)")
 	}
 	other := s.locker(t)
-	a, err := l.TryAcquire(ctx, name, dlock.WithPermits(2))
+	a, err := l.TryAcquire(ctx, name, mode.WithPermits(2))
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := other.Acquire(ctx, name, dlock.WithPermits(2))
+	b, err := other.Acquire(ctx, name, mode.WithPermits(2))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -498,17 +499,17 @@ func (s *suite) testCounted(t *testing.T) {
 	if !slots[a.Key()] || !slots[b.Key()] || a.Key() == b.Key() {
 		t.Fatalf("two permits of 2 on keys %q and %q, want %q and %q", a.Key(), b.Key(), semaphore.SlotKey(name, 0), semaphore.SlotKey(name, 1))
 	}
-	if c, err := other.TryAcquire(ctx, name, dlock.WithPermits(2)); !errors.Is(err, dlock.ErrNotAcquired) {
+	if c, err := other.TryAcquire(ctx, name, mode.WithPermits(2)); !errors.Is(err, dlock.ErrNotAcquired) {
 		if err == nil {
 			mustRelease(t, c)
 		}
 		t.Fatalf("a third permit of 2: %v, want ErrNotAcquired", err)
 	}
-	if _, err := other.TryAcquire(ctx, name, dlock.WithPermits(3)); !errors.Is(err, dlock.ErrSizeMismatch) && !errors.Is(err, dlock.ErrNotAcquired) {
+	if _, err := other.TryAcquire(ctx, name, mode.WithPermits(3)); !errors.Is(err, dlock.ErrSizeMismatch) && !errors.Is(err, dlock.ErrNotAcquired) {
 		t.Fatalf("a permit of 3 while holders use 2: %v, want ErrSizeMismatch (or ErrNotAcquired where the layout records no count)", err)
 	}
 	mustRelease(t, a)
-	c, err := other.Acquire(ctx, name, dlock.WithPermits(2))
+	c, err := other.Acquire(ctx, name, mode.WithPermits(2))
 	if err != nil {
 		t.Fatal(err)
 	}

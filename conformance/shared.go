@@ -8,6 +8,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/mode"
 )
 
 // sharedOrSkip skips t where the backend does not claim shared locks,
@@ -17,7 +18,7 @@ func (s *suite) sharedOrSkip(t *testing.T, ctx context.Context, l dlock.Locker, 
 	if s.caps.Shared {
 		return
 	}
-	lease, err := l.TryAcquire(ctx, k, dlock.WithShared())
+	lease, err := l.TryAcquire(ctx, k, mode.WithShared())
 	if err == nil {
 		_ = lease.Release(context.Background())
 		t.Fatal("TryAcquire WithShared succeeded on a backend that does not claim shared locks")
@@ -46,8 +47,8 @@ func (s *suite) testShared(t *testing.T) {
 		}
 	}
 
-	ra := mustAcquire(t, ctx, a, k, dlock.WithShared())
-	rb, err := b.TryAcquire(ctx, k, dlock.WithShared())
+	ra := mustAcquire(t, ctx, a, k, mode.WithShared())
+	rb, err := b.TryAcquire(ctx, k, mode.WithShared())
 	if err != nil {
 		t.Fatalf("a second shared TryAcquire while the key is held shared: %v", err)
 	}
@@ -75,7 +76,7 @@ func (s *suite) testShared(t *testing.T) {
 		wrote <- result{lease, err}
 	}()
 	s.waitWaiting(t, k, 1)
-	if lease, err := d.TryAcquire(ctx, k, dlock.WithShared()); err == nil {
+	if lease, err := d.TryAcquire(ctx, k, mode.WithShared()); err == nil {
 		_ = lease.Release(context.Background())
 		t.Fatal("a shared TryAcquire got in ahead of a waiting exclusive Acquire")
 	} else if !errors.Is(err, dlock.ErrNotAcquired) {
@@ -101,7 +102,7 @@ func (s *suite) testShared(t *testing.T) {
 	if w.lease.Shared() {
 		t.Error("Shared() of an exclusive lease is true")
 	}
-	if lease, err := d.TryAcquire(ctx, k, dlock.WithShared()); err == nil {
+	if lease, err := d.TryAcquire(ctx, k, mode.WithShared()); err == nil {
 		_ = lease.Release(context.Background())
 		t.Fatal("a shared TryAcquire succeeded while the key is held exclusively")
 	}
@@ -111,7 +112,7 @@ func (s *suite) testShared(t *testing.T) {
 	read := make(chan result, 2)
 	for _, l := range []dlock.Locker{a, b} {
 		go func() {
-			lease, err := l.Acquire(ctx, k, dlock.WithShared())
+			lease, err := l.Acquire(ctx, k, mode.WithShared())
 			read <- result{lease, err}
 		}()
 	}
@@ -144,7 +145,7 @@ func (s *suite) testSharedHolderVanishes(t *testing.T) {
 	a, b := s.locker(t), s.locker(t)
 	k := key(t)
 	s.sharedOrSkip(t, ctx, a, k)
-	gone := mustAcquire(t, ctx, a, k, dlock.WithShared(), dlock.WithTTL(s.ttl), dlock.WithAutoRenew(false))
+	gone := mustAcquire(t, ctx, a, k, mode.WithShared(), dlock.WithTTL(s.ttl), dlock.WithAutoRenew(false))
 	if cr, ok := s.h.(Crasher); ok {
 		cr.Crash(t, a)
 	}
@@ -152,7 +153,7 @@ func (s *suite) testSharedHolderVanishes(t *testing.T) {
 	lease := mustAcquire(t, ctx, b, k)
 	returned := time.Now()
 	defer mustRelease(t, lease)
-	notBefore(t, "the exclusive lock (after a vanished shared holder)", lease.Granted(), returned, deadline)
+	notBefore(t, "the exclusive lock (after a vanished shared holder)", lease.GrantedAt(), returned, deadline)
 	waitDone(t, gone, time.Second, "vanished shared holder's lease")
 	if !errors.Is(gone.Err(), dlock.ErrLeaseLost) {
 		t.Errorf("vanished shared holder's Err() = %v, want ErrLeaseLost", gone.Err())
@@ -169,7 +170,7 @@ func (s *suite) testSharedCancel(t *testing.T) {
 	s.sharedOrSkip(t, ctx, a, k)
 	held := mustAcquire(t, ctx, a, k)
 	wctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-	_, err := b.Acquire(wctx, k, dlock.WithShared())
+	_, err := b.Acquire(wctx, k, mode.WithShared())
 	cancel()
 	if !errors.Is(err, dlock.ErrNotAcquired) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("shared Acquire behind an exclusive holder, ctx ended: %v, want ErrNotAcquired and DeadlineExceeded", err)
@@ -178,7 +179,7 @@ func (s *suite) testSharedCancel(t *testing.T) {
 
 	// A shared holder, an exclusive waiter that gives up, a shared waiter
 	// behind it: the shared waiter gets in once the exclusive one is gone.
-	r := mustAcquire(t, ctx, a, k, dlock.WithShared())
+	r := mustAcquire(t, ctx, a, k, mode.WithShared())
 	xctx, xcancel := context.WithCancel(ctx)
 	xdone := make(chan error, 1)
 	go func() {
@@ -193,7 +194,7 @@ func (s *suite) testSharedCancel(t *testing.T) {
 	var second *dlock.Lease
 	go func() {
 		var err error
-		second, err = c.Acquire(ctx, k, dlock.WithShared())
+		second, err = c.Acquire(ctx, k, mode.WithShared())
 		got <- err
 	}()
 	s.waitWaiting(t, k, 2)

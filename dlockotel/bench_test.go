@@ -13,6 +13,7 @@ import (
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/dlockotel"
 	"github.com/dlock-go/dlock/internal/testenv"
+	"github.com/dlock-go/dlock/observe"
 )
 
 // BenchmarkOverhead is an uncontended Acquire+Release on mem:// (the
@@ -44,7 +45,7 @@ func benchOverhead(b *testing.B, dsnPrefix string) {
 	}
 	for _, c := range []struct {
 		name string
-		obs  dlock.Observer
+		obs  observe.Observer
 	}{{"none", nil}, {"noop", noop}, {"sdk", withSDK}} {
 		b.Run(c.name, func(b *testing.B) {
 			ctx := context.Background()

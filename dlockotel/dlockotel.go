@@ -27,8 +27,8 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/fencing"
+	"github.com/dlock-go/dlock/observe"
 )
 
 // ScopeName is the instrumentation scope of the meter and the tracer.
@@ -64,7 +64,7 @@ const (
 	AttrToken   = attribute.Key("dlock.token")
 )
 
-// observer is the dlock.Observer New returns.
+// observer is the observe.Observer New returns.
 type observer struct {
 	tracer trace.Tracer
 	keys   bool
@@ -94,7 +94,7 @@ type backendOpts struct {
 	renewDur   []metric.RecordOption
 	releaseOK  []metric.AddOption
 	releaseErr []metric.AddOption
-	lost       map[dlock.LossCause][]metric.AddOption
+	lost       map[observe.LossCause][]metric.AddOption
 	released   []metric.RecordOption
 	lostDur    []metric.RecordOption
 }
@@ -122,25 +122,25 @@ func (o *observer) optsFor(backend string) *backendOpts {
 		renewDur:   rec(),
 		releaseOK:  add(AttrOutcome.String("ok")),
 		releaseErr: add(AttrOutcome.String("error")),
-		lost:       map[dlock.LossCause][]metric.AddOption{},
+		lost:       map[observe.LossCause][]metric.AddOption{},
 		released:   rec(AttrEnd.String("released")),
 		lostDur:    rec(AttrEnd.String("lost")),
 	}
 	for _, m := range []string{"wait", "try"} {
-		for _, r := range []dlock.Result{dlock.ResultGranted, dlock.ResultNotAcquired, dlock.ResultCancelled, dlock.ResultError} {
+		for _, r := range []observe.Result{observe.ResultGranted, observe.ResultNotAcquired, observe.ResultCancelled, observe.ResultError} {
 			b.acquire[m+"/"+string(r)] = rec(AttrMode.String(m), AttrOutcome.String(string(r)))
 		}
 	}
-	for _, c := range []dlock.LossCause{dlock.LossRenewalFailed, dlock.LossDeadlinePassed, dlock.LossBackendReported} {
+	for _, c := range []observe.LossCause{observe.LossRenewalFailed, observe.LossDeadlinePassed, observe.LossBackendReported} {
 		b.lost[c] = add(AttrCause.String(string(c)))
 	}
 	v, _ := o.opts.LoadOrStore(backend, b)
 	return v.(*backendOpts)
 }
 
-// New returns a dlock.Observer (pass it to dlock.WithObserver) that records
+// New returns an observe.Observer (pass it to dlock.WithObserver) that records
 // the metrics and spans of the package doc.
-func New(opts ...Option) (dlock.Observer, error) {
+func New(opts ...Option) (observe.Observer, error) {
 	c := config{keys: true}
 	for _, o := range opts {
 		o(&c)
@@ -205,7 +205,7 @@ func mode(wait bool) string {
 	return "try"
 }
 
-func (o *observer) StartAcquire(ctx context.Context, a dlock.AcquireInfo) (context.Context, func(dlock.AcquireOutcome) dlock.LeaseObserver) {
+func (o *observer) StartAcquire(ctx context.Context, a observe.AcquireInfo) (context.Context, func(observe.AcquireOutcome) observe.LeaseObserver) {
 	bo := o.optsFor(a.Backend)
 	m := mode(a.Wait)
 	attrs := make([]attribute.KeyValue, 2, 3) // one allocation, the key's room included
@@ -214,21 +214,21 @@ func (o *observer) StartAcquire(ctx context.Context, a dlock.AcquireInfo) (conte
 		attrs = append(attrs, AttrKey.String(a.Key))
 	}
 	ctx, span := o.tracer.Start(ctx, "dlock.acquire", trace.WithAttributes(attrs...), o.client[0])
-	return ctx, func(out dlock.AcquireOutcome) dlock.LeaseObserver {
+	return ctx, func(out observe.AcquireOutcome) observe.LeaseObserver {
 		o.acquireDur.Record(ctx, out.Took.Seconds(), bo.acquire[m+"/"+string(out.Result)]...)
 		if span.IsRecording() {
-			if out.Result == dlock.ResultGranted {
+			if out.Result == observe.ResultGranted {
 				span.SetAttributes(AttrOutcome.String(string(out.Result)), AttrToken.Int64(int64(out.Token)))
 			} else {
 				span.SetAttributes(AttrOutcome.String(string(out.Result)))
 			}
-			if out.Result == dlock.ResultError {
+			if out.Result == observe.ResultError {
 				span.RecordError(out.Err)
 				span.SetStatus(codes.Error, "acquire failed")
 			}
 		}
 		span.End()
-		if out.Result != dlock.ResultGranted {
+		if out.Result != observe.ResultGranted {
 			return nil
 		}
 		bo.heldN.Add(1)
@@ -299,7 +299,7 @@ func (l *lease) StartRelease(ctx context.Context) (context.Context, func(error))
 	}
 }
 
-func (l *lease) Ended(e dlock.LeaseEnd) {
+func (l *lease) Ended(e observe.LeaseEnd) {
 	dur := l.bo.released
 	if e.Lost {
 		dur = l.bo.lostDur

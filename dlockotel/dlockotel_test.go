@@ -19,6 +19,7 @@ import (
 	"github.com/dlock-go/dlock/fencing"
 	"github.com/dlock-go/dlock/internal/testenv"
 	_ "github.com/dlock-go/dlock/memlock"
+	"github.com/dlock-go/dlock/observe"
 	"github.com/dlock-go/dlock/redis"
 )
 
@@ -28,7 +29,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 type sdk struct {
 	reader *sdkmetric.ManualReader
 	spans  *tracetest.SpanRecorder
-	obs    dlock.Observer
+	obs    observe.Observer
 }
 
 func newSDK(t *testing.T) *sdk {

@@ -11,7 +11,7 @@
 //	defer lead.Resign(context.Background())
 //	// lead.Token() fences this term's writes; <-lead.Done() when it ends.
 //
-// Run does the common loop; Leader reads who leads, and Observe follows it.
+// Run does the common loop, configured by a Config; Leader reads who leads, and Observe follows it.
 // The value lives in each backend's own layout (on etcd, concurrency.Election's).
 // docs/election.md has the details.
 package election
@@ -39,7 +39,7 @@ type Leadership struct {
 // value (stored as the lock's label: at most 128 bytes of printable UTF-8),
 // or ctx ends: then the error matches dlock.ErrNotAcquired and ctx's error.
 // opts are the acquire's options; value overrides a WithLabel among them.
-func Campaign(ctx context.Context, l dlock.Locker, name, value string, opts ...dlock.Option) (*Leadership, error) {
+func Campaign(ctx context.Context, l dlock.Locker, name, value string, opts ...dlock.AcquireOption) (*Leadership, error) {
 	lease, err := l.Acquire(ctx, name, append(opts[:len(opts):len(opts)], dlock.WithLabel(value), dlock.WithAnnounce())...)
 	if err != nil {
 		return nil, fmt.Errorf("election %q: campaign: %w", name, err)
@@ -235,35 +235,100 @@ func Observe(ctx context.Context, l dlock.Locker, name string, opts ...ObserveOp
 	return out, nil
 }
 
-// ErrStop, returned by Run's function, ends Run after the term: Run resigns
-// and returns nil instead of campaigning again.
+// ErrStop, returned by Config.OnStartedLeading, ends Run after the term: Run
+// resigns and returns nil instead of campaigning again.
 var ErrStop = errors.New("election: stop")
 
-// Callbacks are what Run calls as leadership changes hands, as client-go's
-// leaderelection.LeaderCallbacks are. Each may be nil.
-type Callbacks struct {
-	// OnStartedLeading is called when this candidate becomes leader, before
-	// the term's function runs.
-	OnStartedLeading func(ld *Leadership)
-	// OnStoppedLeading is called when a term ends, with why: nil if the
-	// function returned and the term was resigned, else the term's error
-	// (matching dlock.ErrLeaseLost if it was lost) or the function's.
+// Config is everything Run needs, as client-go's LeaderElectionConfig is.
+// Run checks it before it campaigns; an invalid Config is an error matching
+// ErrInvalidConfig.
+type Config struct {
+	// Locker is the Locker the election runs on. Required.
+	Locker dlock.Locker
+
+	// Name is the election's name: its lock's key. Required; a key that
+	// cannot name a lock fails the first campaign (dlock.ErrInvalidKey),
+	// which ends Run.
+	Name string
+
+	// Value is what this candidate publishes while it leads (see Campaign):
+	// the lock's label, so dlock.WithLabel's rules apply, and a value that
+	// breaks them fails the first campaign (dlock.ErrInvalidOption). Optional:
+	// "" publishes none.
+	Value string
+
+	// OnStartedLeading is the work of a term: Run calls it each time this
+	// candidate becomes leader, with a ctx that is cancelled, with the term's
+	// error as its cause (context.Cause matches dlock.ErrLeaseLost), the
+	// moment leadership is lost. When it returns, Run resigns and campaigns
+	// again; if it returns ErrStop, Run returns nil instead. Required.
+	OnStartedLeading func(ctx context.Context, ld *Leadership) error
+
+	// OnStoppedLeading, if not nil, is called when a term ends, with why: nil
+	// if OnStartedLeading returned nil (or ErrStop) and the term was
+	// resigned, else OnStartedLeading's error, joined with the term's
+	// (matching dlock.ErrLeaseLost) if it was lost.
 	OnStoppedLeading func(ld *Leadership, err error)
 	// OnNewLeader is called from a goroutine of Run's, as client-go's is,
 	// with each leader Observe reports (Info.Led false while nobody leads),
 	// until Run returns.
 	OnNewLeader func(Info)
+
+	// ObserveInterval is how often OnNewLeader's Observe reads the leader
+	// (see WithInterval). Zero means DefaultObserveInterval (1s); negative
+	// is invalid.
+	ObserveInterval time.Duration
+
+	// AcquireOptions are the options of every campaign's acquire
+	// (dlock.WithTTL, say); a dlock.WithLabel among them is overridden by
+	// Value. Optional.
+	AcquireOptions []dlock.AcquireOption
 }
 
-// Run campaigns for the election name on l with value and, while leading,
-// runs fn with a ctx cancelled with cause dlock.ErrLeaseLost when leadership
-// is lost; when fn returns it resigns and campaigns again. It returns ctx's
-// error when ctx ends, nil when fn returns ErrStop, and Campaign's other
-// errors (fn's go to OnStoppedLeading).
-func Run(ctx context.Context, l dlock.Locker, name, value string, cb Callbacks, fn func(ctx context.Context, ld *Leadership) error, opts ...dlock.Option) error {
-	if cb.OnNewLeader != nil {
+// ErrInvalidConfig means Run was given a Config it cannot run: no Locker,
+// no Name, no OnStartedLeading, or a negative ObserveInterval. The error
+// names the field and also matches dlock.ErrInvalidOption.
+var ErrInvalidConfig = errors.New("election: invalid config")
+
+// check returns nil if Run can run c, else an error matching
+// ErrInvalidConfig that names the field.
+func (c *Config) check() error {
+	var why string
+	switch {
+	case c.Locker == nil:
+		why = "Locker is nil"
+	case c.Name == "":
+		why = "Name is empty"
+	case c.OnStartedLeading == nil:
+		why = "OnStartedLeading is nil"
+	case c.ObserveInterval < 0:
+		return fmt.Errorf("%w: %w: %w: ObserveInterval is %v", ErrInvalidConfig, dlock.ErrInvalidOption, ErrInvalidInterval, c.ObserveInterval)
+	default:
+		return nil
+	}
+	return fmt.Errorf("%w: %w: %s", ErrInvalidConfig, dlock.ErrInvalidOption, why)
+}
+
+// Run campaigns for the election cfg.Name on cfg.Locker with cfg.Value, and
+// while leading runs cfg.OnStartedLeading. When that returns, Run resigns
+// (leadership is released, not left to expire, as client-go's
+// ReleaseOnCancel) and campaigns again, until ctx ends (Run then returns
+// ctx's error) or OnStartedLeading returns ErrStop (Run returns nil). Any
+// other error from OnStartedLeading is passed to OnStoppedLeading and Run
+// campaigns again; an error from Campaign that is not ctx's ends Run. An
+// invalid cfg is an error matching ErrInvalidConfig, before any campaign.
+func Run(ctx context.Context, cfg Config) error {
+	if err := cfg.check(); err != nil {
+		return err
+	}
+	l, name, opts := cfg.Locker, cfg.Name, cfg.AcquireOptions
+	if cfg.OnNewLeader != nil {
+		every := cfg.ObserveInterval
+		if every == 0 {
+			every = DefaultObserveInterval
+		}
 		octx, stop := context.WithCancel(ctx)
-		seen, err := Observe(octx, l, name)
+		seen, err := Observe(octx, l, name, WithInterval(every))
 		if err != nil {
 			stop()
 			return err
@@ -272,26 +337,23 @@ func Run(ctx context.Context, l dlock.Locker, name, value string, cb Callbacks, 
 		go func() { // owned by Run: ends when Run returns
 			defer close(done)
 			for in := range seen {
-				cb.OnNewLeader(in)
+				cfg.OnNewLeader(in)
 			}
 		}()
 		defer func() { stop(); <-done }()
 	}
 	for {
-		ld, err := Campaign(ctx, l, name, value, opts...)
+		ld, err := Campaign(ctx, l, name, cfg.Value, opts...)
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
 			return err
 		}
-		if cb.OnStartedLeading != nil {
-			cb.OnStartedLeading(ld)
-		}
 		tctx, cancel := context.WithCancelCause(ctx)
 		stop := make(chan struct{})
 		watched := make(chan struct{})
-		go func() { // owned by this term: ends when the term or fn does
+		go func() { // owned by this term: ends when the term or its work does
 			defer close(watched)
 			select {
 			case <-ld.Done():
@@ -299,7 +361,7 @@ func Run(ctx context.Context, l dlock.Locker, name, value string, cb Callbacks, 
 			case <-stop:
 			}
 		}()
-		fnErr := fn(tctx, ld)
+		fnErr := cfg.OnStartedLeading(tctx, ld)
 		close(stop)
 		<-watched
 		cancel(nil)
@@ -311,12 +373,12 @@ func Run(ctx context.Context, l dlock.Locker, name, value string, cb Callbacks, 
 		}
 		switch {
 		case lostErr != nil && !errors.Is(lostErr, dlock.ErrReleased):
-			why = errors.Join(why, lostErr) // lost while fn ran
+			why = errors.Join(why, lostErr) // lost while the work ran
 		case resignErr != nil && !errors.Is(resignErr, dlock.ErrReleased):
 			why = errors.Join(why, resignErr)
 		}
-		if cb.OnStoppedLeading != nil {
-			cb.OnStoppedLeading(ld, why)
+		if cfg.OnStoppedLeading != nil {
+			cfg.OnStoppedLeading(ld, why)
 		}
 		switch {
 		case errors.Is(fnErr, ErrStop):

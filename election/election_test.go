@@ -3,6 +3,7 @@ package election_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -53,14 +54,28 @@ func TestCampaignHonoursCtx(t *testing.T) {
 }
 
 // TestRunCampaignsAgain: Run resigns after each term and campaigns again,
-// calling the callbacks around every term, until the function returns
+// calling OnStoppedLeading after every term, until the term's work returns
 // ErrStop; while it waits to lead, ctx's end returns ctx's error.
 func TestRunCampaignsAgain(t *testing.T) {
 	l := open(t, t.Name())
 	var started, stopped, terms int
 	var tokens []dlock.Token
-	err := election.Run(context.Background(), l, "e", "v", election.Callbacks{
-		OnStartedLeading: func(ld *election.Leadership) { started++ },
+	err := election.Run(context.Background(), election.Config{
+		Locker: l,
+		Name:   "e",
+		Value:  "v",
+		OnStartedLeading: func(ctx context.Context, ld *election.Leadership) error {
+			started++
+			terms++
+			tokens = append(tokens, ld.Token())
+			if ld.Value() != "v" || ld.Name() != "e" {
+				t.Errorf("leadership %q/%q, want e/v", ld.Name(), ld.Value())
+			}
+			if terms == 3 {
+				return election.ErrStop
+			}
+			return nil
+		},
 		OnStoppedLeading: func(ld *election.Leadership, err error) {
 			stopped++
 			if err != nil {
@@ -70,16 +85,6 @@ func TestRunCampaignsAgain(t *testing.T) {
 				t.Errorf("term not resigned: %v", ld.Err())
 			}
 		},
-	}, func(ctx context.Context, ld *election.Leadership) error {
-		terms++
-		tokens = append(tokens, ld.Token())
-		if ld.Value() != "v" || ld.Name() != "e" {
-			t.Errorf("leadership %q/%q, want e/v", ld.Name(), ld.Value())
-		}
-		if terms == 3 {
-			return election.ErrStop
-		}
-		return nil
 	})
 	if err != nil {
 		t.Fatalf("Run: %v", err)
@@ -104,10 +109,11 @@ func TestRunCampaignsAgain(t *testing.T) {
 	defer other.Resign(context.Background())
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
-	err = election.Run(ctx, open(t, t.Name()), "e", "v", election.Callbacks{}, func(context.Context, *election.Leadership) error {
-		t.Error("ran while another leads")
-		return nil
-	})
+	err = election.Run(ctx, election.Config{Locker: open(t, t.Name()), Name: "e", Value: "v",
+		OnStartedLeading: func(context.Context, *election.Leadership) error {
+			t.Error("ran while another leads")
+			return nil
+		}})
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("Run while another leads, ctx ending: %v, want DeadlineExceeded", err)
 	}
@@ -156,17 +162,21 @@ func TestRunOnNewLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	heard := make(chan election.Info, 16)
-	cb := election.Callbacks{OnNewLeader: func(in election.Info) { heard <- in }}
-	ran := make(chan error, 1)
-	go func() {
-		ran <- election.Run(ctx, open(t, t.Name()), "e", "me", cb, func(_ context.Context, ld *election.Leadership) error {
+	cfg := election.Config{
+		Locker:      open(t, t.Name()),
+		Name:        "e",
+		Value:       "me",
+		OnNewLeader: func(in election.Info) { heard <- in },
+		OnStartedLeading: func(_ context.Context, ld *election.Leadership) error {
 			if err := ld.Proclaim(ctx, "me, proclaimed"); err != nil {
 				return err
 			}
 			<-time.After(50 * time.Millisecond) // long enough to be observed leading
 			return election.ErrStop
-		})
-	}()
+		},
+	}
+	ran := make(chan error, 1)
+	go func() { ran <- election.Run(ctx, cfg) }()
 	next := func(what string) election.Info {
 		t.Helper()
 		select {
@@ -199,5 +209,32 @@ func TestRunOnNewLeader(t *testing.T) {
 		if in := <-heard; in.Led && in.Value != "me, proclaimed" && in.Value != "me" {
 			t.Fatalf("OnNewLeader heard %+v after this candidate led", in)
 		}
+	}
+}
+
+// TestRunRejectsInvalidConfig: Run checks its Config before it campaigns: a
+// missing Locker, Name or OnStartedLeading, or a negative ObserveInterval, is
+// an error matching ErrInvalidConfig and dlock.ErrInvalidOption that names
+// the field, and nothing is taken.
+func TestRunRejectsInvalidConfig(t *testing.T) {
+	l := open(t, t.Name())
+	work := func(context.Context, *election.Leadership) error { return election.ErrStop }
+	for _, tc := range []struct {
+		field string
+		cfg   election.Config
+	}{
+		{"Locker", election.Config{Name: "e", OnStartedLeading: work}},
+		{"Name", election.Config{Locker: l, OnStartedLeading: work}},
+		{"OnStartedLeading", election.Config{Locker: l, Name: "e"}},
+		{"ObserveInterval", election.Config{Locker: l, Name: "e", OnStartedLeading: work, ObserveInterval: -time.Second,
+			OnNewLeader: func(election.Info) {}}},
+	} {
+		err := election.Run(context.Background(), tc.cfg)
+		if !errors.Is(err, election.ErrInvalidConfig) || !errors.Is(err, dlock.ErrInvalidOption) || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("Run without a valid %s: %v, want ErrInvalidConfig naming it", tc.field, err)
+		}
+	}
+	if in, err := election.Leader(context.Background(), l, "e"); err != nil || in.Led {
+		t.Errorf("after the refused Runs: %+v %v, want nobody leading", in, err)
 	}
 }

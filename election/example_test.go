@@ -53,14 +53,18 @@ func ExampleRun() {
 	}
 	defer locker.Close()
 	terms := 0
-	err = election.Run(ctx, locker, "compactor", "host-a", election.Callbacks{
-		OnStartedLeading: func(ld *election.Leadership) { fmt.Println("leading, token", ld.Token()) },
-	}, func(ctx context.Context, ld *election.Leadership) error {
-		// Work with ld.Token() on every write; stop when ctx is done.
-		if terms++; terms == 2 {
-			return election.ErrStop // leave the election after the second term
-		}
-		return nil
+	err = election.Run(ctx, election.Config{
+		Locker: locker,
+		Name:   "compactor",
+		Value:  "host-a",
+		OnStartedLeading: func(ctx context.Context, ld *election.Leadership) error {
+			fmt.Println("leading, token", ld.Token())
+			// Work with ld.Token() on every write; stop when ctx is done.
+			if terms++; terms == 2 {
+				return election.ErrStop // leave the election after the second term
+			}
+			return nil
+		},
 	})
 	fmt.Println("stopped:", err)
 	// Output:

@@ -117,7 +117,36 @@ var (
 // NewDriver returns a driver that locks through cli, with opts nil for the
 // defaults. The caller keeps cli, and closes it only after the driver (or
 // the Locker over it).
-func NewDriver(cli *clientv3.Client, opts *Options) (*Driver, error) {
+// It checks that the cluster answers, bounded by ctx and
+// Options.RequestTimeout, as Open does.
+func NewDriver(ctx context.Context, cli *clientv3.Client, opts *Options) (*Driver, error) {
+	d, err := newDriver(cli, opts)
+	if err != nil {
+		return nil, err
+	}
+	rctx, cancel := d.reqCtx(ctx) // bounded by the request timeout
+	err = d.checkCluster(rctx)
+	cancel()
+	if err != nil {
+		_ = d.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// checkCluster reads the number of keys under the prefix: the cluster answers
+// and the client's credentials work. clientv3 waits for a connection without
+// bound: ctx must bound it.
+func (d *Driver) checkCluster(ctx context.Context) error {
+	if _, err := d.cli.Get(ctx, d.prefix, clientv3.WithCountOnly()); err != nil {
+		return fmt.Errorf("etcd at %s: %w", strings.Join(d.cli.Endpoints(), ","), err)
+	}
+	return nil
+}
+
+// newDriver is NewDriver without the I/O: it checks its arguments and builds
+// the driver.
+func newDriver(cli *clientv3.Client, opts *Options) (*Driver, error) {
 	if cli == nil {
 		return nil, fmt.Errorf("%w: nil etcd client", dlock.ErrInvalidOption)
 	}
@@ -141,11 +170,11 @@ func NewDriver(cli *clientv3.Client, opts *Options) (*Driver, error) {
 	return d, nil
 }
 
-// New returns a dlock.Locker over cli: dlock.New(NewDriver(cli, opts),
-// lockerOpts...). opts may be nil for the defaults. Closing the Locker does not
-// close cli.
-func New(cli *clientv3.Client, opts *Options, lockerOpts ...dlock.Option) (dlock.Locker, error) {
-	d, err := NewDriver(cli, opts)
+// New returns a dlock.Locker over cli: dlock.New(NewDriver(ctx, cli, opts),
+// lockerOpts...). ctx bounds NewDriver's check of the cluster only. opts may
+// be nil for the defaults. Closing the Locker does not close cli.
+func New(ctx context.Context, cli *clientv3.Client, opts *Options, lockerOpts ...dlock.Option) (dlock.Locker, error) {
+	d, err := NewDriver(ctx, cli, opts)
 	if err != nil {
 		return nil, &dlock.Error{Op: "open", Backend: "etcd", Err: err}
 	}
@@ -192,14 +221,14 @@ func LockName(prefix, key string) string {
 // semaphores.
 func (d *Driver) Capabilities() backend.Capabilities {
 	return backend.Capabilities{
-		Fencing:       backend.FencingStrict,
-		FIFO:          true,
-		FaultTolerant: true,
-		TimeAuthority: backend.TimeServer,
-		PushWait:      true,
-		LossNotify:    true,
-		Shared:        true,
-		Counted:       true,
+		Fencing:         backend.FencingStrict,
+		FIFO:            true,
+		FaultTolerant:   true,
+		TimeAuthority:   backend.TimeServer,
+		PushWait:        true,
+		LossNotify:      true,
+		Shared:          true,
+		NativeSemaphore: true,
 	}
 }
 
@@ -251,20 +280,20 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect to %s: %w", strings.Join(cfg.Endpoints, ","), backend.RedactError(err, u))
 	}
-	d, err := NewDriver(cli, &o)
+	d, err := newDriver(cli, &o)
 	if err != nil {
 		_ = cli.Close()
 		return nil, err
 	}
 	d.owned = true
 	// Check the cluster answers (and the credentials work) within ctx and the
-	// dial timeout: clientv3 otherwise waits for a connection without bound.
+	// dial timeout.
 	cctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
-	_, err = cli.Get(cctx, d.prefix, clientv3.WithCountOnly())
+	err = d.checkCluster(cctx)
 	cancel()
 	if err != nil {
 		_ = d.Close()
-		return nil, fmt.Errorf("etcd at %s: %w", strings.Join(cfg.Endpoints, ","), backend.RedactError(err, u))
+		return nil, backend.RedactError(err, u)
 	}
 	return d, nil
 }

@@ -46,7 +46,7 @@ func ExampleNew() {
 	}
 	defer cli.Close()
 
-	locker, err := etcd.New(cli, &etcd.Options{Prefix: "/myapp/locks"}, dlock.WithTTL(10*time.Second))
+	locker, err := etcd.New(context.Background(), cli, &etcd.Options{Prefix: "/myapp/locks"}, dlock.WithTTL(10*time.Second))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -46,7 +46,7 @@ func TestRequestsCarryNoDeadline(t *testing.T) {
 	}
 	defer cli.Close()
 	const timeout = 500 * time.Millisecond
-	d, err := NewDriver(cli, &Options{RequestTimeout: timeout})
+	d, err := NewDriver(context.Background(), cli, &Options{RequestTimeout: timeout})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/etcd"
+	"github.com/dlock-go/dlock/internal/mode"
 	"github.com/dlock-go/dlock/internal/testenv"
 )
 
@@ -147,7 +148,7 @@ func TestSharedInterop(t *testing.T) {
 	// Waiters: a dlock Locker and a recipes/Mutex session on clients that
 	// report the watches they create.
 	wcli, dlockWatched := spyClient(t, srv.Endpoint())
-	wl, err := etcd.New(wcli, &etcd.Options{Prefix: testPrefix})
+	wl, err := etcd.New(ctx, wcli, &etcd.Options{Prefix: testPrefix})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +160,7 @@ func TestSharedInterop(t *testing.T) {
 	}
 	defer s.Close()
 
-	dlockHold := func(key string, opts ...dlock.Option) func() func() {
+	dlockHold := func(key string, opts ...dlock.AcquireOption) func() func() {
 		return func() func() {
 			lease, err := l.Acquire(ctx, key, opts...)
 			if err != nil {
@@ -172,7 +173,7 @@ func TestSharedInterop(t *testing.T) {
 			}
 		}
 	}
-	dlockWait := func(key string, opts ...dlock.Option) func() func() {
+	dlockWait := func(key string, opts ...dlock.AcquireOption) func() func() {
 		return func() func() {
 			lease, err := wl.Acquire(ctx, key, opts...)
 			if err != nil {
@@ -211,11 +212,11 @@ func TestSharedInterop(t *testing.T) {
 	})
 	t.Run("recipe writer waits for dlock reader", func(t *testing.T) {
 		k := "rw/2"
-		waitsFor(t, raw, k, 2, sessionWatched, dlockHold(k, dlock.WithShared()), recipeLock(k, false))
+		waitsFor(t, raw, k, 2, sessionWatched, dlockHold(k, mode.WithShared()), recipeLock(k, false))
 	})
 	t.Run("dlock reader waits for recipe writer", func(t *testing.T) {
 		k := "rw/3"
-		waitsFor(t, raw, k, 2, dlockWatched, recipeLock(k, false), dlockWait(k, dlock.WithShared()))
+		waitsFor(t, raw, k, 2, dlockWatched, recipeLock(k, false), dlockWait(k, mode.WithShared()))
 	})
 	t.Run("dlock writer waits for recipe reader", func(t *testing.T) {
 		k := "rw/4"
@@ -226,14 +227,14 @@ func TestSharedInterop(t *testing.T) {
 		// behind a dlock reader holds back a later dlock reader until it
 		// has written.
 		k := "rw/5"
-		release := dlockHold(k, dlock.WithShared())()
+		release := dlockHold(k, mode.WithShared())()
 		wrote := make(chan func(), 1)
 		go func() { wrote <- recipeLock(k, false)() }()
 		awaitWatch(t, sessionWatched, k, wrote)
 		var written atomic.Bool
 		got := make(chan func(), 1)
 		go func() {
-			rel := dlockWait(k, dlock.WithShared())()
+			rel := dlockWait(k, mode.WithShared())()
 			if !written.Load() {
 				t.Error("the later dlock reader got in before the recipe writer queued ahead of it")
 			}
@@ -265,7 +266,7 @@ func TestSharedInterop(t *testing.T) {
 	})
 	t.Run("readers of both hold together", func(t *testing.T) {
 		k := "rw/6"
-		r := dlockHold(k, dlock.WithShared())()
+		r := dlockHold(k, mode.WithShared())()
 		rr := make(chan func(), 1)
 		go func() { rr <- recipeLock(k, true)() }()
 		var recipeRelease func()
@@ -284,7 +285,7 @@ func TestSharedInterop(t *testing.T) {
 		tryNotAcquired(t, ctx, l, k)
 		r()
 		// The recipe reader alone: a dlock reader joins it at once.
-		lease, err := l.TryAcquire(ctx, k, dlock.WithShared())
+		lease, err := l.TryAcquire(ctx, k, mode.WithShared())
 		if err != nil {
 			t.Fatalf("shared TryAcquire while a recipe reader holds: %v", err)
 		}
@@ -298,7 +299,7 @@ func TestSharedInterop(t *testing.T) {
 		k := "rw/mutex"
 		m := concurrency.NewMutex(s, etcd.LockName(testPrefix, k))
 		waitsFor(t, raw, k, 2, sessionWatched, func() func() {
-			release := dlockHold(k, dlock.WithShared())()
+			release := dlockHold(k, mode.WithShared())()
 			if err := m.TryLock(ctx); !errors.Is(err, concurrency.ErrLocked) {
 				t.Fatalf("Mutex.TryLock while a dlock reader holds: %v, want ErrLocked", err)
 			}
@@ -323,7 +324,7 @@ func TestSharedInterop(t *testing.T) {
 			if err := m.Lock(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if lease, err := l.TryAcquire(ctx, k, dlock.WithShared()); err == nil {
+			if lease, err := l.TryAcquire(ctx, k, mode.WithShared()); err == nil {
 				_ = lease.Release(ctx)
 				t.Fatal("shared TryAcquire succeeded while a concurrency.Mutex holds")
 			}
@@ -332,11 +333,11 @@ func TestSharedInterop(t *testing.T) {
 					t.Error(err)
 				}
 			}
-		}, dlockWait(k, dlock.WithShared()))
+		}, dlockWait(k, mode.WithShared()))
 	})
 	t.Run("etcdctl lock waits for dlock reader", func(t *testing.T) {
 		k := "rw/etcdctl"
-		lease, err := l.Acquire(ctx, k, dlock.WithShared())
+		lease, err := l.Acquire(ctx, k, mode.WithShared())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -392,11 +393,11 @@ func TestSharedLayout(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	r1, err := l.Acquire(ctx, k, dlock.WithShared())
+	r1, err := l.Acquire(ctx, k, mode.WithShared())
 	if err != nil {
 		t.Fatal(err)
 	}
-	r2, err := l.TryAcquire(ctx, k, dlock.WithShared())
+	r2, err := l.TryAcquire(ctx, k, mode.WithShared())
 	if err != nil {
 		t.Fatalf("a second shared hold from the same Locker: %v", err)
 	}
@@ -445,11 +446,11 @@ func TestSharedInspectBreak(t *testing.T) {
 	raw := rawClient(t, []string{srv.Endpoint()})
 	const k = "shared/break"
 
-	ra, err := a.Acquire(ctx, k, dlock.WithShared())
+	ra, err := a.Acquire(ctx, k, mode.WithShared())
 	if err != nil {
 		t.Fatal(err)
 	}
-	rb, err := b.Acquire(ctx, k, dlock.WithShared())
+	rb, err := b.Acquire(ctx, k, mode.WithShared())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -467,7 +468,7 @@ func TestSharedInspectBreak(t *testing.T) {
 	defer rcancel()
 	readDone := make(chan error, 1)
 	go func() {
-		lease, err := a.Acquire(rctx, k, dlock.WithShared())
+		lease, err := a.Acquire(rctx, k, mode.WithShared())
 		if err == nil {
 			_ = lease.Release(ctx)
 		}

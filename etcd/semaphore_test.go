@@ -15,6 +15,7 @@ import (
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/etcd"
+	"github.com/dlock-go/dlock/internal/mode"
 	"github.com/dlock-go/dlock/internal/testenv"
 )
 
@@ -56,7 +57,7 @@ func TestSemaphoreLayout(t *testing.T) {
 	ctx := testCtx(t)
 	var held []*dlock.Lease
 	for i := range 3 {
-		p, err := l.TryAcquire(ctx, "layout", dlock.WithPermits(3), dlock.WithLabel(fmt.Sprintf("worker %d", i)))
+		p, err := l.TryAcquire(ctx, "layout", mode.WithPermits(3), dlock.WithLabel(fmt.Sprintf("worker %d", i)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -107,7 +108,7 @@ func TestSemaphoreLayout(t *testing.T) {
 		t.Errorf("List: %s, want %s", got, want)
 	}
 	// Still counted with its new label: a fourth permit is refused.
-	if p, err := l.TryAcquire(ctx, "layout", dlock.WithPermits(3)); !errors.Is(err, dlock.ErrNotAcquired) {
+	if p, err := l.TryAcquire(ctx, "layout", mode.WithPermits(3)); !errors.Is(err, dlock.ErrNotAcquired) {
 		if err == nil {
 			_ = p.Release(ctx)
 		}
@@ -144,7 +145,7 @@ func TestSemaphoreRequests(t *testing.T) {
 	for i := range cycles {
 		// Up to 5 permits held at once: grants of slot 0 of an empty
 		// semaphore and of slots 1–4 beside other holders.
-		p, err := l.Acquire(ctx, "requests", dlock.WithPermits(5), dlock.WithAutoRenew(false))
+		p, err := l.Acquire(ctx, "requests", mode.WithPermits(5), dlock.WithAutoRenew(false))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -169,7 +170,7 @@ func TestSemaphoreRequests(t *testing.T) {
 
 	// A hand-off: the waiter's grant is one transaction after the release.
 	holder := openLocker(t, srv.URL()+testPrefix)
-	h, err := holder.Acquire(ctx, "handoff", dlock.WithPermits(1))
+	h, err := holder.Acquire(ctx, "handoff", mode.WithPermits(1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +178,7 @@ func TestSemaphoreRequests(t *testing.T) {
 	c.reset()
 	got := make(chan *dlock.Lease, 1)
 	go func() {
-		p, err := l.Acquire(ctx, "handoff", dlock.WithPermits(1))
+		p, err := l.Acquire(ctx, "handoff", mode.WithPermits(1))
 		if err != nil {
 			t.Error(err)
 		}
@@ -221,14 +222,14 @@ func TestSemaphoreForeignHolder(t *testing.T) {
 	if err := m.Lock(ctx); err != nil {
 		t.Fatal(err)
 	}
-	a, err := l.TryAcquire(ctx, "foreign", dlock.WithPermits(2))
+	a, err := l.TryAcquire(ctx, "foreign", mode.WithPermits(2))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if a.Key() != backend.PermitKey("foreign", 1) {
 		t.Errorf("the permit took %q while the Mutex holds slot 0", a.Key())
 	}
-	if p, err := l.TryAcquire(ctx, "foreign", dlock.WithPermits(2)); !errors.Is(err, dlock.ErrNotAcquired) {
+	if p, err := l.TryAcquire(ctx, "foreign", mode.WithPermits(2)); !errors.Is(err, dlock.ErrNotAcquired) {
 		if err == nil {
 			_ = p.Release(ctx)
 		}
@@ -236,7 +237,7 @@ func TestSemaphoreForeignHolder(t *testing.T) {
 	}
 	got := make(chan *dlock.Lease, 1)
 	go func() {
-		p, err := l.Acquire(ctx, "foreign", dlock.WithPermits(2))
+		p, err := l.Acquire(ctx, "foreign", mode.WithPermits(2))
 		if err != nil {
 			t.Error(err)
 		}
@@ -272,7 +273,7 @@ func TestSemaphoreSizeMismatch(t *testing.T) {
 	l := openLocker(t, srv.URL()+testPrefix)
 	raw := rawClient(t, []string{srv.Endpoint()})
 	ctx := testCtx(t)
-	a, err := l.Acquire(ctx, "size", dlock.WithPermits(1))
+	a, err := l.Acquire(ctx, "size", mode.WithPermits(1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,7 +283,7 @@ func TestSemaphoreSizeMismatch(t *testing.T) {
 			acquire = l.Acquire
 		}
 		for _, n := range []int{2, 3} { // slot 0 held, and a free slot for n
-			_, err := acquire(ctx, "size", dlock.WithPermits(n))
+			_, err := acquire(ctx, "size", mode.WithPermits(n))
 			if !errors.Is(err, dlock.ErrSizeMismatch) || !strings.Contains(err.Error(), "uses 1 permits") {
 				t.Fatalf("wait=%v: a permit of %d while the holder uses 1: %v, want ErrSizeMismatch naming 1", wait, n, err)
 			}
@@ -306,14 +307,14 @@ func TestSemaphoreSizeMismatch(t *testing.T) {
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
-		p, err := l.Acquire(wctx, "size", dlock.WithPermits(1))
+		p, err := l.Acquire(wctx, "size", mode.WithPermits(1))
 		if err == nil {
 			_ = p.Release(ctx)
 		}
 		got <- err
 	}()
 	waitRoom(t, raw, "size", 1)
-	if _, err := l.TryAcquire(ctx, "size", dlock.WithPermits(2)); !errors.Is(err, dlock.ErrSizeMismatch) {
+	if _, err := l.TryAcquire(ctx, "size", mode.WithPermits(2)); !errors.Is(err, dlock.ErrSizeMismatch) {
 		t.Fatalf("a permit of 2 while a waiter uses 1: %v, want ErrSizeMismatch", err)
 	}
 	cancel()
@@ -341,7 +342,7 @@ func TestSemaphoreFIFO(t *testing.T) {
 	raw := rawClient(t, []string{srv.Endpoint()})
 	ctx := testCtx(t)
 	holder := openLocker(t, srv.URL()+testPrefix)
-	h, err := holder.Acquire(ctx, "fifo", dlock.WithPermits(1))
+	h, err := holder.Acquire(ctx, "fifo", mode.WithPermits(1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +359,7 @@ func TestSemaphoreFIFO(t *testing.T) {
 			if i == cancelled {
 				actx = wctx
 			}
-			p, err := l.Acquire(actx, "fifo", dlock.WithPermits(1))
+			p, err := l.Acquire(actx, "fifo", mode.WithPermits(1))
 			if i == cancelled {
 				done <- err
 				return
@@ -409,7 +410,7 @@ func TestSemaphoreFIFO(t *testing.T) {
 		t.Fatal(err)
 	}
 	l := openLocker(t, srv.URL()+testPrefix)
-	if p, err := l.TryAcquire(ctx, "fifo", dlock.WithPermits(1)); !errors.Is(err, dlock.ErrNotAcquired) {
+	if p, err := l.TryAcquire(ctx, "fifo", mode.WithPermits(1)); !errors.Is(err, dlock.ErrNotAcquired) {
 		if err == nil {
 			_ = p.Release(ctx)
 		}
@@ -417,7 +418,7 @@ func TestSemaphoreFIFO(t *testing.T) {
 	}
 	got := make(chan *dlock.Lease, 1)
 	go func() {
-		p, err := l.Acquire(ctx, "fifo", dlock.WithPermits(1))
+		p, err := l.Acquire(ctx, "fifo", mode.WithPermits(1))
 		if err != nil {
 			t.Error(err)
 		}
@@ -443,7 +444,7 @@ func TestSemaphoreWaiterIgnoresOtherWrites(t *testing.T) {
 	raw := rawClient(t, []string{srv.Endpoint()})
 	ctx := testCtx(t)
 	holder := openLocker(t, srv.URL()+testPrefix)
-	h, err := holder.Acquire(ctx, "busy", dlock.WithPermits(1))
+	h, err := holder.Acquire(ctx, "busy", mode.WithPermits(1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -469,7 +470,7 @@ func TestSemaphoreWaiterIgnoresOtherWrites(t *testing.T) {
 	l, c := countingLocker(t, srv)
 	got := make(chan *dlock.Lease, 1)
 	go func() {
-		p, err := l.Acquire(ctx, "busy", dlock.WithPermits(1))
+		p, err := l.Acquire(ctx, "busy", mode.WithPermits(1))
 		if err != nil {
 			t.Error(err)
 		}
@@ -508,7 +509,7 @@ func TestSemaphoreManySlots(t *testing.T) {
 	held := make([]*dlock.Lease, n)
 	for i := range n {
 		c.reset()
-		p, err := l.TryAcquire(ctx, "many", dlock.WithPermits(n))
+		p, err := l.TryAcquire(ctx, "many", mode.WithPermits(n))
 		if err != nil {
 			t.Fatalf("permit %d of %d: %v", i, n, err)
 		}
@@ -524,7 +525,7 @@ func TestSemaphoreManySlots(t *testing.T) {
 		}
 		held[i] = p
 	}
-	if p, err := l.TryAcquire(ctx, "many", dlock.WithPermits(n)); !errors.Is(err, dlock.ErrNotAcquired) {
+	if p, err := l.TryAcquire(ctx, "many", mode.WithPermits(n)); !errors.Is(err, dlock.ErrNotAcquired) {
 		if err == nil {
 			_ = p.Release(ctx)
 		}
@@ -534,7 +535,7 @@ func TestSemaphoreManySlots(t *testing.T) {
 		if err := held[i].Release(ctx); err != nil {
 			t.Fatal(err)
 		}
-		p, err := l.TryAcquire(ctx, "many", dlock.WithPermits(n))
+		p, err := l.TryAcquire(ctx, "many", mode.WithPermits(n))
 		if err != nil {
 			t.Fatalf("after slot %d was released: %v", i, err)
 		}

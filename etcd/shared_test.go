@@ -77,7 +77,7 @@ func countingLocker(t *testing.T, srv *testenv.Etcd) (dlock.Locker, *rpcCounts) 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = cli.Close() })
-	l, err := etcd.New(cli, &etcd.Options{Prefix: testPrefix})
+	l, err := etcd.New(context.Background(), cli, &etcd.Options{Prefix: testPrefix})
 	if err != nil {
 		t.Fatal(err)
 	}

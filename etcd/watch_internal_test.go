@@ -45,7 +45,7 @@ func lossTestClient(t *testing.T, srv *testenv.Etcd) *clientv3.Client {
 // the test ends.
 func lossTestLocker(t *testing.T, srv *testenv.Etcd) (*Driver, dlock.Locker) {
 	t.Helper()
-	d, err := NewDriver(lossTestClient(t, srv), &Options{Prefix: lossTestPrefix})
+	d, err := NewDriver(context.Background(), lossTestClient(t, srv), &Options{Prefix: lossTestPrefix})
 	if err != nil {
 		t.Fatal(err)
 	}

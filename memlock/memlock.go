@@ -64,7 +64,7 @@ type Store struct {
 	queues   map[string][]*waiter
 	tokens   map[string]uint64
 	watchers map[string]map[chan struct{}]struct{} // Watch's, by key
-	sems     map[string]*sem                       // counted semaphores (WithPermits), by key
+	sems     map[string]*sem                       // counted semaphores (AcquireRequest.Permits), by key
 }
 
 // sem is a counted semaphore (backend.AcquireRequest.Permits): its permits
@@ -647,14 +647,14 @@ func (d *driver) Break(_ context.Context, key string) (backend.LockInfo, error) 
 
 func (d *driver) Capabilities() backend.Capabilities {
 	return backend.Capabilities{
-		Fencing:       backend.FencingStrict,
-		FIFO:          true,
-		FaultTolerant: false,
-		TimeAuthority: backend.TimeServer,
-		PushWait:      true,
-		LossNotify:    true,
-		Shared:        true,
-		Counted:       true,
+		Fencing:         backend.FencingStrict,
+		FIFO:            true,
+		FaultTolerant:   false,
+		TimeAuthority:   backend.TimeServer,
+		PushWait:        true,
+		LossNotify:      true,
+		Shared:          true,
+		NativeSemaphore: true,
 	}
 }
 

@@ -108,9 +108,9 @@ func open(ctx context.Context, u *url.URL) (_ backend.Driver, err error) {
 	// The inner locks are taken exclusive and uncounted (neither
 	// AcquireRequest.Shared nor Permits is passed on): claim no shared locks
 	// and no counted semaphores, even where the new backend has them (etcd),
-	// so that dlock refuses WithShared and WithPermits, and rwlock and
+	// so that dlock refuses shared and counted acquires, and rwlock and
 	// semaphore use their portable layouts.
-	d.caps.Shared, d.caps.Counted = false, false
+	d.caps.Shared, d.caps.NativeSemaphore = false, false
 	if mode == ModeMigrate {
 		if d.old, err = dlock.Open(ctx, from.String()); err != nil {
 			return nil, fmt.Errorf("old backend: %w", inner(err))

@@ -10,7 +10,7 @@
 // It needs PostgreSQL 14 or later (for idle_session_timeout).
 //
 // A lock is a session advisory lock (pg_advisory_lock_shared with
-// dlock.WithShared), so raw SQL clients of the key interoperate. Free locks
+// package rwlock's readers), so raw SQL clients of the key interoperate. Free locks
 // are held in one shared session per TTL; a lock that was waited for keeps
 // the connection that waited. A session's idle_session_timeout is the TTL, so
 // the server frees a silent holder's locks. The token is a durable per-key

@@ -24,7 +24,7 @@ import (
 type pin struct {
 	d     *Driver
 	key   AdvisoryKey
-	share bool   // the lock is held shared (dlock.WithShared); set before the acquire
+	share bool   // the lock is held shared (AcquireRequest.Shared); set before the acquire
 	pid   uint32 // pg_backend_pid() of the session that took the lock
 
 	lost     chan struct{} // closed when the session is known gone or given up

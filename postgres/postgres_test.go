@@ -16,6 +16,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/mode"
 	"github.com/dlock-go/dlock/internal/testenv"
 	"github.com/dlock-go/dlock/postgres"
 )
@@ -435,7 +436,7 @@ func TestPoolHygiene(t *testing.T) {
 	// connection of its own; both unlocked in their mode on release.
 	var readers []*dlock.Lease
 	for range 2 {
-		r, err := l.TryAcquire(ctx, "hygiene/shared", dlock.WithShared(), ttl)
+		r, err := l.TryAcquire(ctx, "hygiene/shared", mode.WithShared(), ttl)
 		if err != nil {
 			t.Fatalf("shared TryAcquire: %v", err)
 		}
@@ -635,11 +636,11 @@ func TestPgBouncer(t *testing.T) {
 		if !a.Capabilities().Shared {
 			t.Fatal("Capabilities().Shared is false through a session-pooling PgBouncer")
 		}
-		ra, err := a.TryAcquire(ctx, "bouncer/shared", dlock.WithShared())
+		ra, err := a.TryAcquire(ctx, "bouncer/shared", mode.WithShared())
 		if err != nil {
 			t.Fatal(err)
 		}
-		rb, err := b.TryAcquire(ctx, "bouncer/shared", dlock.WithShared())
+		rb, err := b.TryAcquire(ctx, "bouncer/shared", mode.WithShared())
 		if err != nil {
 			t.Fatalf("second shared TryAcquire through the bouncer: %v", err)
 		}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/observe"
 	"github.com/dlock-go/dlock/semaphore"
 )
 
@@ -32,9 +33,9 @@ func newQueueObserver(name string) *queueObserver {
 		queued: make(chan struct{}, 8), lost: make(chan struct{}, 8), blocked: make(chan struct{}), unblock: make(chan struct{})}
 }
 
-func (o *queueObserver) StartAcquire(ctx context.Context, a dlock.AcquireInfo) (context.Context, func(dlock.AcquireOutcome) dlock.LeaseObserver) {
-	return ctx, func(out dlock.AcquireOutcome) dlock.LeaseObserver {
-		if out.Result != dlock.ResultGranted {
+func (o *queueObserver) StartAcquire(ctx context.Context, a observe.AcquireInfo) (context.Context, func(observe.AcquireOutcome) observe.LeaseObserver) {
+	return ctx, func(out observe.AcquireOutcome) observe.LeaseObserver {
+		if out.Result != observe.ResultGranted {
 			return nil
 		}
 		switch a.Key {
@@ -51,7 +52,7 @@ func (o *queueObserver) StartAcquire(ctx context.Context, a dlock.AcquireInfo) (
 type queueLease struct{ o *queueObserver }
 
 func (queueLease) Renewed(time.Duration, error) {}
-func (queueLease) Ended(dlock.LeaseEnd)         {}
+func (queueLease) Ended(observe.LeaseEnd)       {}
 func (q queueLease) StartRelease(ctx context.Context) (context.Context, func(error)) {
 	first := false
 	q.o.held.Do(func() { first = true })
@@ -68,7 +69,7 @@ func (slotLease) Renewed(time.Duration, error) {}
 func (slotLease) StartRelease(ctx context.Context) (context.Context, func(error)) {
 	return ctx, func(error) {}
 }
-func (s slotLease) Ended(e dlock.LeaseEnd) {
+func (s slotLease) Ended(e observe.LeaseEnd) {
 	if e.Lost {
 		s.o.lost <- struct{}{}
 	}

@@ -58,7 +58,7 @@ type shared struct {
 type sharedLease struct {
 	s        *shared
 	key      AdvisoryKey
-	share    bool // held shared (dlock.WithShared)
+	share    bool // held shared (AcquireRequest.Shared)
 	onLost   func(error)
 	announce bool // acquired with dlock.WithAnnounce: its release is announced (watch.go)
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/mode"
 	"github.com/dlock-go/dlock/internal/testenv"
 	"github.com/dlock-go/dlock/postgres"
 )
@@ -70,7 +71,7 @@ func rawLockWaiting(t *testing.T, ctx context.Context, srv *testenv.Postgres, fn
 	return conn, res
 }
 
-func mustNotAcquire(t *testing.T, ctx context.Context, l dlock.Locker, key, what string, opts ...dlock.Option) {
+func mustNotAcquire(t *testing.T, ctx context.Context, l dlock.Locker, key, what string, opts ...dlock.AcquireOption) {
 	t.Helper()
 	lease, err := l.TryAcquire(ctx, key, opts...)
 	if err == nil {
@@ -106,20 +107,20 @@ func TestSharedInterop(t *testing.T) {
 	if rawTry(t, ctx, raw3, "pg_try_advisory_lock_shared", k) {
 		t.Fatal("server: pg_try_advisory_lock_shared succeeded while pg_advisory_lock waits behind a shared holder")
 	}
-	mustNotAcquire(t, ctx, l, key, "shared, while a raw exclusive request waits behind a raw shared holder", dlock.WithShared())
+	mustNotAcquire(t, ctx, l, key, "shared, while a raw exclusive request waits behind a raw shared holder", mode.WithShared())
 	rawExec(t, ctx, raw1, "pg_advisory_unlock_shared", k)
 	if err := <-waited; err != nil {
 		t.Fatalf("raw pg_advisory_lock: %v", err)
 	}
 
 	// A raw exclusive holder excludes dlock's shared request.
-	mustNotAcquire(t, ctx, l, key, "shared, while a raw session holds the lock exclusively", dlock.WithShared())
+	mustNotAcquire(t, ctx, l, key, "shared, while a raw session holds the lock exclusively", mode.WithShared())
 	rawExec(t, ctx, raw2, "pg_advisory_unlock", k)
 
 	// A raw shared holder and dlock's shared holder coexist; neither a raw
 	// exclusive request nor dlock's is granted meanwhile.
 	rawExec(t, ctx, raw1, "pg_advisory_lock_shared", k)
-	r, err := l.TryAcquire(ctx, key, dlock.WithShared())
+	r, err := l.TryAcquire(ctx, key, mode.WithShared())
 	if err != nil {
 		t.Fatalf("dlock shared TryAcquire while a raw session holds the lock shared: %v", err)
 	}
@@ -183,11 +184,11 @@ func TestSharedSameSession(t *testing.T) {
 	const key = "same/shared"
 	k := postgres.Options{}.AdvisoryKey(key)
 
-	r1, err := l.TryAcquire(ctx, key, dlock.WithShared())
+	r1, err := l.TryAcquire(ctx, key, mode.WithShared())
 	if err != nil {
 		t.Fatal(err)
 	}
-	r2, err := l.TryAcquire(ctx, key, dlock.WithShared()) // same TTL and label: same shared session
+	r2, err := l.TryAcquire(ctx, key, mode.WithShared()) // same TTL and label: same shared session
 	if err != nil {
 		t.Fatalf("a second shared TryAcquire of a key the Locker holds shared: %v", err)
 	}
@@ -214,9 +215,9 @@ func TestSharedSameSession(t *testing.T) {
 	// same Locker gets in ahead of it, tried or waited for.
 	other, waited := rawLockWaiting(t, ctx, srv, "pg_advisory_lock", k)
 	waitWaiting(t, srv, key, 1)
-	mustNotAcquire(t, ctx, l, key, "shared, same Locker, while an exclusive request waits", dlock.WithShared())
+	mustNotAcquire(t, ctx, l, key, "shared, same Locker, while an exclusive request waits", mode.WithShared())
 	wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	lease, err := l.Acquire(wctx, key, dlock.WithShared())
+	lease, err := l.Acquire(wctx, key, mode.WithShared())
 	cancel()
 	if err == nil {
 		_ = lease.Release(ctx)
@@ -261,7 +262,7 @@ func TestSharedBreakAndAnnounce(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	ra, err := a.Acquire(ctx, key, dlock.WithShared(), dlock.WithAnnounce())
+	ra, err := a.Acquire(ctx, key, mode.WithShared(), dlock.WithAnnounce())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -270,7 +271,7 @@ func TestSharedBreakAndAnnounce(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Watch was not told of a shared grant acquired WithAnnounce")
 	}
-	rb, err := b.Acquire(ctx, key, dlock.WithShared())
+	rb, err := b.Acquire(ctx, key, mode.WithShared())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -310,9 +311,9 @@ func TestBreakFreesTheKeyAtOnce(t *testing.T) {
 	for i := range 20 {
 		holder := openLocker(t, srv.URL())
 		key := fmt.Sprintf("break/at-once/%d", i)
-		var opts []dlock.Option
+		var opts []dlock.AcquireOption
 		if i%2 == 1 {
-			opts = append(opts, dlock.WithShared())
+			opts = append(opts, mode.WithShared())
 		}
 		if _, err := holder.Acquire(ctx, key, opts...); err != nil {
 			t.Fatal(err)

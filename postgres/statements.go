@@ -33,7 +33,7 @@ type statements struct {
 	// exclusive and share are the statements that name the lock's mode:
 	// pg_advisory_lock and its relatives for an exclusive lock,
 	// pg_advisory_lock_shared and its relatives for a shared one
-	// (dlock.WithShared). See mode.
+	// (AcquireRequest.Shared). See mode.
 	exclusive, share lockStatements
 
 	// ping resets the session's idle timer (and sets its timeout for the

@@ -73,7 +73,7 @@ func BenchmarkRedis(b *testing.B) {
 	b.Run("VsFloor", func(b *testing.B) {
 		c := goredis.NewClient(&goredis.Options{Addr: srv.Addr()})
 		defer c.Close()
-		d, err := redis.NewDriver(c, nil)
+		d, err := redis.NewDriver(ctx, c, nil)
 		if err != nil {
 			b.Fatal(err)
 		}

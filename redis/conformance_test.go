@@ -54,7 +54,7 @@ func (h *harness) NewLocker(t testing.TB) dlock.Locker {
 func (h *harness) lockerWith(t testing.TB, opts *redis.Options) dlock.Locker {
 	t.Helper()
 	client := h.dial()
-	rl, err := redis.New(client, opts)
+	rl, err := redis.New(context.Background(), client, opts)
 	if err != nil {
 		t.Fatalf("redis.New: %v", err)
 	}

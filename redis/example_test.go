@@ -39,7 +39,7 @@ func ExampleNew() {
 	client := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:6379"})
 	defer client.Close()
 
-	locker, err := redis.New(client, &redis.Options{PollInterval: 500 * time.Millisecond}, dlock.WithTTL(30*time.Second))
+	locker, err := redis.New(context.Background(), client, &redis.Options{PollInterval: 500 * time.Millisecond}, dlock.WithTTL(30*time.Second))
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -63,7 +63,7 @@ func ExampleNewDriver() {
 	})
 	defer client.Close()
 
-	d, err := redis.NewDriver(client, nil) // nil: DefaultPrefix, DefaultPollInterval
+	d, err := redis.NewDriver(context.Background(), client, nil) // nil: DefaultPrefix, DefaultPollInterval
 	if err != nil {
 		log.Fatal(err)
 	}

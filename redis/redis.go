@@ -100,7 +100,7 @@ type Options struct {
 	// below 1ms is an error. DSN parameter "wait_timeout".
 	WaitTimeout time.Duration
 
-	// Checks says what Open and OpenUniversal do when the server's
+	// Checks says what Open, OpenUniversal, New and NewDriver do when the server's
 	// configuration can break locks or tokens ([Driver.CheckServer]):
 	// CheckWarn (the default) logs to Logger, CheckError fails, CheckOff
 	// skips the check. DSN parameter "checks" ("warn", "error" or "off").
@@ -186,7 +186,27 @@ var (
 // Sentinel failover or Cluster client; not a Ring), with opts nil for the
 // defaults. The caller keeps client (Close does not close it), and should set
 // ContextTimeoutEnabled so that ctx deadlines bound each call, as Open does.
-func NewDriver(client goredis.UniversalClient, opts *Options) (*Driver, error) {
+// Bounded by ctx, it pings the deployment and runs the startup check
+// (Options.Checks), as Open does.
+func NewDriver(ctx context.Context, client goredis.UniversalClient, opts *Options) (*Driver, error) {
+	d, err := newDriver(client, opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := rediscore.Ping(ctx, client); err != nil {
+		_ = d.Close()
+		return nil, fmt.Errorf("ping: %w", err)
+	}
+	if err := d.startupCheck(ctx); err != nil {
+		_ = d.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// newDriver is NewDriver without the I/O: it checks its arguments and builds
+// the driver.
+func newDriver(client goredis.UniversalClient, opts *Options) (*Driver, error) {
 	if client == nil {
 		return nil, fmt.Errorf("%w: nil redis client", dlock.ErrInvalidOption)
 	}
@@ -204,11 +224,11 @@ func NewDriver(client goredis.UniversalClient, opts *Options) (*Driver, error) {
 	}, nil
 }
 
-// New returns a dlock.Locker over client: dlock.New(NewDriver(client, opts),
-// lockerOpts...). opts may be nil for the defaults. Closing the Locker does not
-// close client.
-func New(client goredis.UniversalClient, opts *Options, lockerOpts ...dlock.Option) (dlock.Locker, error) {
-	d, err := NewDriver(client, opts)
+// New returns a dlock.Locker over client: dlock.New(NewDriver(ctx, client,
+// opts), lockerOpts...). ctx bounds NewDriver's check of the deployment only.
+// opts may be nil for the defaults. Closing the Locker does not close client.
+func New(ctx context.Context, client goredis.UniversalClient, opts *Options, lockerOpts ...dlock.Option) (dlock.Locker, error) {
+	d, err := NewDriver(ctx, client, opts)
 	if err != nil {
 		return nil, &dlock.Error{Op: "open", Backend: "redis", Err: err}
 	}
@@ -258,7 +278,7 @@ func startOwned(ctx context.Context, client goredis.UniversalClient, o *Options,
 		_ = client.Close()
 		return nil, fmt.Errorf("ping %s: %w", where, err)
 	}
-	d, err := NewDriver(client, o)
+	d, err := newDriver(client, o)
 	if err != nil {
 		_ = client.Close()
 		return nil, err
@@ -282,14 +302,14 @@ func (d *Driver) Prefix() string { return d.prefix }
 // only without it; no fault tolerance and no loss notification.
 func (d *Driver) Capabilities() backend.Capabilities {
 	return backend.Capabilities{
-		Fencing:       backend.FencingStrict,
-		FIFO:          d.opts.Fair,
-		FaultTolerant: false,
-		TimeAuthority: backend.TimeServer,
-		PushWait:      true,
-		LossNotify:    false,
-		Counted:       true,
-		Shared:        !d.opts.Fair,
+		Fencing:         backend.FencingStrict,
+		FIFO:            d.opts.Fair,
+		FaultTolerant:   false,
+		TimeAuthority:   backend.TimeServer,
+		PushWait:        true,
+		LossNotify:      false,
+		NativeSemaphore: true,
+		Shared:          !d.opts.Fair,
 	}
 }
 

@@ -279,12 +279,12 @@ func TestCluster(t *testing.T) {
 		t.Fatal("a script over keys in two slots succeeded; the test proves nothing")
 	}
 
-	a, err := redis.New(cc, &redis.Options{PollInterval: 10 * time.Second})
+	a, err := redis.New(ctx, cc, &redis.Options{PollInterval: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = a.Close() })
-	b, err := redis.New(cc, &redis.Options{PollInterval: 10 * time.Second})
+	b, err := redis.New(ctx, cc, &redis.Options{PollInterval: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -419,16 +419,16 @@ func TestDSN(t *testing.T) {
 func TestNewDriverOptions(t *testing.T) {
 	srv := testenv.StartRedis(t)
 	client := rawClient(t, srv)
-	if _, err := redis.NewDriver(nil, nil); !errors.Is(err, dlock.ErrInvalidOption) {
+	if _, err := redis.NewDriver(context.Background(), nil, nil); !errors.Is(err, dlock.ErrInvalidOption) {
 		t.Errorf("NewDriver(nil): %v, want ErrInvalidOption", err)
 	}
-	if _, err := redis.NewDriver(client, &redis.Options{Prefix: "x{"}); !errors.Is(err, dlock.ErrInvalidOption) {
+	if _, err := redis.NewDriver(context.Background(), client, &redis.Options{Prefix: "x{"}); !errors.Is(err, dlock.ErrInvalidOption) {
 		t.Errorf("prefix with a brace: %v, want ErrInvalidOption", err)
 	}
-	if _, err := redis.NewDriver(client, &redis.Options{PollInterval: -time.Second}); !errors.Is(err, dlock.ErrInvalidOption) {
+	if _, err := redis.NewDriver(context.Background(), client, &redis.Options{PollInterval: -time.Second}); !errors.Is(err, dlock.ErrInvalidOption) {
 		t.Errorf("negative poll: %v, want ErrInvalidOption", err)
 	}
-	d, err := redis.NewDriver(client, nil)
+	d, err := redis.NewDriver(context.Background(), client, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -494,7 +494,7 @@ func TestTTLTooShort(t *testing.T) {
 // of finding "its own" lock held and waiting for it to expire.
 func TestRetriedAcquireIsIdempotent(t *testing.T) {
 	srv := testenv.StartRedis(t)
-	d, err := redis.NewDriver(rawClient(t, srv), nil)
+	d, err := redis.NewDriver(context.Background(), rawClient(t, srv), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -536,7 +536,7 @@ type acquired struct {
 	at    time.Time
 }
 
-func waitingAcquire(ctx context.Context, l dlock.Locker, key string, opts ...dlock.Option) <-chan acquired {
+func waitingAcquire(ctx context.Context, l dlock.Locker, key string, opts ...dlock.AcquireOption) <-chan acquired {
 	c := make(chan acquired, 1)
 	go func() {
 		lease, err := l.Acquire(ctx, key, opts...)
@@ -787,7 +787,7 @@ func TestGrantRacingCancelIsReleased(t *testing.T) {
 			cancelNext = nil
 		}
 	}})
-	l, err := redis.New(client, nil)
+	l, err := redis.New(context.Background(), client, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

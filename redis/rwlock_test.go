@@ -10,6 +10,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/testenv"
+	"github.com/dlock-go/dlock/observe"
 	"github.com/dlock-go/dlock/rwlock"
 )
 
@@ -29,10 +30,10 @@ type writeObserver struct {
 
 func (o *writeObserver) release() { o.freed.Do(func() { close(o.unblock) }) }
 
-func (o *writeObserver) StartAcquire(ctx context.Context, a dlock.AcquireInfo) (context.Context, func(dlock.AcquireOutcome) dlock.LeaseObserver) {
-	return ctx, func(out dlock.AcquireOutcome) dlock.LeaseObserver {
+func (o *writeObserver) StartAcquire(ctx context.Context, a observe.AcquireInfo) (context.Context, func(observe.AcquireOutcome) observe.LeaseObserver) {
+	return ctx, func(out observe.AcquireOutcome) observe.LeaseObserver {
 		switch {
-		case out.Result != dlock.ResultGranted:
+		case out.Result != observe.ResultGranted:
 			return nil
 		case a.Key == o.write:
 			return writeLease{o}
@@ -47,7 +48,7 @@ func (o *writeObserver) StartAcquire(ctx context.Context, a dlock.AcquireInfo) (
 type writeLease struct{ o *writeObserver }
 
 func (writeLease) Renewed(time.Duration, error) {}
-func (writeLease) Ended(dlock.LeaseEnd)         {}
+func (writeLease) Ended(observe.LeaseEnd)       {}
 func (w writeLease) StartRelease(ctx context.Context) (context.Context, func(error)) {
 	first := false
 	w.o.held.Do(func() { first = true })
@@ -64,7 +65,7 @@ func (slotLease) Renewed(time.Duration, error) {}
 func (slotLease) StartRelease(ctx context.Context) (context.Context, func(error)) {
 	return ctx, func(error) {}
 }
-func (s slotLease) Ended(e dlock.LeaseEnd) {
+func (s slotLease) Ended(e observe.LeaseEnd) {
 	if e.Lost {
 		s.o.lost <- struct{}{}
 	}

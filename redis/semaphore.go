@@ -1,4 +1,4 @@
-// Counted semaphores (backend.AcquireRequest.Permits, dlock.WithPermits).
+// Counted semaphores (backend.AcquireRequest.Permits, package semaphore).
 
 package redis
 

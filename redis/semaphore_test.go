@@ -14,6 +14,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/mode"
 	"github.com/dlock-go/dlock/internal/testenv"
 	"github.com/dlock-go/dlock/redis"
 )
@@ -23,7 +24,7 @@ import (
 func newSemDriver(t *testing.T, srv *testenv.Redis, opts *redis.Options) *redis.Driver {
 	t.Helper()
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
-	d, err := redis.NewDriver(c, opts)
+	d, err := redis.NewDriver(context.Background(), c, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -74,11 +75,11 @@ func TestPermitLayout(t *testing.T) {
 	k := permitKeys(redis.DefaultPrefix, name)
 
 	before := serverMicros(t, raw) / 1000
-	a, err := l.TryAcquire(ctx, name, dlock.WithPermits(3), dlock.WithLabel("worker a"), dlock.WithTTL(10*time.Second))
+	a, err := l.TryAcquire(ctx, name, mode.WithPermits(3), dlock.WithLabel("worker a"), dlock.WithTTL(10*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := l.TryAcquire(ctx, name, dlock.WithPermits(3), dlock.WithTTL(10*time.Second))
+	b, err := l.TryAcquire(ctx, name, mode.WithPermits(3), dlock.WithTTL(10*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,12 +189,12 @@ func TestPermitScriptCalls(t *testing.T) {
 	t.Cleanup(func() { _ = c.Close() })
 	hook := &countHook{count: map[string]int{}}
 	c.AddHook(hook)
-	l, err := redis.New(c, nil)
+	l, err := redis.New(ctx, c, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = l.Close() })
-	opts := []dlock.Option{dlock.WithPermits(2), dlock.WithAutoRenew(false)}
+	opts := []dlock.AcquireOption{mode.WithPermits(2), dlock.WithAutoRenew(false)}
 	p, err := l.TryAcquire(ctx, "calls", opts...)
 	if err != nil {
 		t.Fatal(err)
@@ -370,17 +371,17 @@ func TestPermitSizeMismatch(t *testing.T) {
 	ctx := testCtx(t)
 	srv := testenv.StartRedis(t)
 	l := openLocker(t, srv, "")
-	p, err := l.TryAcquire(ctx, "size", dlock.WithPermits(2))
+	p, err := l.TryAcquire(ctx, "size", mode.WithPermits(2))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, n := range []int{1, 3} {
-		_, err := l.TryAcquire(ctx, "size", dlock.WithPermits(n))
+		_, err := l.TryAcquire(ctx, "size", mode.WithPermits(n))
 		if !errors.Is(err, dlock.ErrSizeMismatch) || !strings.Contains(err.Error(), "use 2 permits") {
 			t.Errorf("TryAcquire of %d while holders use 2: %v, want ErrSizeMismatch naming 2", n, err)
 		}
 		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_, err = l.Acquire(wctx, "size", dlock.WithPermits(n))
+		_, err = l.Acquire(wctx, "size", mode.WithPermits(n))
 		ended := wctx.Err()
 		cancel()
 		if !errors.Is(err, dlock.ErrSizeMismatch) || ended != nil {
@@ -388,7 +389,7 @@ func TestPermitSizeMismatch(t *testing.T) {
 		}
 	}
 	release(t, p)
-	q, err := l.TryAcquire(ctx, "size", dlock.WithPermits(3))
+	q, err := l.TryAcquire(ctx, "size", mode.WithPermits(3))
 	if err != nil {
 		t.Fatalf("a semaphore of 3 once nobody holds it with 2: %v", err)
 	}
@@ -404,7 +405,7 @@ func TestPermitInspectListBreak(t *testing.T) {
 	srv := testenv.StartRedis(t)
 	l := openLocker(t, srv, "")
 	other := openLocker(t, srv, "")
-	a, err := l.TryAcquire(ctx, "jobs", dlock.WithPermits(2), dlock.WithLabel("worker a"), dlock.WithTTL(20*time.Second))
+	a, err := l.TryAcquire(ctx, "jobs", mode.WithPermits(2), dlock.WithLabel("worker a"), dlock.WithTTL(20*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -449,7 +450,7 @@ func TestPermitInspectListBreak(t *testing.T) {
 	if err := a.Refresh(ctx); !errors.Is(err, dlock.ErrLeaseLost) {
 		t.Errorf("the broken holder's refresh: %v, want ErrLeaseLost", err)
 	}
-	b, err := other.TryAcquire(ctx, "jobs", dlock.WithPermits(2))
+	b, err := other.TryAcquire(ctx, "jobs", mode.WithPermits(2))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -472,7 +473,7 @@ func TestPermitWaitersPushed(t *testing.T) {
 	k := permitKeys(redis.DefaultPrefix, "pushed")
 	var held []*dlock.Lease
 	for range 2 {
-		p, err := holder.TryAcquire(ctx, "pushed", dlock.WithPermits(2))
+		p, err := holder.TryAcquire(ctx, "pushed", mode.WithPermits(2))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -481,14 +482,14 @@ func TestPermitWaitersPushed(t *testing.T) {
 	cctx, cancel := context.WithCancel(ctx)
 	cancelled := make(chan error, 1)
 	go func() {
-		_, err := waiters.Acquire(cctx, "pushed", dlock.WithPermits(2))
+		_, err := waiters.Acquire(cctx, "pushed", mode.WithPermits(2))
 		cancelled <- err
 	}()
 	var wg sync.WaitGroup
 	got := make(chan *dlock.Lease, 2)
 	for range 2 {
 		wg.Go(func() {
-			p, err := waiters.Acquire(ctx, "pushed", dlock.WithPermits(2))
+			p, err := waiters.Acquire(ctx, "pushed", mode.WithPermits(2))
 			if err != nil {
 				t.Errorf("waiter: %v", err)
 				return
@@ -558,7 +559,7 @@ func TestPermitTokenFloor(t *testing.T) {
 	srv := testenv.StartRedis(t)
 	raw := rawClient(t, srv)
 	l := openLocker(t, srv, "")
-	p, err := l.TryAcquire(ctx, "floor", dlock.WithPermits(1))
+	p, err := l.TryAcquire(ctx, "floor", mode.WithPermits(1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -566,7 +567,7 @@ func TestPermitTokenFloor(t *testing.T) {
 	if err := raw.Del(ctx, permitKeys(redis.DefaultPrefix, "floor").fence).Err(); err != nil {
 		t.Fatal(err)
 	}
-	q, err := l.TryAcquire(ctx, "floor", dlock.WithPermits(1))
+	q, err := l.TryAcquire(ctx, "floor", mode.WithPermits(1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -589,7 +590,7 @@ func TestPermitReleasesWakeEveryLocalWaiter(t *testing.T) {
 	holder := openLocker(t, srv, "")
 	waiters := openLocker(t, srv, "poll=1h")
 	k := permitKeys(redis.DefaultPrefix, "wake-all")
-	opts := []dlock.Option{dlock.WithPermits(2), dlock.WithTTL(time.Minute)}
+	opts := []dlock.AcquireOption{mode.WithPermits(2), dlock.WithTTL(time.Minute)}
 	for round := range 20 {
 		var held []*dlock.Lease
 		for range 2 {
@@ -647,7 +648,7 @@ func TestPermitCluster(t *testing.T) {
 	masters := map[string]bool{}
 	var held []*dlock.Lease
 	for _, name := range names {
-		p, err := l.TryAcquire(ctx, name, dlock.WithPermits(2), dlock.WithTTL(time.Minute))
+		p, err := l.TryAcquire(ctx, name, mode.WithPermits(2), dlock.WithTTL(time.Minute))
 		if err != nil {
 			t.Fatalf("TryAcquire(%q) with permits on a cluster: %v", name, err)
 		}
@@ -676,7 +677,7 @@ func TestPermitCluster(t *testing.T) {
 	}
 	strict := openDSN(t, cl.URL()+"?min_replicas=1&wait_timeout=50ms")
 	for _, name := range names {
-		if _, err := strict.TryAcquire(ctx, name, dlock.WithPermits(2)); !errors.Is(err, redis.ErrTooFewReplicas) {
+		if _, err := strict.TryAcquire(ctx, name, mode.WithPermits(2)); !errors.Is(err, redis.ErrTooFewReplicas) {
 			t.Fatalf("TryAcquire(%q) with permits, min_replicas=1 and no replicas: %v, want ErrTooFewReplicas", name, err)
 		}
 		if n, err := cc.Exists(ctx, permitKeys(redis.DefaultPrefix, name).permits).Result(); err != nil || n != 0 {

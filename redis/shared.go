@@ -16,7 +16,7 @@ import (
 
 // errSharedFair refuses a shared acquire in fair mode, whose queue orders
 // exclusive waiters only (Capabilities().Shared is false there, so dlock
-// refuses WithShared before the driver sees it; this is the driver's own
+// refuses a shared acquire before the driver sees it; this is the driver's own
 // guard).
 var errSharedFair = fmt.Errorf("redis driver: shared locks are not available in fair mode (Options.Fair): %w", errors.ErrUnsupported)
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/mode"
 	"github.com/dlock-go/dlock/internal/testenv"
 	"github.com/dlock-go/dlock/redis"
 )
@@ -51,7 +52,7 @@ func exists(t *testing.T, raw *goredis.Client, name string) bool {
 func crashableLocker(t *testing.T, srv *testenv.Redis, opts *redis.Options) (dlock.Locker, func()) {
 	t.Helper()
 	c := goredis.NewClient(&goredis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
-	l, err := redis.New(c, opts)
+	l, err := redis.New(context.Background(), c, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,11 +78,11 @@ func TestSharedLayout(t *testing.T) {
 	lock, readers, writers := sharedNames(key)
 
 	before := serverMicros(t, raw) / 1000
-	r1, err := a.TryAcquire(ctx, key, dlock.WithShared(), dlock.WithLabel("reader one"), dlock.WithTTL(10*time.Second))
+	r1, err := a.TryAcquire(ctx, key, mode.WithShared(), dlock.WithLabel("reader one"), dlock.WithTTL(10*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
-	r2, err := b.TryAcquire(ctx, key, dlock.WithShared(), dlock.WithTTL(10*time.Second))
+	r2, err := b.TryAcquire(ctx, key, mode.WithShared(), dlock.WithTTL(10*time.Second))
 	if err != nil {
 		t.Fatalf("a second shared TryAcquire: %v", err)
 	}
@@ -133,7 +134,7 @@ func TestSharedLayout(t *testing.T) {
 			t.Errorf("the writer's mark %q expires at %v, want its TTL (30s) after now (%d ms)", m, s, markAt)
 		}
 	}
-	if _, err := a.TryAcquire(ctx, key, dlock.WithShared()); !errors.Is(err, dlock.ErrNotAcquired) {
+	if _, err := a.TryAcquire(ctx, key, mode.WithShared()); !errors.Is(err, dlock.ErrNotAcquired) {
 		t.Fatalf("a shared TryAcquire while a writer waits: %v, want ErrNotAcquired", err)
 	}
 	// The last shared release wakes the writer: its poll is 30s and it
@@ -164,7 +165,7 @@ func TestSharedLayout(t *testing.T) {
 	if exists(t, raw, writers) || exists(t, raw, readers) {
 		t.Errorf("after the writer's grant: %s exists %v, %s exists %v; want neither", writers, exists(t, raw, writers), readers, exists(t, raw, readers))
 	}
-	if _, err := a.TryAcquire(ctx, key, dlock.WithShared()); !errors.Is(err, dlock.ErrNotAcquired) {
+	if _, err := a.TryAcquire(ctx, key, mode.WithShared()); !errors.Is(err, dlock.ErrNotAcquired) {
 		t.Fatalf("a shared TryAcquire while the key is held exclusively: %v, want ErrNotAcquired", err)
 	}
 	release(t, x.lease)
@@ -174,7 +175,7 @@ func TestSharedLayout(t *testing.T) {
 	// server's clock, and the next script sweeps it then; the set itself
 	// expires with its last entry.
 	vl, crash := crashableLocker(t, srv, nil)
-	gone, err := vl.TryAcquire(ctx, key, dlock.WithShared(), dlock.WithTTL(500*time.Millisecond), dlock.WithAutoRenew(false))
+	gone, err := vl.TryAcquire(ctx, key, mode.WithShared(), dlock.WithTTL(500*time.Millisecond), dlock.WithAutoRenew(false))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,7 +183,7 @@ func TestSharedLayout(t *testing.T) {
 	if gone.Token() <= x.lease.Token() {
 		t.Errorf("shared token %v not above the exclusive one before it (%v)", gone.Token(), x.lease.Token())
 	}
-	stay, err := b.TryAcquire(ctx, key, dlock.WithShared(), dlock.WithTTL(10*time.Second))
+	stay, err := b.TryAcquire(ctx, key, mode.WithShared(), dlock.WithTTL(10*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +221,7 @@ func TestSharedLayout(t *testing.T) {
 	release(t, next)
 	// A lone holder that vanishes: the set goes with its entry.
 	vl2, crash2 := crashableLocker(t, srv, nil)
-	lone, err := vl2.TryAcquire(ctx, key, dlock.WithShared(), dlock.WithTTL(500*time.Millisecond), dlock.WithAutoRenew(false))
+	lone, err := vl2.TryAcquire(ctx, key, mode.WithShared(), dlock.WithTTL(500*time.Millisecond), dlock.WithAutoRenew(false))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -262,7 +263,7 @@ func TestSharedCrashedWriterMark(t *testing.T) {
 		t.Fatal("the crashed writer's mark went with it; want it left to expire")
 	}
 	for {
-		lease, err := l.TryAcquire(ctx, key, dlock.WithShared())
+		lease, err := l.TryAcquire(ctx, key, mode.WithShared())
 		now := float64(serverMicros(t, raw) / 1000)
 		if err == nil {
 			// Granted after the refusal: the mark's expiry must have passed
@@ -292,7 +293,7 @@ func TestSharedCrashedWriterMark(t *testing.T) {
 
 func mustShared(t *testing.T, ctx context.Context, l dlock.Locker, key string) *dlock.Lease {
 	t.Helper()
-	lease, err := l.TryAcquire(ctx, key, dlock.WithShared())
+	lease, err := l.TryAcquire(ctx, key, mode.WithShared())
 	if err != nil {
 		t.Fatalf("shared TryAcquire(%q): %v", key, err)
 	}
@@ -363,7 +364,7 @@ func TestSharedFairMode(t *testing.T) {
 	if !def.Capabilities().Shared {
 		t.Error("the default mode does not claim Shared")
 	}
-	if _, err := fair.TryAcquire(ctx, "fair/shared", dlock.WithShared()); !errors.Is(err, errors.ErrUnsupported) {
+	if _, err := fair.TryAcquire(ctx, "fair/shared", mode.WithShared()); !errors.Is(err, errors.ErrUnsupported) {
 		t.Fatalf("shared TryAcquire in fair mode: %v, want ErrUnsupported", err)
 	}
 	r := mustShared(t, ctx, def, "fair/shared")
@@ -435,7 +436,7 @@ func TestReleaseWakesAWriterBehindAReader(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		reader := waitingAcquire(ctx, b, key, dlock.WithShared(), dlock.WithTTL(time.Minute))
+		reader := waitingAcquire(ctx, b, key, mode.WithShared(), dlock.WithTTL(time.Minute))
 		waitFor(t, 5*time.Second, "reader subscribed", func() bool {
 			return numSub(t, raw, redis.ReleaseChannel(redis.DefaultPrefix, key)) == 1
 		})
@@ -465,11 +466,11 @@ func TestSharedWaitersOfOneProcessGrantedTogether(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	first := waitingAcquire(ctx, b, key, dlock.WithShared(), dlock.WithTTL(time.Minute))
+	first := waitingAcquire(ctx, b, key, mode.WithShared(), dlock.WithTTL(time.Minute))
 	waitFor(t, 5*time.Second, "reader subscribed", func() bool {
 		return numSub(t, raw, redis.ReleaseChannel(redis.DefaultPrefix, key)) == 1
 	})
-	second := waitingAcquire(ctx, b, key, dlock.WithShared(), dlock.WithTTL(time.Minute))
+	second := waitingAcquire(ctx, b, key, mode.WithShared(), dlock.WithTTL(time.Minute))
 	// No signal for "the second reader waits": give it the moment its
 	// first attempt and registration take.
 	time.Sleep(100 * time.Millisecond)

@@ -152,7 +152,7 @@ func TestClusterMinReplicas(t *testing.T) {
 	}
 
 	// The startup check reads every master.
-	d, err := redis.NewDriver(cc, nil)
+	d, err := redis.NewDriver(ctx, cc, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -394,7 +394,7 @@ func TestStartupChecks(t *testing.T) {
 	durable := testenv.StartRedis(t, testenv.WithPersistence(), testenv.WithRedisArgs("--maxmemory", "100mb"))
 	c := goredis.NewClient(&goredis.Options{Addr: durable.Addr()})
 	t.Cleanup(func() { _ = c.Close() })
-	d, err := redis.NewDriver(c, nil)
+	d, err := redis.NewDriver(ctx, c, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -414,7 +414,7 @@ func TestStartupChecks(t *testing.T) {
 	_ = openDSN(t, hidden.URL()+"?checks=error")
 	hc := goredis.NewClient(&goredis.Options{Addr: hidden.Addr()})
 	t.Cleanup(func() { _ = hc.Close() })
-	hd, err := redis.NewDriver(hc, nil)
+	hd, err := redis.NewDriver(ctx, hc, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

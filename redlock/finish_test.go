@@ -8,6 +8,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/testenv"
+	"github.com/dlock-go/dlock/observe"
 	"github.com/dlock-go/dlock/redlock"
 )
 
@@ -101,8 +102,8 @@ type closeOnLoss struct {
 	closed chan error // Close's error
 }
 
-func (o *closeOnLoss) StartAcquire(ctx context.Context, _ dlock.AcquireInfo) (context.Context, func(dlock.AcquireOutcome) dlock.LeaseObserver) {
-	return ctx, func(dlock.AcquireOutcome) dlock.LeaseObserver { return o }
+func (o *closeOnLoss) StartAcquire(ctx context.Context, _ observe.AcquireInfo) (context.Context, func(observe.AcquireOutcome) observe.LeaseObserver) {
+	return ctx, func(observe.AcquireOutcome) observe.LeaseObserver { return o }
 }
 
 func (*closeOnLoss) Renewed(time.Duration, error) {}
@@ -111,7 +112,7 @@ func (*closeOnLoss) StartRelease(ctx context.Context) (context.Context, func(err
 	return ctx, func(error) {}
 }
 
-func (o *closeOnLoss) Ended(e dlock.LeaseEnd) {
+func (o *closeOnLoss) Ended(e observe.LeaseEnd) {
 	if !e.Lost {
 		return
 	}

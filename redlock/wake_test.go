@@ -16,7 +16,7 @@ type acquired struct {
 	at    time.Time
 }
 
-func waitingAcquire(ctx context.Context, l dlock.Locker, key string, opts ...dlock.Option) <-chan acquired {
+func waitingAcquire(ctx context.Context, l dlock.Locker, key string, opts ...dlock.AcquireOption) <-chan acquired {
 	c := make(chan acquired, 1)
 	go func() {
 		lease, err := l.Acquire(ctx, key, opts...)

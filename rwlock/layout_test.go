@@ -10,6 +10,7 @@ import (
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/memlock"
+	"github.com/dlock-go/dlock/observe"
 	"github.com/dlock-go/dlock/rwlock"
 )
 
@@ -101,8 +102,8 @@ type breakable struct {
 // lossSignal is an Observer that sends the key of each lease lost.
 type lossSignal chan string
 
-func (s lossSignal) StartAcquire(ctx context.Context, a dlock.AcquireInfo) (context.Context, func(dlock.AcquireOutcome) dlock.LeaseObserver) {
-	return ctx, func(dlock.AcquireOutcome) dlock.LeaseObserver { return lossOf{s, a.Key} }
+func (s lossSignal) StartAcquire(ctx context.Context, a observe.AcquireInfo) (context.Context, func(observe.AcquireOutcome) observe.LeaseObserver) {
+	return ctx, func(observe.AcquireOutcome) observe.LeaseObserver { return lossOf{s, a.Key} }
 }
 
 type lossOf struct {
@@ -114,7 +115,7 @@ func (lossOf) Renewed(time.Duration, error) {}
 func (lossOf) StartRelease(ctx context.Context) (context.Context, func(error)) {
 	return ctx, func(error) {}
 }
-func (o lossOf) Ended(e dlock.LeaseEnd) {
+func (o lossOf) Ended(e observe.LeaseEnd) {
 	if e.Lost {
 		o.s <- o.key
 	}

@@ -19,11 +19,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"reflect"
 	"slices"
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/mode"
 	"github.com/dlock-go/dlock/semaphore"
 )
 
@@ -33,7 +33,8 @@ import (
 const Readers = 16
 
 // ErrNested means Lock or RLock was called under a ctx that already carries
-// a hold of the same lock (the same name on the same, comparable Locker),
+// a hold of the same lock (the same name on the same Locker, compared unwrapped
+// through dlock.Unwrapper),
 // which would wait for the caller itself.
 var ErrNested = errors.New("rwlock: ctx already holds this lock")
 
@@ -43,21 +44,21 @@ var ErrNested = errors.New("rwlock: ctx already holds this lock")
 type RWMutex struct {
 	l       dlock.Locker
 	name    string
-	opts    []dlock.Option
-	shared  []dlock.Option       // opts and WithShared, where the backend holds locks shared
-	readers *semaphore.Semaphore // nil where the backend holds locks shared
+	opts    []dlock.AcquireOption
+	shared  []dlock.AcquireOption // opts and mode.WithShared, where the backend holds locks shared
+	readers *semaphore.Semaphore  // nil where the backend holds locks shared
 }
 
 // New returns the read/write lock name on l, whose leases all take opts,
 // without a call to the backend; it fails with dlock.ErrInvalidKey for a name
 // that cannot make its keys.
-func New(l dlock.Locker, name string, opts ...dlock.Option) (*RWMutex, error) {
+func New(l dlock.Locker, name string, opts ...dlock.AcquireOption) (*RWMutex, error) {
 	if l != nil && l.Capabilities().Shared {
 		// The same names as elsewhere, so that a name is valid on every backend.
 		if err := semaphore.CheckName(name + "/read"); err != nil {
 			return nil, fmt.Errorf("rwlock %q: %w", name, err)
 		}
-		return &RWMutex{l: l, name: name, opts: opts, shared: append(slices.Clip(opts), dlock.WithShared())}, nil
+		return &RWMutex{l: l, name: name, opts: opts, shared: append(slices.Clip(opts), mode.WithShared())}, nil
 	}
 	// Slot locks even where the backend has its own semaphore: a writer
 	// takes every slot as a lock.
@@ -118,9 +119,9 @@ func (h *Hold) Write() bool { return h.write }
 // passed through it.
 func (h *Hold) Token() dlock.Token { return h.token }
 
-// Granted returns when the hold began: when the request that completed it
+// GrantedAt returns when the hold began: when the request that completed it
 // was sent (for a write, the last read slot's; for a read, its slot's).
-func (h *Hold) Granted() time.Time { return h.granted }
+func (h *Hold) GrantedAt() time.Time { return h.granted }
 
 // Deadline returns the earliest deadline of the hold's leases: the hold is
 // lost by then unless they are renewed.
@@ -217,12 +218,38 @@ func (m *RWMutex) nested(ctx context.Context) error {
 	return nil
 }
 
-// sameLocker reports whether a and b are the same Locker, without the panic
-// of == on a Locker whose type is not comparable.
-func sameLocker(a, b dlock.Locker) bool {
-	t := reflect.TypeOf(a)
-	return t == reflect.TypeOf(b) && t != nil && t.Comparable() && a == b
+// sameLocker reports whether a and b take the same locks: the same Locker
+// once each is unwrapped (dlock.Unwrapper). Lockers whose type == cannot
+// compare are never the same.
+func sameLocker(a, b dlock.Locker) (same bool) {
+	a, b = unwrap(a), unwrap(b)
+	defer func() {
+		if recover() != nil { // == on a type that cannot compare
+			same = false
+		}
+	}()
+	return a != nil && a == b
 }
+
+// unwrap returns the Locker l wraps, at the bottom of its dlock.Unwrapper
+// chain (at most maxUnwrap deep).
+func unwrap(l dlock.Locker) dlock.Locker {
+	for range maxUnwrap {
+		u, ok := l.(dlock.Unwrapper)
+		if !ok {
+			return l
+		}
+		inner := u.Unwrap()
+		if inner == nil {
+			return l
+		}
+		l = inner
+	}
+	return l
+}
+
+// maxUnwrap bounds the Unwrap chain unwrap follows (one that loops, say).
+const maxUnwrap = 64
 
 // Lock waits for a write hold or until ctx ends (the error then matches
 // dlock.ErrNotAcquired and ctx's error, and nothing is left behind).
@@ -254,7 +281,7 @@ func (m *RWMutex) lock(ctx context.Context, wait bool) (*Hold, error) {
 			return nil, err
 		}
 		if m.Shared() {
-			return newHold(m, true, w.Token(), w.Granted(), w, nil), nil
+			return newHold(m, true, w.Token(), w.GrantedAt(), w, nil), nil
 		}
 		var slots *dlock.LeaseSet
 		if wait {
@@ -276,10 +303,10 @@ func (m *RWMutex) lock(ctx context.Context, wait bool) (*Hold, error) {
 			}
 			continue // take it again
 		}
-		granted := w.Granted()
+		granted := w.GrantedAt()
 		for _, l := range slots.Leases() {
-			if l.Granted().After(granted) {
-				granted = l.Granted()
+			if l.GrantedAt().After(granted) {
+				granted = l.GrantedAt()
 			}
 		}
 		return newHold(m, true, w.Token(), granted, w, slots), nil
@@ -317,7 +344,7 @@ func (m *RWMutex) rlock(ctx context.Context, wait bool) (*Hold, error) {
 		if err != nil {
 			return nil, err
 		}
-		return newHold(m, false, r.Token(), r.Granted(), r, nil), nil
+		return newHold(m, false, r.Token(), r.GrantedAt(), r, nil), nil
 	}
 	for {
 		w, err := m.take(ctx, wait, m.opts)
@@ -350,7 +377,7 @@ func (m *RWMutex) rlock(ctx context.Context, wait bool) (*Hold, error) {
 		case err != nil:
 			return nil, err
 		case lost == nil:
-			return newHold(m, false, w.Token(), p.Lease().Granted(), p.Lease(), nil), nil
+			return newHold(m, false, w.Token(), p.Lease().GrantedAt(), p.Lease(), nil), nil
 		case !wait:
 			return nil, lost
 		}
@@ -361,7 +388,7 @@ func (m *RWMutex) rlock(ctx context.Context, wait bool) (*Hold, error) {
 
 // take acquires WriteKey with opts (m.opts: exclusively; m.shared:
 // shared), waiting or not.
-func (m *RWMutex) take(ctx context.Context, wait bool, opts []dlock.Option) (*dlock.Lease, error) {
+func (m *RWMutex) take(ctx context.Context, wait bool, opts []dlock.AcquireOption) (*dlock.Lease, error) {
 	if wait {
 		return m.l.Acquire(ctx, m.WriteKey(), opts...)
 	}

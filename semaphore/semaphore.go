@@ -5,7 +5,7 @@
 // In its portable layout a semaphore of n permits is n locks, its slots
 // NAME/permits/0 to NAME/permits/(n-1); waiters queue on the lock
 // NAME/permits/queue, and the head watches the slots. Where the backend has a
-// counted semaphore of its own (dlock.Capabilities().Counted), the semaphore
+// counted semaphore of its own (dlock.Capabilities().NativeSemaphore), the semaphore
 // is that one instead ([Semaphore.Native]), so that the backend's other
 // clients count toward n. Either way a permit names its slot (Key) and
 // carries a token that increases per slot, so a resource keeps one
@@ -33,6 +33,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/mode"
 )
 
 // MaxPermits is the largest number of permits a semaphore may have.
@@ -54,7 +55,7 @@ const maxWatched = 64
 type Option func(*config)
 
 type config struct {
-	lease     []dlock.Option
+	lease     []dlock.AcquireOption
 	sizeCheck bool
 	poll      time.Duration
 	slotLocks bool
@@ -63,7 +64,7 @@ type config struct {
 // WithLeaseOptions passes opts to every acquire of a slot and of the queue
 // (WithTTL, say); a WithLabel among them labels only the queue, as a permit's
 // label is "permits=N HOSTNAME:PID".
-func WithLeaseOptions(opts ...dlock.Option) Option {
+func WithLeaseOptions(opts ...dlock.AcquireOption) Option {
 	return func(c *config) { c.lease = append(c.lease, opts...) }
 }
 
@@ -95,8 +96,8 @@ type Semaphore struct {
 	l       dlock.Locker
 	name    string
 	n       int
-	counted bool           // in the backend's own layout: l.Capabilities().Counted
-	opts    []dlock.Option // of a permit: the caller's, then its label and WithAnnounce (and WithPermits)
+	counted bool                  // in the backend's own layout: l.Capabilities().NativeSemaphore
+	opts    []dlock.AcquireOption // of a permit: the caller's, then its label and WithAnnounce (and mode.WithPermits)
 	cfg     config
 }
 
@@ -119,10 +120,10 @@ func New(l dlock.Locker, name string, n int, opts ...Option) (*Semaphore, error)
 	if err := CheckName(name); err != nil {
 		return nil, err
 	}
-	if l.Capabilities().Counted && !cfg.slotLocks {
+	if l.Capabilities().NativeSemaphore && !cfg.slotLocks {
 		// The driver records n beside the holder's label itself.
 		permit := append(cfg.lease[:len(cfg.lease):len(cfg.lease)],
-			dlock.WithLabel(dlock.DefaultLabel), dlock.WithAnnounce(), dlock.WithPermits(n))
+			dlock.WithLabel(dlock.DefaultLabel), dlock.WithAnnounce(), mode.WithPermits(n))
 		return &Semaphore{l: l, name: name, n: n, counted: true, cfg: cfg, opts: permit}, nil
 	}
 	permit := append(cfg.lease[:len(cfg.lease):len(cfg.lease)],
@@ -156,7 +157,7 @@ func (s *Semaphore) Name() string { return s.name }
 func (s *Semaphore) Permits() int { return s.n }
 
 // Native reports whether the semaphore is held in the backend's own layout
-// (its Locker's Capabilities().Counted; dlock.WithPermits) rather than in
+// (its Locker's Capabilities().NativeSemaphore) rather than in
 // slot locks.
 func (s *Semaphore) Native() bool { return s.counted }
 

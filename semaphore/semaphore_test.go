@@ -16,13 +16,13 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // portable is a mem:// Locker with its own semaphore layout hidden
-// (Capabilities().Counted false), so that a semaphore on it is made of
+// (Capabilities().NativeSemaphore false), so that a semaphore on it is made of
 // slot locks, as on a backend without one.
 type portable struct{ dlock.Locker }
 
 func (p portable) Capabilities() dlock.Capabilities {
 	c := p.Locker.Capabilities()
-	c.Counted = false
+	c.NativeSemaphore = false
 	return c
 }
 
@@ -162,7 +162,7 @@ type cancelOnTry struct {
 	cancel context.CancelFunc
 }
 
-func (c cancelOnTry) TryAcquire(ctx context.Context, key string, opts ...dlock.Option) (*dlock.Lease, error) {
+func (c cancelOnTry) TryAcquire(ctx context.Context, key string, opts ...dlock.AcquireOption) (*dlock.Lease, error) {
 	if *c.tries++; *c.tries == c.n {
 		c.cancel()
 	}

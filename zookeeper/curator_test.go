@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/election"
+	"github.com/dlock-go/dlock/internal/mode"
 	"github.com/dlock-go/dlock/internal/testenv"
 	"github.com/dlock-go/dlock/zookeeper"
 )
@@ -222,7 +222,7 @@ func TestCurator(t *testing.T) {
 	peer.connect(srv.Addr())
 	peers := &curatorPeers{shared: peer, addr: srv.Addr()}
 	path := func(key string) string { return zookeeper.LockPath(zookeeper.DefaultRoot, key) }
-	shared := dlock.WithShared()
+	shared := mode.WithShared()
 
 	t.Run("CuratorHolds", func(t *testing.T) {
 		cur := peers.on(t)

@@ -43,7 +43,7 @@ func ExampleNew() {
 	}
 	defer conn.Close()
 
-	locker, err := zookeeper.New(conn, &zookeeper.Options{SessionTimeout: 10 * time.Second, Root: "/myapp/locks"})
+	locker, err := zookeeper.New(context.Background(), conn, &zookeeper.Options{SessionTimeout: 10 * time.Second, Root: "/myapp/locks"})
 	if err != nil {
 		log.Fatal(err)
 	}

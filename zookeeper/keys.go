@@ -17,7 +17,7 @@ import (
 // protection (CreateBuilder.withProtection): a lock is an ephemeral sequential
 // child "_c_<uuid>-lock-<sequence>" of the key's node, so Curator clients and
 // dlock exclude each other when they use the same path. A shared hold
-// (dlock.WithShared) is a child "_c_<uuid>-read-lock-<sequence>": its name
+// (AcquireRequest.Shared: package rwlock's readers) is a child "_c_<uuid>-read-lock-<sequence>": its name
 // still ends in "lock-<sequence>", so Curator's InterProcessMutex and
 // go-zookeeper's zk.Lock, which order children by what follows the last
 // "lock-", queue it as one more exclusive holder or waiter.

@@ -166,7 +166,7 @@ func TestOptions(t *testing.T) {
 	if _, err := zookeeper.Dial(ctx, nil, nil); !errors.Is(err, dlock.ErrInvalidOption) {
 		t.Errorf("Dial with no server: %v", err)
 	}
-	if _, err := zookeeper.NewDriver(nil, nil); !errors.Is(err, dlock.ErrInvalidOption) {
+	if _, err := zookeeper.NewDriver(ctx, nil, nil); !errors.Is(err, dlock.ErrInvalidOption) {
 		t.Errorf("NewDriver(nil): %v", err)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/go-zookeeper/zk"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/internal/mode"
 	"github.com/dlock-go/dlock/internal/testenv"
 	"github.com/dlock-go/dlock/zookeeper"
 )
@@ -94,7 +95,7 @@ type acquired struct {
 }
 
 // acquireAsync starts an Acquire of key and returns where its result arrives.
-func acquireAsync(ctx context.Context, l dlock.Locker, key string, opts ...dlock.Option) <-chan acquired {
+func acquireAsync(ctx context.Context, l dlock.Locker, key string, opts ...dlock.AcquireOption) <-chan acquired {
 	ch := make(chan acquired, 1)
 	go func() {
 		lease, err := l.Acquire(ctx, key, opts...)
@@ -129,7 +130,7 @@ func granted(t *testing.T, ch <-chan acquired, what string) *dlock.Lease {
 	}
 }
 
-func mustTryFail(t *testing.T, l dlock.Locker, key string, what string, opts ...dlock.Option) {
+func mustTryFail(t *testing.T, l dlock.Locker, key string, what string, opts ...dlock.AcquireOption) {
 	t.Helper()
 	lease, err := l.TryAcquire(testCtx(t), key, opts...)
 	if err == nil {
@@ -151,7 +152,7 @@ var readerNode = regexp.MustCompile(`^_c_[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-
 func TestSharedInterop(t *testing.T) {
 	srv := testenv.StartZooKeeper(t)
 	h := newHarness(t, []string{srv.Addr()}, 10*time.Second)
-	shared := dlock.WithShared()
+	shared := mode.WithShared()
 
 	t.Run("ZkLockWaitsForReader", func(t *testing.T) {
 		a, b := h.NewLocker(t), h.NewLocker(t)

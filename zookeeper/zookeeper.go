@@ -27,8 +27,8 @@ const (
 	// DSN parameter "session".
 	DefaultSessionTimeout = 10 * time.Second
 
-	// DefaultConnectTimeout bounds Dial's wait for the first session, on top of
-	// its ctx. DSN parameter "connect".
+	// DefaultConnectTimeout bounds Dial's and NewDriver's wait for the first
+	// session, on top of their ctx. DSN parameter "connect".
 	DefaultConnectTimeout = 10 * time.Second
 
 	// DefaultPort is the port of a DSN host given without one.
@@ -68,9 +68,9 @@ type Options struct {
 	// "session".
 	SessionTimeout time.Duration
 
-	// ConnectTimeout bounds how long Dial waits for the first session, on top
-	// of its ctx. Zero means DefaultConnectTimeout (10s). DSN parameter
-	// "connect". Not used by NewDriver.
+	// ConnectTimeout bounds how long Dial and NewDriver wait for the first
+	// session, on top of their ctx. Zero means DefaultConnectTimeout (10s).
+	// DSN parameter "connect".
 	ConnectTimeout time.Duration
 
 	// Digest is "user:password" for ZooKeeper digest authentication (Dial
@@ -242,7 +242,9 @@ func Dial(ctx context.Context, servers []string, opts *Options) (*Driver, error)
 // zk.Connect and keeps (Close does not close it); opts.SessionTimeout is
 // required. Lock nodes live in conn's session, so one not deleted by Close
 // stays until conn is closed.
-func NewDriver(conn *zk.Conn, opts *Options) (*Driver, error) {
+// It returns once conn has a session, or fails when ctx ends or
+// Options.ConnectTimeout passes first.
+func NewDriver(ctx context.Context, conn *zk.Conn, opts *Options) (*Driver, error) {
 	if conn == nil {
 		return nil, fmt.Errorf("%w: nil ZooKeeper connection", dlock.ErrInvalidOption)
 	}
@@ -254,13 +256,20 @@ func NewDriver(conn *zk.Conn, opts *Options) (*Driver, error) {
 	d.conn = conn
 	d.observe()
 	d.wg.Go(d.poll)
+	wctx, cancel := context.WithTimeout(ctx, o.ConnectTimeout)
+	defer cancel()
+	if _, err := d.sess.live(wctx, true, nil); err != nil {
+		_ = d.Close()
+		return nil, fmt.Errorf("no session on the connection: %w", err)
+	}
 	return d, nil
 }
 
-// New returns a dlock.Locker over conn: dlock.New(NewDriver(conn, opts),
-// lockerOpts...). Closing the Locker does not close conn.
-func New(conn *zk.Conn, opts *Options, lockerOpts ...dlock.Option) (dlock.Locker, error) {
-	d, err := NewDriver(conn, opts)
+// New returns a dlock.Locker over conn: dlock.New(NewDriver(ctx, conn, opts),
+// lockerOpts...). ctx bounds NewDriver's wait for a session only. Closing the
+// Locker does not close conn.
+func New(ctx context.Context, conn *zk.Conn, opts *Options, lockerOpts ...dlock.Option) (dlock.Locker, error) {
+	d, err := NewDriver(ctx, conn, opts)
 	if err != nil {
 		return nil, &dlock.Error{Op: "open", Backend: "zk", Err: err}
 	}
@@ -382,14 +391,14 @@ func (d *Driver) SessionTimeout() time.Duration {
 // locks and counted semaphores.
 func (d *Driver) Capabilities() backend.Capabilities {
 	return backend.Capabilities{
-		Fencing:       backend.FencingStrict,
-		FIFO:          true,
-		FaultTolerant: true,
-		TimeAuthority: backend.TimeServer,
-		PushWait:      true,
-		LossNotify:    true,
-		Shared:        true,
-		Counted:       true,
+		Fencing:         backend.FencingStrict,
+		FIFO:            true,
+		FaultTolerant:   true,
+		TimeAuthority:   backend.TimeServer,
+		PushWait:        true,
+		LossNotify:      true,
+		Shared:          true,
+		NativeSemaphore: true,
 	}
 }
 

@@ -32,7 +32,7 @@ func testCtx(t *testing.T) context.Context {
 	return ctx
 }
 
-func mustAcquire(t *testing.T, l dlock.Locker, key string, opts ...dlock.Option) *dlock.Lease {
+func mustAcquire(t *testing.T, l dlock.Locker, key string, opts ...dlock.AcquireOption) *dlock.Lease {
 	t.Helper()
 	lease, err := l.Acquire(testCtx(t), key, opts...)
 	if err != nil {
@@ -568,10 +568,10 @@ func testOwnConnection(t *testing.T, srv *testenv.ZooKeeper, h *harness) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	if _, err := zookeeper.New(conn, nil); !errors.Is(err, dlock.ErrInvalidOption) || !strings.Contains(err.Error(), "SessionTimeout") {
+	if _, err := zookeeper.New(context.Background(), conn, nil); !errors.Is(err, dlock.ErrInvalidOption) || !strings.Contains(err.Error(), "SessionTimeout") {
 		t.Fatalf("New without a session timeout: %v, want ErrInvalidOption naming SessionTimeout", err)
 	}
-	l, err := zookeeper.New(conn, &zookeeper.Options{SessionTimeout: 4 * time.Second, Root: "/own"})
+	l, err := zookeeper.New(context.Background(), conn, &zookeeper.Options{SessionTimeout: 4 * time.Second, Root: "/own"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -604,7 +604,7 @@ func testOwnConnection(t *testing.T, srv *testenv.ZooKeeper, h *harness) {
 
 	// The driver follows the state of a connection it does not own: when the
 	// connection is gone, its leases end within the session timeout.
-	l2, err := zookeeper.New(conn, &zookeeper.Options{SessionTimeout: 4 * time.Second, Root: "/own"})
+	l2, err := zookeeper.New(context.Background(), conn, &zookeeper.Options{SessionTimeout: 4 * time.Second, Root: "/own"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -282,8 +282,8 @@ func printCapabilities(w io.Writer, plan checkPlan, c backend.Capabilities, shor
 		{"time-authority", c.TimeAuthority.String(), authority},
 		{"push-wait", yesNo(c.PushWait), explain(c.PushWait, "the backend wakes waiters on release", "waiters poll")},
 		{"loss-notify", yesNo(c.LossNotify), explain(c.LossNotify, "a lost lock is reported as it happens", "a lost lock is noticed at the next renewal")},
-		{"shared", yesNo(c.Shared), explain(c.Shared, "locks can be held shared (dlock.WithShared), in the backend's own layout", "no shared locks: rwlock uses its portable layout")},
-		{"counted", yesNo(c.Counted), explain(c.Counted, "semaphores in the backend's own layout (dlock.WithPermits)", "no semaphore layout of its own: package semaphore uses slot locks")},
+		{"shared", yesNo(c.Shared), explain(c.Shared, "locks can be held shared (package rwlock's readers), in the backend's own layout", "no shared locks: rwlock uses its portable layout")},
+		{"native-semaphore", yesNo(c.NativeSemaphore), explain(c.NativeSemaphore, "semaphores in the backend's own layout (package semaphore's permits)", "no semaphore layout of its own: package semaphore uses slot locks")},
 	})
 	if len(notes) > 0 {
 		fmt.Fprintln(w, "\nThe driver's notes on the deployment:")

@@ -38,7 +38,7 @@ func TestCheckRedis(t *testing.T) {
 		`^Shortest TTL the suite uses: 1s; keys under the prefix "dlock:check-[0-9a-f]{8}:"$`,
 		`^Cleanup: deleted \d+ keys`,
 		`^shared +yes +locks can be held shared`,
-		`^counted +yes +semaphores in the backend's own layout`,
+		`^native-semaphore +yes +semaphores in the backend's own layout`,
 		`^PASS: \d+ passed, \d+ skipped, 0 failed in `,
 	} {
 		if !regexp.MustCompile(`(?m)` + want).MatchString(r.stdout) {
@@ -65,10 +65,10 @@ func TestCheckRedis(t *testing.T) {
 	if skipped != 3 || rows["Break/HandOff"][0] != "SKIP" {
 		t.Errorf("%d groups skipped, want 3: FIFO, ErrorsHideSecrets and Break/HandOff:\n%s", skipped, r.stdout)
 	}
-	// Redis claims counted semaphores (its own layout): the Counted group and
+	// Redis claims counted semaphores (its own layout): the NativeSemaphore group and
 	// the Semaphore groups run through it, SemaphoreFenced with a permit's
 	// slot forgotten by the admin client.
-	for _, name := range []string{"Counted", "SemaphoreFenced", "SemaphoreHolderVanishes"} {
+	for _, name := range []string{"NativeSemaphore", "SemaphoreFenced", "SemaphoreHolderVanishes"} {
 		if rows[name][0] != "PASS" {
 			t.Errorf("%s: %q, want PASS\n%s", name, rows[name], r.stdout)
 		}

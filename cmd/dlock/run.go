@@ -104,8 +104,8 @@ type runOptions struct {
 	key     string
 	value   string // elect: the value the leader publishes
 	command []string
-	lockOpt []dlock.Option // --ttl
-	wait    time.Duration  // 0: as long as it takes
+	lockOpt []dlock.AcquireOption // --ttl
+	wait    time.Duration         // 0: as long as it takes
 	noWait  bool
 	permits int // run: > 0 holds a permit of a semaphore of this many instead of the lock
 	grace   time.Duration

@@ -332,48 +332,48 @@ func candidate(name string) error {
 	}
 	url := os.Getenv(envResource)
 	held := false // this candidate has waited for "go" after its first write
-	err = election.Run(ctx, locker, electionName, name, election.Callbacks{
-		OnStartedLeading: func(ld *election.Leadership) { fmt.Printf("leading with token %v\n", ld.Token()) },
+	err = election.Run(ctx, election.Config{Locker: locker, Name: electionName, Value: name,
 		OnStoppedLeading: func(ld *election.Leadership, err error) {
 			fmt.Printf("lost leadership of term %v: %v\n", ld.Token(), err)
 		},
-	}, func(ctx context.Context, ld *election.Leadership) error {
-		for {
-			time.Sleep(100 * time.Millisecond) // work
-			status, err := write(url, name, ld.Token())
-			switch {
-			case err != nil:
-				// A real client retries a write that got no answer; say so,
-				// so that a run that goes wrong shows why.
-				fmt.Printf("write with token %v failed (%v); trying again\n", ld.Token(), err)
+		OnStartedLeading: func(ctx context.Context, ld *election.Leadership) error {
+			fmt.Printf("leading with token %v\n", ld.Token())
+			for {
+				time.Sleep(100 * time.Millisecond) // work
+				status, err := write(url, name, ld.Token())
+				switch {
+				case err != nil:
+					// A real client retries a write that got no answer; say so,
+					// so that a run that goes wrong shows why.
+					fmt.Printf("write with token %v failed (%v); trying again\n", ld.Token(), err)
+					if ctx.Err() != nil {
+						return nil // campaign again
+					}
+					continue
+				case status == http.StatusConflict:
+					fmt.Printf("write with token %v REJECTED by the resource (stale)\n", ld.Token())
+				default:
+					fmt.Printf("write with token %v accepted\n", ld.Token())
+				}
+				if !held {
+					// The program holds a candidate after its first write until
+					// it says "go": a freeze it injects lands between that write
+					// and this wait (it sends "go" only once the process is
+					// stopped), and the next write goes out with this term's
+					// token whatever happened meanwhile. So the term's end is
+					// not looked at here: a freeze that lands before this line
+					// would otherwise end the term without that write.
+					held = true
+					if _, err := in.ReadString('\n'); err != nil {
+						return err
+					}
+					continue
+				}
 				if ctx.Err() != nil {
 					return nil // campaign again
 				}
-				continue
-			case status == http.StatusConflict:
-				fmt.Printf("write with token %v REJECTED by the resource (stale)\n", ld.Token())
-			default:
-				fmt.Printf("write with token %v accepted\n", ld.Token())
 			}
-			if !held {
-				// The program holds a candidate after its first write until
-				// it says "go": a freeze it injects lands between that write
-				// and this wait (it sends "go" only once the process is
-				// stopped), and the next write goes out with this term's
-				// token whatever happened meanwhile. So the term's end is
-				// not looked at here: a freeze that lands before this line
-				// would otherwise end the term without that write.
-				held = true
-				if _, err := in.ReadString('\n'); err != nil {
-					return err
-				}
-				continue
-			}
-			if ctx.Err() != nil {
-				return nil // campaign again
-			}
-		}
-	})
+		}})
 	if errors.Is(err, context.Canceled) {
 		return nil
 	}

@@ -1,0 +1,22 @@
+package dlock
+
+import "github.com/dlock-go/dlock/internal/mode/hook"
+
+// The acquire modes, shared and counted, are not part of the API: package
+// internal/mode gives them to packages rwlock and semaphore.
+func init() {
+	hook.Shared = func() any { return acquireOption(func(s *settings) { s.shared = true }) }
+	hook.Permits = func(n int) any {
+		return acquireOption(func(s *settings) {
+			s.permits = n
+			if n == 0 {
+				s.permits = -1 // refused by check: 0 is the lock's default, never asked for
+			}
+		})
+	}
+}
+
+// Shared reports whether the lease holds its lock shared (package rwlock's
+// read holds, where the backend holds locks shared). A nested hold (see
+// WithReentrant) reports its outermost lease's mode.
+func (l *Lease) Shared() bool { return l.outermost().set.shared }
