@@ -5,7 +5,6 @@ go 1.26.0
 require (
 	github.com/anishathalye/porcupine v1.3.1
 	github.com/go-sql-driver/mysql v1.9.3
-	github.com/go-zookeeper/zk v1.0.4
 	github.com/hashicorp/go-multierror v1.1.1
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
@@ -24,6 +23,3 @@ require (
 	go.uber.org/atomic v1.12.0 // indirect
 	golang.org/x/text v0.43.0 // indirect
 )
-
-// go-zookeeper v1.0.4 with a data race fixed: see third_party/go-zookeeper-zk/README.md.
-replace github.com/go-zookeeper/zk => ./third_party/go-zookeeper-zk

@@ -10,7 +10,8 @@ import (
 )
 
 // modules returns the directory of every Go module in the repository: the
-// root and the nested ones (etcd, migrate, cmd/dlock, examples, bench).
+// root and the nested ones (etcd, migrate, dlockotel, cmd/dlock, examples,
+// bench).
 func modules(t *testing.T) []string {
 	t.Helper()
 	var dirs []string
@@ -18,9 +19,7 @@ func modules(t *testing.T) []string {
 		if err != nil {
 			return err
 		}
-		// third_party holds other projects' code (see its READMEs), not
-		// dlock's modules.
-		if d.IsDir() && path != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || path == "third_party") {
+		if d.IsDir() && path != "." && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata") {
 			return filepath.SkipDir
 		}
 		if d.Name() == "go.mod" {
@@ -31,8 +30,8 @@ func modules(t *testing.T) []string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(dirs) < 6 {
-		t.Fatalf("found the modules %v; want the root and its five nested modules", dirs)
+	if len(dirs) < 7 {
+		t.Fatalf("found the modules %v; want the root and its six nested modules", dirs)
 	}
 	return dirs
 }
@@ -75,20 +74,37 @@ func TestRootModuleStaysLean(t *testing.T) {
 	}
 }
 
-// TestZooKeeperClientReplaced: every module of the repository that requires
-// go-zookeeper builds against the copy in third_party/go-zookeeper-zk, which
-// fixes a data race of v1.0.4 (see its README), so that no -race run of
-// dlock's tests meets it.
-func TestZooKeeperClientReplaced(t *testing.T) {
+// TestZooKeeperClientIsTheCopy: dlock's ZooKeeper code builds with the copy
+// of go-zookeeper v1.0.4 in third_party/zk, which fixes a data race (see its
+// README), and never with the upstream module: no module of the repository
+// requires or replaces github.com/go-zookeeper/zk, and no package, test
+// included, imports it. A replace line would reach only dlock's own builds; an
+// import of the copy reaches every program that uses dlock.
+func TestZooKeeperClientIsTheCopy(t *testing.T) {
+	const upstream = "github.com/go-zookeeper/zk"
 	for _, dir := range modules(t) {
 		gomod, err := os.ReadFile(filepath.Join(dir, "go.mod"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		mod := string(gomod)
-		if strings.Contains(mod, "github.com/go-zookeeper/zk v") && !strings.Contains(mod, "github.com/go-zookeeper/zk =>") {
-			t.Errorf("%s/go.mod requires go-zookeeper without replacing it with third_party/go-zookeeper-zk", dir)
+		if strings.Contains(string(gomod), upstream) {
+			t.Errorf("%s/go.mod names %s: import github.com/dlock-go/dlock/third_party/zk instead", dir, upstream)
 		}
+	}
+	imports := 0
+	for _, line := range goListAll(t, `{{.ImportPath}}|{{join .Imports ","}},{{join .TestImports ","}},{{join .XTestImports ","}}`) {
+		pkg, imps, _ := strings.Cut(line, "|")
+		for _, imp := range strings.Split(imps, ",") {
+			switch imp {
+			case upstream:
+				t.Errorf("%s imports %s: import github.com/dlock-go/dlock/third_party/zk instead", pkg, upstream)
+			case "github.com/dlock-go/dlock/third_party/zk":
+				imports++
+			}
+		}
+	}
+	if imports == 0 {
+		t.Error("no package imports github.com/dlock-go/dlock/third_party/zk: is the zookeeper driver still listed?")
 	}
 }
 
@@ -140,8 +156,8 @@ func TestImportRules(t *testing.T) {
 		}
 		if drivers[pkg] && pkg != mod+"/memlock" {
 			for _, imp := range internal {
-				if imp != mod && imp != mod+"/backend" && !strings.HasPrefix(imp, mod+"/internal/") {
-					t.Errorf("driver %s imports %s: drivers import only the root, backend and their client library", pkg, imp)
+				if imp != mod && imp != mod+"/backend" && !strings.HasPrefix(imp, mod+"/internal/") && imp != mod+"/third_party/zk" {
+					t.Errorf("driver %s imports %s: drivers import only the root, backend and their client library (for zookeeper, third_party/zk)", pkg, imp)
 				}
 			}
 		}

@@ -8,7 +8,6 @@ require (
 	github.com/dlock-go/dlock/dlockotel v0.0.0-00010101000000-000000000000
 	github.com/dlock-go/dlock/etcd v0.0.0-00010101000000-000000000000
 	github.com/go-sql-driver/mysql v1.9.3
-	github.com/go-zookeeper/zk v1.0.4
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
 	go.etcd.io/etcd/client/v3 v3.6.16
@@ -61,5 +60,4 @@ replace (
 	github.com/dlock-go/dlock => ../
 	github.com/dlock-go/dlock/dlockotel => ../dlockotel
 	github.com/dlock-go/dlock/etcd => ../etcd
-	github.com/go-zookeeper/zk => ../third_party/go-zookeeper-zk
 )

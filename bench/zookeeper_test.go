@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-zookeeper/zk"
+	"github.com/dlock-go/dlock/third_party/zk"
 
 	"github.com/dlock-go/dlock/internal/testenv"
 	_ "github.com/dlock-go/dlock/zookeeper" // zk://

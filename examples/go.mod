@@ -24,7 +24,6 @@ require (
 	github.com/dustin/go-humanize v1.0.1 // indirect
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
-	github.com/go-zookeeper/zk v1.0.4 // indirect
 	github.com/gogo/protobuf v1.3.2 // indirect
 	github.com/golang-jwt/jwt/v5 v5.3.1 // indirect
 	github.com/golang/protobuf v1.5.4 // indirect
@@ -89,5 +88,4 @@ replace (
 	github.com/dlock-go/dlock/dlockotel => ../dlockotel
 	github.com/dlock-go/dlock/etcd => ../etcd
 	github.com/dlock-go/dlock/migrate => ../migrate
-	github.com/go-zookeeper/zk => ../third_party/go-zookeeper-zk
 )

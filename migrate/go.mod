@@ -5,7 +5,6 @@ go 1.26.0
 require (
 	github.com/dlock-go/dlock v0.0.0
 	github.com/dlock-go/dlock/etcd v0.0.0-00010101000000-000000000000
-	github.com/go-zookeeper/zk v1.0.4
 	github.com/redis/go-redis/v9 v9.23.0
 	go.etcd.io/etcd/client/v3 v3.6.16
 	go.uber.org/goleak v1.3.0
@@ -40,5 +39,4 @@ require (
 replace (
 	github.com/dlock-go/dlock => ../
 	github.com/dlock-go/dlock/etcd => ../etcd
-	github.com/go-zookeeper/zk => ../third_party/go-zookeeper-zk
 )

@@ -9,7 +9,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/go-zookeeper/zk"
+	"github.com/dlock-go/dlock/third_party/zk"
 
 	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/zookeeper"

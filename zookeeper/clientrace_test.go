@@ -9,19 +9,20 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-zookeeper/zk"
+	"github.com/dlock-go/dlock/third_party/zk"
 
 	"github.com/dlock-go/dlock/internal/testenv"
 )
 
 // TestClientReconnectRace drives go-zookeeper through the reconnect that
 // races in v1.0.4 (Conn.lastZxid read by sendSetWatches while the new receive
-// loop writes it; see third_party/go-zookeeper-zk/README.md): watches set,
-// requests in flight, and the connection cut again and again while the CPU
-// is busy, so that sendSetWatches runs late. It asserts nothing itself; the
-// race detector fails it. Against upstream v1.0.4 (the replace line removed
-// from go.mod) it failed 9 runs of 9; against the patched copy it passed 7 of 7. It
-// burns every core for about 15 s, so it runs only when DLOCK_SOAK is set.
+// loop writes it; see third_party/zk/README.md): watches set, requests in
+// flight, and the connection cut again and again while the CPU is busy, so
+// that sendSetWatches runs late. It asserts nothing itself; the race detector
+// fails it. Against upstream v1.0.4 (this file importing
+// github.com/go-zookeeper/zk instead) it failed 9 runs of 9; against the
+// patched copy it passed 7 of 7. It burns every core for about 15 s, so it
+// runs only when DLOCK_SOAK is set.
 func TestClientReconnectRace(t *testing.T) {
 	if os.Getenv("DLOCK_SOAK") == "" {
 		t.Skip("set DLOCK_SOAK to run this stress test of the ZooKeeper client")

@@ -6,7 +6,7 @@ import (
 	"log"
 	"time"
 
-	"github.com/go-zookeeper/zk"
+	"github.com/dlock-go/dlock/third_party/zk"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/zookeeper"

@@ -10,7 +10,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/go-zookeeper/zk"
+	"github.com/dlock-go/dlock/third_party/zk"
 
 	"github.com/dlock-go/dlock/backend"
 )

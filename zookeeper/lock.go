@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/go-zookeeper/zk"
+	"github.com/dlock-go/dlock/third_party/zk"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"

@@ -27,7 +27,6 @@ require (
 	github.com/go-logr/logr v1.4.4 // indirect
 	github.com/go-logr/stdr v1.2.2 // indirect
 	github.com/go-sql-driver/mysql v1.9.3 // indirect
-	github.com/go-zookeeper/zk v1.0.4 // indirect
 	github.com/gogo/protobuf v1.3.2 // indirect
 	github.com/golang/protobuf v1.5.4 // indirect
 	github.com/google/uuid v1.6.0 // indirect
@@ -82,5 +81,4 @@ replace (
 	github.com/dlock-go/dlock/dlockotel => ../../dlockotel
 	github.com/dlock-go/dlock/etcd => ../../etcd
 	github.com/dlock-go/dlock/migrate => ../../migrate
-	github.com/go-zookeeper/zk => ../../third_party/go-zookeeper-zk
 )

@@ -69,7 +69,7 @@ type authCreds struct {
 
 // Conn is the client connection and tracks all details for communication with the server.
 type Conn struct {
-	lastZxid         int64 // with sync/atomic: see dlock's third_party/go-zookeeper-zk/README.md
+	lastZxid         int64 // with sync/atomic: see dlock's third_party/zk/README.md
 	sessionID        int64
 	state            State // must be 32-bit aligned
 	xid              uint32
