@@ -4,9 +4,9 @@ go 1.26.0
 
 require (
 	github.com/bsm/redislock v0.9.4
-	github.com/dlock-go/dlock v0.0.0
-	github.com/dlock-go/dlock/dlockotel v0.0.0-00010101000000-000000000000
-	github.com/dlock-go/dlock/etcd v0.0.0-00010101000000-000000000000
+	github.com/dlock-go/dlock v0.1.0
+	github.com/dlock-go/dlock/dlockotel v0.1.0
+	github.com/dlock-go/dlock/etcd v0.1.0
 	github.com/go-sql-driver/mysql v1.9.3
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/redis/go-redis/v9 v9.23.0
@@ -54,10 +54,4 @@ require (
 	github.com/hashicorp/go-multierror v1.1.1 // indirect
 	go.uber.org/atomic v1.12.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
-)
-
-replace (
-	github.com/dlock-go/dlock => ../
-	github.com/dlock-go/dlock/dlockotel => ../dlockotel
-	github.com/dlock-go/dlock/etcd => ../etcd
 )

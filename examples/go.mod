@@ -3,10 +3,10 @@ module github.com/dlock-go/dlock/examples
 go 1.26.0
 
 require (
-	github.com/dlock-go/dlock v0.0.0
-	github.com/dlock-go/dlock/dlockotel v0.0.0-00010101000000-000000000000
-	github.com/dlock-go/dlock/etcd v0.0.0-00010101000000-000000000000
-	github.com/dlock-go/dlock/migrate v0.0.0-00010101000000-000000000000
+	github.com/dlock-go/dlock v0.1.0
+	github.com/dlock-go/dlock/dlockotel v0.1.0
+	github.com/dlock-go/dlock/etcd v0.1.0
+	github.com/dlock-go/dlock/migrate v0.1.0
 	github.com/prometheus/client_golang v1.24.1
 	go.etcd.io/etcd/server/v3 v3.6.16
 	go.opentelemetry.io/otel/exporters/prometheus v0.69.0
@@ -81,11 +81,4 @@ require (
 	gopkg.in/natefinch/lumberjack.v2 v2.2.1 // indirect
 	sigs.k8s.io/json v0.0.0-20211020170558-c049b76a60c6 // indirect
 	sigs.k8s.io/yaml v1.4.0 // indirect
-)
-
-replace (
-	github.com/dlock-go/dlock => ../
-	github.com/dlock-go/dlock/dlockotel => ../dlockotel
-	github.com/dlock-go/dlock/etcd => ../etcd
-	github.com/dlock-go/dlock/migrate => ../migrate
 )

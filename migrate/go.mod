@@ -3,8 +3,8 @@ module github.com/dlock-go/dlock/migrate
 go 1.26.0
 
 require (
-	github.com/dlock-go/dlock v0.0.0
-	github.com/dlock-go/dlock/etcd v0.0.0-00010101000000-000000000000
+	github.com/dlock-go/dlock v0.1.0
+	github.com/dlock-go/dlock/etcd v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 	go.etcd.io/etcd/client/v3 v3.6.16
 	go.uber.org/goleak v1.3.0
@@ -34,9 +34,4 @@ require (
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260803160001-6ac0973c030d // indirect
 	google.golang.org/grpc v1.83.2 // indirect
 	google.golang.org/protobuf v1.36.11 // indirect
-)
-
-replace (
-	github.com/dlock-go/dlock => ../
-	github.com/dlock-go/dlock/etcd => ../etcd
 )

@@ -3,10 +3,10 @@ module github.com/dlock-go/dlock/cmd/dlock
 go 1.26.0
 
 require (
-	github.com/dlock-go/dlock v0.0.0
-	github.com/dlock-go/dlock/dlockotel v0.0.0-00010101000000-000000000000
-	github.com/dlock-go/dlock/etcd v0.0.0-00010101000000-000000000000
-	github.com/dlock-go/dlock/migrate v0.0.0-00010101000000-000000000000
+	github.com/dlock-go/dlock v0.1.0
+	github.com/dlock-go/dlock/dlockotel v0.1.0
+	github.com/dlock-go/dlock/etcd v0.1.0
+	github.com/dlock-go/dlock/migrate v0.1.0
 	github.com/redis/go-redis/v9 v9.23.0
 	go.opentelemetry.io/contrib/exporters/autoexport v0.72.0
 	go.opentelemetry.io/otel v1.47.0
@@ -74,11 +74,4 @@ require (
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260928230214-8a89bd6388cc // indirect
 	google.golang.org/grpc v1.84.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
-)
-
-replace (
-	github.com/dlock-go/dlock => ../../
-	github.com/dlock-go/dlock/dlockotel => ../../dlockotel
-	github.com/dlock-go/dlock/etcd => ../../etcd
-	github.com/dlock-go/dlock/migrate => ../../migrate
 )
