@@ -17,7 +17,8 @@
 #                                tidies, and commits on the current branch
 #   scripts/release.sh tag [--unsigned] [COMMIT]
 #                                on a clean checkout of COMMIT (default HEAD):
-#                                check, multimod verify, the install test; then creates
+#                                check, multimod verify, the API check against
+#                                api/VERSION, the install test; then creates
 #                                the set's tags (signed, by multimod tag; with
 #                                --unsigned, annotated by git tag -a) and prints
 #                                the command that pushes them. Pushes nothing.
@@ -125,7 +126,7 @@ prepare)
     git commit -q -m "release: go.work and go.sum for $(set_version)"
   fi
   git log --oneline -2
-  echo "release.sh: prepared $(set_version); tag it once it is final"
+  echo "release.sh: prepared $(set_version); record its API (scripts/api.sh record) once it is final, then tag"
   ;;
 tag)
   sign=1
@@ -136,6 +137,8 @@ tag)
   version=$(set_version)
   check
   multimod verify
+  [ -d "api/$version" ] || { echo "release.sh: api/$version is missing: run scripts/api.sh record and commit it" >&2; exit 1; }
+  scripts/api.sh check "$version"
   (cd internal/release && GOWORK=off go test -count=1 -run 'TestInstall' ./...)
   tags=()
   for p in $(set_modules); do

@@ -3,7 +3,7 @@
 # root, and the nested modules etcd, migrate, dlockotel, cmd/dlock, examples,
 # the peer-benchmark module bench and the release module internal/release):
 # formatting, go.mod tidiness and version agreement, go vet and staticcheck,
-# `go test -race` against
+# API compatibility with the last recorded release, `go test -race` against
 # real servers (started by the tests themselves on free loopback ports;
 # install them first with scripts/install-test-deps.sh), the peer-benchmark
 # module's smoke test, the install test (every published module served from a
@@ -52,6 +52,9 @@ for m in "${modules[@]}" bench internal/release; do
   (cd "$m" && export GOWORK="$(work "$m")" && go vet ./... &&
     go run "honnef.co/go/tools/cmd/staticcheck@$STATICCHECK_VERSION" $(go list ./... | grep -v '/third_party/'))
 done
+
+step "API compatible with the last recorded release (scripts/api.sh check)"
+scripts/api.sh check
 
 step "go test -race"
 # The fault matrix and soaks write their results here (conformance.WriteRecord),

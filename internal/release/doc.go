@@ -1,5 +1,6 @@
-// Package release holds dlock's release tooling: the tool pinned in this
-// module's go.mod (multimod), run by scripts/release.sh, and TestInstall, which installs every published module
+// Package release holds dlock's release tooling: the tools pinned in this
+// module's go.mod (multimod, apidiff), run by scripts/release.sh and
+// scripts/api.sh, and TestInstall, which installs every published module
 // from a module proxy made from the checkout, as users install Go code.
 //
 // It is a module of its own, never published, so that none of this enters
