@@ -85,20 +85,10 @@ check() {
   echo "release.sh: every module agrees on $(set_name) $version"
 }
 
-# sync_work points go.work's replace lines at the set's version.
+# sync_work points go.work's replace lines at the set's version (check then
+# says if a module of the set has none).
 sync_work() {
-  local version p d old
-  version=$(set_version)
-  for old in $(go work edit -json | awk '/"Replace"/ {r = 1} r && /"Old"/ {o = 1} r && /"New"/ {o = 0}
-      r && o && $1 == "\"Path\":" {gsub(/[",]/, "", $2); p = $2}
-      r && o && $1 == "\"Version\":" {gsub(/[",]/, "", $2); print p "@" $2}'); do
-    go work edit -dropreplace="$old"
-  done
-  for p in $(set_modules); do
-    d=$(mod_dir "$p")
-    if [ "$d" = . ]; then d=./; else d=./$d; fi
-    go work edit -replace="$p@$version=$d"
-  done
+  sed -i 's|^\([[:space:]]*\(replace[[:space:]]\{1,\}\)\{0,1\}'"$MODULE_PREFIX"'[^[:space:]]*\) v[^[:space:]]* =>|\1 '"$(set_version)"' =>|' go.work
 }
 
 require_clean() {
@@ -117,7 +107,15 @@ prepare)
   multimod verify
   # Moves every go.mod's requirements on the set to its version and commits;
   # go mod tidy is skipped: a plain one cannot resolve the new version yet.
+  before=$(git rev-parse HEAD)
   multimod prerelease --module-set-names "$(set_name)" --skip-go-mod-tidy --commit-to-different-branch=false
+  # multimod also rewrites every version number in a module's version.go (or
+  # its version-refs); dlock keeps no version in a file, so nothing but
+  # go.mod files may change (versions.yaml says why etcd's points at LICENSE).
+  if git diff --name-only "$before" HEAD | grep -v '\(^\|/\)go\.mod$'; then
+    echo "release.sh: multimod prerelease changed the files above, not only go.mod files: undo that commit (git reset --hard $before) and see versions.yaml" >&2
+    exit 1
+  fi
   sync_work
   scripts/tidy.sh
   check
