@@ -71,6 +71,11 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
   printf 'MariaDB\t%s\n' "$(version "$(find_bin mariadbd)" --version)"
 } >"$meta"
 
+# bench/ with the working copies of dlock's modules and the dependency
+# versions its own go.mod selects (scripts/modules.sh).
+. "$root/scripts/modules.sh"
+mod_workspace bench "$work/go.work"
+export GOWORK=$work/go.work
 cd "$root/bench"
 step "build (go test -c)"
 go test -c -o "$work/bench.test" .
