@@ -544,51 +544,11 @@ func (ch *child) stop(t testing.TB, d time.Duration) error {
 	}
 	ch.mu.Lock()
 	err := ch.err
-	known := onlyKnownRaces(ch.stderr.String())
 	ch.mu.Unlock()
-	var exit *exec.ExitError
-	if errors.As(err, &exit) && exit.ExitCode() == raceExitCode && known {
-		t.Logf("child %s: exited 66 for a data race inside go-zookeeper only (Conn.lastZxid, written by recvLoop and read by sendSetWatches on reconnect; go-zookeeper/zk pull request 35, unfixed in v1.0.4), not dlock's", ch.name)
-		return nil
-	}
 	if err != nil {
 		return fmt.Errorf("child %s: %w; stderr:\n%s", ch.name, err, ch.stderrText())
 	}
 	return nil
-}
-
-// raceExitCode is the race detector's exit status for a program in which it
-// found a data race.
-const raceExitCode = 66
-
-// onlyKnownRaces reports whether stderr holds race reports, and every one is
-// the known race inside go-zookeeper: its Conn's recvLoop writes lastZxid
-// while its loop reads it in sendSetWatches after a reconnect, with no frame
-// of any other package in either access's stack. A child that exits with
-// raceExitCode for that race alone is not failing dlock; any other race, or
-// one that also touches dlock's code, still fails the test.
-func onlyKnownRaces(stderr string) bool {
-	const marker = "WARNING: DATA RACE"
-	reports := strings.Split(stderr, marker)[1:]
-	if len(reports) == 0 {
-		return false
-	}
-	for _, r := range reports {
-		accesses, _, _ := strings.Cut(r, "\nGoroutine ") // the two accesses' stacks, before "created at"
-		if !strings.Contains(accesses, "go-zookeeper/zk.(*Conn).recvLoop()") ||
-			!strings.Contains(accesses, "go-zookeeper/zk.(*Conn).sendSetWatches()") {
-			return false
-		}
-		for _, line := range strings.Split(accesses, "\n") {
-			line = strings.TrimSpace(line)
-			if strings.Contains(line, "(") && strings.Contains(line, ".") && !strings.HasPrefix(line, "/") &&
-				!strings.HasPrefix(line, "Write at") && !strings.HasPrefix(line, "Previous") &&
-				!strings.HasPrefix(line, "github.com/go-zookeeper/zk.") {
-				return false // a frame outside go-zookeeper
-			}
-		}
-	}
-	return true
 }
 
 // dlockStacks condenses the goroutine dump a Go program prints when it dies

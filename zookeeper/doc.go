@@ -1,6 +1,6 @@
 // Package zookeeper is dlock's driver for Apache ZooKeeper, over
-// github.com/go-zookeeper/zk. Importing it registers the DSN scheme "zk" with
-// dlock.Open:
+// go-zookeeper v1.0.4 with one data race fixed ([github.com/dlock-go/dlock/third_party/zk]).
+// Importing it registers the DSN scheme "zk" with dlock.Open:
 //
 //	import _ "github.com/dlock-go/dlock/zookeeper"
 //
