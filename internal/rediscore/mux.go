@@ -20,6 +20,11 @@ import (
 // pings the server, to keep the connection alive and notice a dead one.
 const healthInterval = 30 * time.Second
 
+// confirmInterval is how often the reader pings while a subscription is not
+// yet confirmed, so that one made while the connection was broken is
+// confirmed soon after it comes back.
+const confirmInterval = 250 * time.Millisecond
+
 // Mux shares one pub/sub connection to one Redis server (or Cluster) among
 // all the waiting Acquire calls of a driver. Subscriptions are
 // reference-counted per channel: the first waiter on a channel subscribes,
@@ -336,7 +341,11 @@ func (m *Mux) readLoop(ps *goredis.PubSub) {
 	}()
 	broken := false
 	for {
-		msg, err := ps.ReceiveTimeout(m.ctx, healthInterval)
+		wait := healthInterval
+		if m.unconfirmed() {
+			wait = confirmInterval
+		}
+		msg, err := ps.ReceiveTimeout(m.ctx, wait)
 		if err != nil {
 			if m.isClosed() {
 				return
@@ -473,6 +482,18 @@ func firstOf(ws []*Waiter, shared bool) *Waiter {
 		}
 	}
 	return nil
+}
+
+// unconfirmed reports whether a subscription waits for a ping to confirm it.
+func (m *Mux) unconfirmed() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, st := range m.chans {
+		if !st.confirmed {
+			return true
+		}
+	}
+	return false
 }
 
 // confirm marks active every subscription sent before ping seq.
