@@ -1,16 +1,17 @@
 // Package dlock provides distributed locks with fencing tokens over
 // interchangeable backends: Redis, Redlock, etcd, ZooKeeper, PostgreSQL,
-// MySQL, a lock table in PostgreSQL or MySQL, and an in-process store.
+// MySQL, a lock table in PostgreSQL or MySQL, and an in-process store for
+// tests (package memlock).
 //
 // # Locks, leases and tokens
 //
 // A [Locker] grants locks. A granted lock is a [*Lease]: it is renewed in the
-// background until released, [Lease.Done] is closed when it ends (released,
-// expired or lost), and [Lease.Err] says which. A lock can be lost while its
-// holder still works, so each lease carries a fencing [Token], strictly
-// increasing per key: send it with every write, and have the resource reject a
-// token lower than the highest it has seen (package fencing). [Do] runs a
-// function under a lease and cancels its context the moment the lease is lost.
+// background ([WithAutoRenew]) until released, [Lease.Done] is closed when it
+// ends (released, expired or lost), and [Lease.Err] says which. A lock can be
+// lost while its holder still works, so each lease carries a fencing [Token],
+// strictly increasing per key: send it with every write, and have the resource
+// reject a token lower than the highest it has seen (package fencing). [Do]
+// runs a function under a lease and cancels its context when the lease is lost.
 //
 // # Opening a Locker
 //
