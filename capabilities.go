@@ -2,17 +2,10 @@ package dlock
 
 import "github.com/dlock-go/dlock/backend"
 
-// Capabilities are a backend's guarantees, as Locker.Capabilities reports
-// them: what its tokens mean (Fencing), whether waiters are served in order
-// (FIFO), whether it survives the loss of a minority of servers, whose clock
-// expires a lease, whether waiting is push-based and whether loss is reported
-// as it happens. The conformance suite proves every capability a driver
-// claims. It is the type drivers fill in (backend.Capabilities); applications
-// need not import package backend to read it.
+// Capabilities are a backend's guarantees, each proved by the conformance suite.
 type Capabilities = backend.Capabilities
 
-// FencingLevel says how far a backend's tokens can be trusted; see
-// Capabilities.Fencing.
+// FencingLevel says how far a backend's tokens can be trusted.
 type FencingLevel = backend.FencingLevel
 
 // The fencing levels, from weakest to strongest.
@@ -20,9 +13,8 @@ const (
 	// FencingNone: the backend gives no usable token.
 	FencingNone = backend.FencingNone
 
-	// FencingTimingDependent: tokens increase as long as the backend's timing
-	// assumptions hold (bounded clock drift, no restart without persistence
-	// within a TTL). Redlock is the example.
+	// FencingTimingDependent: tokens increase while the backend's timing
+	// assumptions hold (bounded clock drift, no restart that loses data): Redlock.
 	FencingTimingDependent = backend.FencingTimingDependent
 
 	// FencingStrict: tokens strictly increase per key across every grant,
@@ -30,8 +22,7 @@ const (
 	FencingStrict = backend.FencingStrict
 )
 
-// TimeAuthority says whose clock decides that a lease has expired; see
-// Capabilities.TimeAuthority.
+// TimeAuthority says whose clock decides that a lease has expired.
 type TimeAuthority = backend.TimeAuthority
 
 // The time authorities.

@@ -71,9 +71,6 @@ func checkFile(t *testing.T, fset *token.FileSet, f *ast.File) {
 	}
 }
 
-// historyCheckSkip lists the packages TestDocCommentsStateContracts leaves out: the root until its comments are rewritten.
-var historyCheckSkip = map[string]bool{"github.com/dlock-go/dlock": true}
-
 // historyPhrase matches a comment that tells history (a CI run, a test
 // failure, a measurement once taken, an earlier version, a commit, a date)
 // instead of the contract or the reason. Comments are matched with their line
@@ -132,9 +129,6 @@ func TestDocCommentsStateContracts(t *testing.T) {
 					docOf[d.doc] = "the doc comment of " + d.name
 				}
 			}
-			if historyCheckSkip[path] {
-				continue
-			}
 			for _, c := range f.Comments {
 				text := strings.Join(strings.Fields(c.Text()), " ")
 				if m := historyPhrase.FindString(text); m != "" {
@@ -153,6 +147,67 @@ func TestDocCommentsStateContracts(t *testing.T) {
 	}
 	sort.Strings(figures)
 	t.Logf("doc-comment lines per exported name:\n%s", strings.Join(figures, "\n"))
+}
+
+// maxRootDocLinesPerName bounds the root package's average doc-comment lines
+// per exported name, and maxRootDocLines any one name's. A contract (what a
+// name does, its defaults, its errors) takes one to three sentences: one or
+// two lines for most names, so an average above 2 means comments have become
+// essays again; 6 lines leave room for the few names with several errors
+// (Do, AcquireAll, Lease.Release). etcd's clientv3/concurrency averages
+// under 1.
+const (
+	maxRootDocLinesPerName = 2.0
+	maxRootDocLines        = 6
+)
+
+// TestRootDocCommentsAreShort fails if the root package's doc comments
+// average more than maxRootDocLinesPerName lines per exported name (top-level
+// names and methods, counted as TestDocCommentsStateContracts counts them), or
+// if any one is longer than maxRootDocLines. Reasoning belongs in docs/.
+func TestRootDocCommentsAreShort(t *testing.T) {
+	files, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	var names, lines int
+	var long, longest []string
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, parser.ParseComments)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range exportedDocs(f) {
+			if !d.counted {
+				continue
+			}
+			names++
+			lines += d.lines
+			if d.lines > 2 {
+				longest = append(longest, fmt.Sprintf("%2d %s", d.lines, d.name))
+			}
+			if d.lines > maxRootDocLines {
+				long = append(long, fmt.Sprintf("%s: the doc comment of %s has %d lines", fset.Position(d.doc.Pos()), d.name, d.lines))
+			}
+		}
+	}
+	if names == 0 {
+		t.Fatal("found no exported names in the root package")
+	}
+	avg := float64(lines) / float64(names)
+	t.Logf("root package: %d exported names, %d doc-comment lines, %.2f lines/name", names, lines, avg)
+	for _, l := range long {
+		t.Errorf("%s, at most %d: state the contract; reasoning goes to docs/", l, maxRootDocLines)
+	}
+	if avg > maxRootDocLinesPerName {
+		sort.Sort(sort.Reverse(sort.StringSlice(longest)))
+		t.Errorf("the root's doc comments average %.2f lines per exported name, at most %.1f: state the contract; reasoning goes to docs/; the names of more than 2 lines:\n%s",
+			avg, maxRootDocLinesPerName, strings.Join(longest, "\n"))
+	}
 }
 
 // exportedDoc is one doc comment of an exported name (or the package).

@@ -8,75 +8,53 @@ import (
 	"github.com/dlock-go/dlock/backend"
 )
 
-// Sentinel errors. Every error dlock returns is an *Error whose chain contains
-// one of these (match with errors.Is), and, where there was one, the underlying
-// cause: a context error, a backend error, a network error.
+// Sentinel errors. Every error dlock returns is an [*Error] matching one of
+// these with errors.Is, and its cause (a context, backend or network error).
 var (
-	// ErrNotAcquired means the lock was not granted: TryAcquire found it held, or
-	// Acquire's ctx ended while waiting (then the error also matches ctx.Err(),
-	// e.g. context.DeadlineExceeded).
+	// ErrNotAcquired means the lock was not granted: TryAcquire found it held,
+	// or Acquire's ctx ended while waiting (the error then matches ctx.Err()).
 	ErrNotAcquired = errors.New("lock not acquired")
 
-	// ErrLeaseLost means a lease ended without being released by its holder: it
-	// expired, the backend dropped it, or a refresh failed. Exclusivity may have
-	// broken: another owner may hold the lock, or may have held it, since.
+	// ErrLeaseLost means a lease ended without its holder releasing it: another
+	// owner may have held the lock since.
 	ErrLeaseLost = errors.New("lease lost")
 
-	// ErrReleased means the lease was already released (by Release, or by
-	// Locker.Close).
+	// ErrReleased means the lease was already released (by Release or Close).
 	ErrReleased = errors.New("lease already released")
 
-	// ErrClosed means the Locker was closed: every call after Close, a second
-	// Close, and an Acquire that was waiting when Close came return it. It is
-	// backend.ErrClosed, which drivers wrap.
+	// ErrClosed means the Locker is closed. It is [backend.ErrClosed].
 	ErrClosed = backend.ErrClosed
 
 	// ErrInvalidKey means a key is empty, longer than MaxKeyLen bytes, not valid
 	// UTF-8, or contains a NUL byte.
 	ErrInvalidKey = errors.New("invalid key")
 
-	// ErrInvalidOption means an option or DSN parameter has a value that makes no
-	// sense, such as a TTL ≤ 0, or names something unknown. It is
-	// backend.ErrInvalidOption, which drivers wrap.
+	// ErrInvalidOption means an option or DSN parameter is unknown or has a value
+	// that makes no sense, such as a TTL ≤ 0. It is [backend.ErrInvalidOption].
 	ErrInvalidOption = backend.ErrInvalidOption
 
-	// ErrNotHeld means Break found nobody holding the key. It is
-	// backend.ErrNotHeld, which drivers wrap.
+	// ErrNotHeld means Break found no holder. It is [backend.ErrNotHeld].
 	ErrNotHeld = backend.ErrNotHeld
 
-	// ErrUpgrade means an exclusive acquire of a key was asked for, with
-	// WithReentrant, under a ctx that carries a shared hold of that key
-	// (package rwlock's read holds): it would wait for its own shared hold
-	// for ever. Release the shared hold first; the opposite (a shared
-	// acquire under an exclusive hold) is a nested hold of the exclusive
-	// lease.
+	// ErrUpgrade means a re-entrant exclusive acquire came under a ctx holding
+	// the key shared (a rwlock read hold), and would wait for itself.
 	ErrUpgrade = errors.New("an exclusive acquire under a shared hold of the same key would wait for itself")
 
-	// ErrLockOrder means AcquireAll was asked, with WithReentrant, for a set
-	// of which ctx already holds a key that sorts above a key still to take:
-	// waiting for that key out of order could deadlock with another
-	// AcquireAll of the same keys. Nothing was taken. Take the held key in
-	// the same AcquireAll as the rest, or use TryAcquireAll.
+	// ErrLockOrder means a re-entrant AcquireAll would wait for a key while ctx
+	// holds one of the set that sorts above it; nothing was taken.
 	ErrLockOrder = errors.New("keys taken out of sorted order")
 
-	// ErrSizeMismatch means a counted acquire (package semaphore's permits) found a holder
-	// of the semaphore that uses another number of permits; nothing was
-	// granted. It is backend.ErrSizeMismatch, which drivers wrap, and
-	// package semaphore's ErrSizeMismatch.
+	// ErrSizeMismatch means a semaphore holder uses another number of permits;
+	// nothing was granted. It is [backend.ErrSizeMismatch].
 	ErrSizeMismatch = backend.ErrSizeMismatch
 
-	// ErrUnknownScheme means Open was given a DSN whose scheme no imported driver
-	// registered. The message lists the registered schemes.
+	// ErrUnknownScheme means no imported driver registered the DSN's scheme.
 	ErrUnknownScheme = errors.New("unknown DSN scheme")
 )
 
-// Error is the type of every error dlock returns. It says which operation on
-// which key of which backend failed; Err holds the reason, and errors.Is and
-// errors.As see through it.
-//
-// Its message reads like
-//
-//	dlock: acquire "jobs/nightly" (redis): lock not acquired: lock held by another owner
+// Error is the type of every error dlock returns, such as `dlock: acquire
+// "jobs/nightly" (redis): lock not acquired`; errors.Is and errors.As see
+// through it to Err.
 type Error struct {
 	Op      string // "open", "acquire", "try-acquire", "refresh", "release", "close", "renew", "inspect", "list", "break", …
 	Key     string // empty for operations on the Locker as a whole

@@ -24,12 +24,8 @@ const (
 	ended                // Done is closed; err says why
 )
 
-// Lease is a granted lock. Its methods are safe for concurrent use.
-//
-// A lease ends exactly once: released by its holder (Release, Locker.Close, the
-// end of Do), or lost (its deadline passed without a successful renewal, a
-// renewal failed, or the backend reported it gone). Done is closed at that
-// moment and Err says which.
+// Lease is a granted lock; its methods are safe for concurrent use. It ends
+// once, released or lost, and Done is closed then.
 type Lease struct {
 	locker *locker
 	grant  *backend.Grant
@@ -42,8 +38,7 @@ type Lease struct {
 	calls sync.RWMutex
 
 	// done holds Done's channel (a chan struct{}), made by the first call to
-	// Done: most held leases are never asked for one, and a context per lease
-	// cost ~100 B of heap each (docs/BENCHMARKS.md, Scale).
+	// Done: most held leases are never asked for one.
 	done atomic.Value
 
 	mu         sync.Mutex
@@ -74,29 +69,16 @@ func newLease(l *locker, g *backend.Grant, s *settings, start time.Duration) *Le
 // Key returns the lock's key.
 func (l *Lease) Key() string { return l.grant.Key }
 
-// Token returns the lease's fencing token. See Token and Locker.Capabilities
-// for what it guarantees on this backend.
+// Token returns the lease's fencing token.
 func (l *Lease) Token() Token { return Token(l.grant.Token) }
 
-// GrantedAt returns the local time read just before the request that won the
-// grant was sent (backend.Grant.Start), or, for a waiter woken by a watch,
-// the moment its driver learned it holds the lock: about when the lock became
-// this lease's, and earlier than Acquire returned by up to a round trip. A
-// checker that orders two holders uses it as the later holder's start, so a
-// deadline overstated by less than a round trip is still caught.
+// GrantedAt returns about when the lock became this lease's: the local time
+// just before the winning request was sent.
 func (l *Lease) GrantedAt() time.Time { return l.grant.Start }
 
-// Deadline returns the local time before which the lease is known to be held:
-// the start of the latest successful grant or renewal request (the moment it was
-// sent, not answered) plus the validity the backend granted, less an allowance
-// for clock drift. The lease ends no later than this, unless renewed.
-//
-// It is measured on a clock that counts time the host spends suspended
-// (CLOCK_BOOTTIME on Linux), as the lock server's own clock does, and is
-// immune to wall-clock jumps: after a VM pause or a sleep, Deadline moves
-// earlier by the suspend, and a lease whose deadline passed meanwhile reports
-// it at once through Err, and through Done at the Locker's next wake-up
-// (within a second).
+// Deadline returns the local time at which the lease ends unless renewed: when
+// the latest grant or renewal was sent, plus its validity, less a drift
+// allowance. It counts host suspends (docs/guide.md).
 func (l *Lease) Deadline() time.Time {
 	if l.outer != nil {
 		return l.outer.Deadline()
@@ -112,8 +94,7 @@ func (l *Lease) Deadline() time.Time {
 	return at
 }
 
-// Done returns a channel that is closed when the lease ends: released, expired
-// or lost. Select on it in long-running work, or use Do.
+// Done returns a channel that is closed when the lease ends.
 func (l *Lease) Done() <-chan struct{} {
 	if ch, ok := l.done.Load().(chan struct{}); ok {
 		return ch
@@ -191,11 +172,8 @@ func (l *Lease) hasEnded() bool {
 	return l.state == ended
 }
 
-// Err returns nil while the lease is held. After Done is closed it returns an
-// error matching ErrReleased if the holder released it, or ErrLeaseLost
-// (wrapping the cause) if it was lost. A lease whose Deadline has passed is
-// lost: Err ends it then and there, without waiting for the Locker's
-// keepalive to notice.
+// Err returns nil while the lease is held, then an error matching
+// [ErrReleased] or [ErrLeaseLost]; past its Deadline a lease is lost at once.
 func (l *Lease) Err() error {
 	if l.outer != nil {
 		return l.nestedErr()
@@ -206,11 +184,8 @@ func (l *Lease) Err() error {
 	return l.err
 }
 
-// Refresh extends the lease by its TTL now, for use when auto-renew is off (it
-// works when it is on, too). If the backend says the lock is no longer this
-// lease's, the lease ends and the error matches ErrLeaseLost. Any other failure
-// (ctx done, backend unreachable) is returned and leaves the lease as it was:
-// it still ends at its Deadline unless a later refresh succeeds.
+// Refresh extends the lease by its TTL now. If the lock is no longer this
+// lease's, the lease ends with [ErrLeaseLost]; other errors leave it as it was.
 func (l *Lease) Refresh(ctx context.Context) error {
 	if l.outer != nil {
 		if err := l.nestedErr(); err != nil {
@@ -272,16 +247,9 @@ func (l *Lease) heldErrOr(op string, err error) error {
 	return l.locker.errorf(op, l.Key(), err)
 }
 
-// Release gives up the lock. It returns nil if the lock was this lease's until
-// the backend removed it. It returns an error matching ErrLeaseLost if the lease
-// had been lost before (the caller learns that exclusivity may have broken), and
-// one matching ErrReleased if it was already released.
-//
-// If ctx is already done, Release runs on a detached context bounded by the
-// release timeout (see WithReleaseTimeout), so a deferred Release after a
-// cancelled request still frees the lock. If the backend cannot be reached the
-// lease ends anyway (Done is closed), the error is returned, and the lock frees
-// itself when its TTL runs out.
+// Release gives up the lock and ends the lease, even once ctx is done. Its
+// error matches [ErrLeaseLost] if the lease had been lost, [ErrReleased] if
+// released before; after a backend error the lock expires after its TTL.
 func (l *Lease) Release(ctx context.Context) error {
 	if l.outer != nil {
 		return l.releaseNested()
@@ -356,18 +324,10 @@ func (l *Lease) releaseOnClose() error {
 	return nil
 }
 
-// SetLabel changes the label stored with the lease's lock (see WithLabel),
-// where Inspect and List report it and where followers of the key
-// (dlock.Watch, package election's Observe) see it change; package election's
-// Proclaim uses it. label follows WithLabel's rules. A nested hold (see
-// WithReentrant) changes its lock's label.
-//
-// It returns an error matching ErrLeaseLost if the lease was lost (and ends
-// it, if the backend reports the lock gone), ErrReleased if it was released,
-// ErrInvalidOption for a label that cannot be stored, and errors.ErrUnsupported
-// where the backend cannot change a held lock's label (a Locker whose driver
-// does not implement backend.Relabeler). If it fails otherwise (the backend
-// unreachable), the label may or may not have changed.
+// SetLabel changes the label stored with the lease's lock, under [WithLabel]'s
+// rules. Its error matches [ErrLeaseLost], [ErrReleased], [ErrInvalidOption],
+// or errors.ErrUnsupported (the driver is no [backend.Relabeler]); after
+// another error the label may or may not have changed.
 func (l *Lease) SetLabel(ctx context.Context, label string) error {
 	if l.outer != nil {
 		if err := l.nestedErr(); err != nil {

@@ -1,52 +1,3 @@
-// Package dlock provides distributed locks with fencing tokens over
-// interchangeable backends: Redis, Redlock, etcd, ZooKeeper and PostgreSQL.
-//
-// A lock can be lost while its holder still believes in it: a GC or VM pause, a
-// slow network, a clock jump or a failover can outlast its TTL. No timeout fixes
-// that. What does is a fencing token: a number that strictly increases with
-// every grant of a key. The holder sends its [Token] with every write, and the
-// resource rejects any token lower than the highest it has seen (package
-// fencing does that side). dlock gives every backend a token with this one
-// meaning, and says through [Locker.Capabilities] which backends can only give a
-// timing-dependent one.
-//
-// # Picking a backend
-//
-// [Open] takes a DSN whose scheme selects a driver; import the driver package
-// for its side effect of registering the scheme:
-//
-//	import _ "github.com/dlock-go/dlock/redis"
-//
-//	locker, err := dlock.Open(ctx, "redis://127.0.0.1:6379/0?ttl=10s")
-//
-// The scheme "mem", an in-process lock for tests and examples, is registered
-// only by importing package memlock. [New] takes a driver built in code.
-//
-// # Leases
-//
-// A granted lock is a [*Lease]. Its [Lease.Done] channel is closed the moment
-// the lease ends — released, expired, or lost — and [Lease.Err] says which. A
-// keepalive renews every lease at TTL/3; the first renewal that fails, or cannot
-// finish before [Lease.Deadline], ends the lease. A lease is never believed past
-// the time its backend may have dropped it: deadlines are measured on a clock
-// that counts a host suspend (CLOCK_BOOTTIME on Linux), so a VM pause or a sleep
-// that outlasts a lease ends it, as the server's own clock does. [Do] runs a
-// function under a lease and cancels its context the moment the lease is lost.
-//
-// # Options
-//
-// An [Option] configures a Locker (Open, New, a driver package's New), an
-// [AcquireOption] one acquire; a [LeaseOption] (WithTTL, WithLabel, …) is
-// both, the Locker's default or one lease's. An option given where it does
-// not belong does not compile. [WithObserver] and [WithLogger] report every
-// lease's events (package observe).
-//
-// # Wrappers
-//
-// A Locker that wraps another keeps what it forwards of the optional
-// interfaces that the Lockers of Open and New implement — [Inspector],
-// [Breaker], [Watcher], [MultiAcquirer] — and, if it passes keys on
-// unchanged, says so with [Unwrapper].
 package dlock
 
 import (
@@ -63,48 +14,35 @@ import (
 	"github.com/dlock-go/dlock/observe"
 )
 
-// Token is a fencing token: strictly increasing per key across successive
-// grants, on backends whose Capabilities().Fencing is FencingStrict.
-// It is never 0 on a backend that fences. Send it with every write to the
-// protected resource, and have the resource reject tokens lower than the
-// highest it has seen (see package fencing).
+// Token is a fencing token: it increases strictly per key across grants where
+// Capabilities().Fencing is [FencingStrict], and is never 0 where tokens fence.
 type Token uint64
 
-// Locker grants locks. It is safe for concurrent use by many goroutines. Two
-// Lockers, in one process or in many, exclude each other when they use the
-// same backend and key; a Locker also excludes itself: a second Acquire of a
-// held key waits like any other client, unless it asks for a nested hold with
-// WithReentrant under a ctx that carries the lease (see WithReentrant).
+// Locker grants locks; it is safe for concurrent use. Any two acquires of one
+// key on one backend exclude each other, even on one Locker, unless re-entrant.
 type Locker interface {
-	// Acquire waits until the lock key is granted or ctx is done. ctx bounds the
-	// wait only, never the lease's life. If ctx ends first, the error matches both
-	// ErrNotAcquired and ctx.Err(), and nothing is left behind on the backend.
+	// Acquire waits until the lock key is granted or ctx is done; ctx bounds the
+	// wait only, not the lease. If ctx ends first, the error matches both
+	// ErrNotAcquired and ctx.Err(), and nothing is left on the backend.
 	Acquire(ctx context.Context, key string, opts ...AcquireOption) (*Lease, error)
 
-	// TryAcquire makes one attempt. If another owner holds the lock it returns an
-	// error matching ErrNotAcquired at once.
+	// TryAcquire makes one attempt: if another owner holds the lock, it returns
+	// an error matching ErrNotAcquired at once.
 	TryAcquire(ctx context.Context, key string, opts ...AcquireOption) (*Lease, error)
 
 	// Capabilities says what this backend guarantees.
 	Capabilities() Capabilities
 
 	// Close releases every lease the Locker holds, stops its keepalive and
-	// closes the driver. In-flight Acquire calls return ErrClosed. Calls after
-	// Close return ErrClosed.
+	// closes the driver. Acquire calls in flight, and every call after Close,
+	// return ErrClosed.
 	Close() error
 }
 
-// Open opens a Locker for a DSN such as "etcd://h1:2379,h2:2379/locks?ttl=10s".
-// The scheme selects the driver, which must have been registered by importing
-// its package; the error for an unknown scheme lists the registered ones.
-//
-// The DSN parameters "ttl" (a duration, see WithTTL) and "autorenew" (true or
-// false, see WithAutoRenew) are read by dlock for every backend; every other
-// parameter belongs to the driver, which rejects those it does not know. opts
-// apply after the DSN's parameters, so they take precedence.
-//
-// ctx bounds opening only (connecting, checking the server); it does not bound
-// the Locker's life. Errors never contain the DSN's password.
+// Open opens a Locker for a DSN such as "etcd://h1:2379/locks?ttl=10s"; the
+// scheme's driver must be registered by importing its package. dlock reads ttl,
+// autorenew, label and reentrant; the driver rejects other unknown parameters.
+// opts override the DSN; ctx bounds opening only; errors never show a password.
 func Open(ctx context.Context, dsn string, opts ...Option) (Locker, error) {
 	u, err := backend.ParseDSN(dsn)
 	if err != nil {
@@ -130,10 +68,8 @@ func Open(ctx context.Context, dsn string, opts ...Option) (Locker, error) {
 	return newLocker(d, u.Scheme, s), nil
 }
 
-// New returns a Locker over a driver built in code, such as one returned by a
-// driver package's NewDriver. New takes ownership of d: the Locker's Close
-// closes it, and if New fails (an invalid option) it closes d before returning
-// the error.
+// New returns a Locker over d, a driver built in code, and owns d: the
+// Locker's Close closes it, as does New when it fails.
 func New(d backend.Driver, opts ...Option) (Locker, error) {
 	if d == nil {
 		return nil, &Error{Op: "open", Err: fmt.Errorf("%w: nil driver", ErrInvalidOption)}
@@ -215,8 +151,8 @@ func (l *locker) errorf(op, key string, err error) error {
 }
 
 // settingsFor returns the settings of a call with opts: the Locker's own,
-// shared by every lease taken without options (a lease keeps a pointer to
-// its settings, not a copy of about 100 bytes), or a copy with opts applied.
+// shared by every lease taken without options (a lease keeps a pointer, not a
+// copy), or a copy with opts applied.
 func (l *locker) settingsFor(opts []AcquireOption) (*settings, error) {
 	if len(opts) == 0 {
 		return &l.base, nil

@@ -11,20 +11,13 @@ import (
 	"github.com/dlock-go/dlock/observe"
 )
 
-// WithLogger makes the Locker log its leases' events to logger: at Debug, each
-// grant, renewal and release; at Warn, an acquire or a release that failed
-// for a reason other than the lock being held, and a renewal that failed
-// (the lease is lost then); at Error, every lost lease, with its cause. Each
-// record has the attributes backend, key (see WithLogKeys), token and, where
-// there is one, err or cause; never a password. It is a Locker option only.
-// Default none: dlock logs nothing.
+// WithLogger logs the Locker's lease events to logger (docs/observability.md),
+// never a password. Default none: dlock logs nothing.
 func WithLogger(logger *slog.Logger) Option {
 	return lockerOption(func(s *settings) { s.logger = logger })
 }
 
-// WithLogKeys says whether WithLogger's records carry the lock's key (an
-// attribute "key"); turn it off where keys are sensitive. It is a Locker
-// option only. Default true.
+// WithLogKeys says whether WithLogger's records carry the key. Default true.
 func WithLogKeys(on bool) Option {
 	return lockerOption(func(s *settings) { s.logKeys = on })
 }

@@ -10,8 +10,7 @@ import (
 	"github.com/dlock-go/dlock/observe"
 )
 
-// lossKind is an observe.LossCause in a byte (a Lease's field: a lease's size is
-// scale, see docs/BENCHMARKS.md).
+// lossKind is an observe.LossCause in a byte, to keep Lease small.
 type lossKind uint8
 
 // lossCauses are the observe.LossCause of each lossKind; 0 is none.
@@ -103,14 +102,9 @@ func (l *Lease) loseBy(kind observe.LossCause, cause error) {
 	}
 	l.mu.Unlock()
 	// The clean-up release is handed to the scheduler before Done closes, and
-	// starts once the lease has ended, if this call ended it. A holder may
-	// close the Locker the moment it sees Done; Close stops the scheduler,
-	// which starts nothing after that, and then the driver, and a lease
-	// already lost is not among those Close releases. Spawned after Done, the
-	// release could be refused, and the lock stayed on the nodes that still
-	// had it until its TTL ran out (CI: a Redlock holder lost its lease in the
-	// restart-empty fault, closed its Locker 0.1ms later, and its keys stayed
-	// on the two nodes that had not restarted).
+	// starts once the lease has ended, if this call ended it: a holder may
+	// Close the Locker the moment it sees Done, and Close neither releases a
+	// lost lease nor lets the scheduler start anything once it has begun.
 	ended := make(chan bool, 1)
 	l.locker.sched.spawn(func() {
 		if !<-ended {

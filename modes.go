@@ -16,7 +16,6 @@ func init() {
 	}
 }
 
-// Shared reports whether the lease holds its lock shared (package rwlock's
-// read holds, where the backend holds locks shared). A nested hold (see
-// WithReentrant) reports its outermost lease's mode.
+// Shared reports whether the lease holds its lock shared (a rwlock read hold
+// on a backend with shared locks); a nested hold reports its outermost lease's.
 func (l *Lease) Shared() bool { return l.outermost().set.shared }

@@ -16,10 +16,8 @@ import (
 	"github.com/dlock-go/dlock/observe"
 )
 
-// LeaseSet is a set of leases taken all or nothing by AcquireAll or
-// TryAcquireAll: every key of the set is held, each with its own lease and
-// fencing token, until the set is released or one of them ends. Its methods
-// are safe for concurrent use.
+// LeaseSet is the leases of keys taken all or nothing by AcquireAll, each
+// with its own token; its methods are safe for concurrent use.
 type LeaseSet struct {
 	leases []*Lease // in key order
 
@@ -30,39 +28,17 @@ type LeaseSet struct {
 	released bool
 }
 
-// MultiAcquirer is implemented by every Locker that Open and New return: it
-// takes a set of keys all or nothing (see the package-level AcquireAll and
-// TryAcquireAll, which are the way to call it), in one atomic step where the
-// backend can, and refuses a re-entrant set taken out of order
-// (ErrLockOrder). A Locker that wraps another keeps both by implementing it,
-// forwarding to dlock.AcquireAll and dlock.TryAcquireAll on the Locker it
-// wraps; without it, AcquireAll takes the keys with the wrapper's own
-// TryAcquire and Acquire, one key each.
+// MultiAcquirer, behind [AcquireAll] and [TryAcquireAll], is implemented by
+// Open's and New's Lockers; without it, a wrapper's sets are taken key by key.
 type MultiAcquirer interface {
 	AcquireAll(ctx context.Context, keys []string, opts ...AcquireOption) (*LeaseSet, error)
 	TryAcquireAll(ctx context.Context, keys []string, opts ...AcquireOption) (*LeaseSet, error)
 }
 
-// AcquireAll takes every key in keys on l, or none. It first tries to take
-// them all at once: in one atomic step where the backend can (etcd and
-// mem://: one transaction; see backend.MultiAcquirer) and l is a
-// MultiAcquirer, otherwise with one TryAcquire per key, up to 16 in flight, giving back what it took if a key is held. If a key
-// is held (or a try failed), it then acquires the keys one at a time in
-// sorted order, waiting for each as Acquire does (riding out what Acquire
-// rides out), so that two callers asking for overlapping sets
-// never deadlock (the one that holds the lowest common key goes first). If
-// any acquire fails — ctx ends, the Locker closes, the backend fails — the
-// leases already taken are released before it returns, and the error names
-// the key that failed (it matches what that Acquire's error matches:
-// ErrNotAcquired and ctx.Err() when ctx ended).
-//
-// opts apply to every key. keys must not be empty or name a key twice (an
-// error matching ErrInvalidKey). With WithReentrant, keys that ctx already
-// holds on l are nested holds, and if one of them sorts above a key of the
-// set that ctx does not hold, AcquireAll takes nothing and returns an error
-// matching ErrLockOrder and ErrNotAcquired: it would wait for the lower key
-// while holding the higher one. Keys held outside the set are the caller's
-// to order, as for Acquire.
+// AcquireAll takes every key of keys on l, or none, waiting as Acquire does,
+// in sorted order so that overlapping sets never deadlock. On failure it
+// releases what it took; the error names the key. Empty or repeated keys are
+// [ErrInvalidKey], and a re-entrant set held out of order [ErrLockOrder].
 func AcquireAll(ctx context.Context, l Locker, keys []string, opts ...AcquireOption) (*LeaseSet, error) {
 	if m, ok := l.(MultiAcquirer); ok {
 		return m.AcquireAll(ctx, keys, opts...)
@@ -70,9 +46,8 @@ func AcquireAll(ctx context.Context, l Locker, keys []string, opts ...AcquireOpt
 	return acquireAll(ctx, l, nil, keys, true, opts)
 }
 
-// TryAcquireAll is AcquireAll with one attempt per key: if any key is held by
-// another owner, it releases the keys it took and returns an error matching
-// ErrNotAcquired that names that key.
+// TryAcquireAll is AcquireAll with one attempt per key: if a key is held, it
+// releases the keys it took and returns an error matching [ErrNotAcquired].
 func TryAcquireAll(ctx context.Context, l Locker, keys []string, opts ...AcquireOption) (*LeaseSet, error) {
 	if m, ok := l.(MultiAcquirer); ok {
 		return m.TryAcquireAll(ctx, keys, opts...)
@@ -340,8 +315,7 @@ func releaseAll(leases []*Lease) error {
 	return errors.Join(errs...)
 }
 
-// Leases returns the set's leases in key order (sorted). Each has its own
-// token: send each key's token to the resource that key protects.
+// Leases returns the set's leases in key order.
 func (s *LeaseSet) Leases() []*Lease { return slices.Clone(s.leases) }
 
 // Lease returns the set's lease of key, or nil if key is not in the set.
@@ -361,14 +335,11 @@ func (s *LeaseSet) Lease(key string) *Lease {
 	return s.leases[i]
 }
 
-// Done returns a channel that is closed when any lease of the set ends
-// (released, expired or lost): from then on the set no longer holds every
-// key.
+// Done returns a channel that is closed when any lease of the set ends.
 func (s *LeaseSet) Done() <-chan struct{} { return s.ctx.Done() }
 
-// Err returns nil while every lease of the set is held; afterwards, the error
-// of the first lease that ended (matching ErrLeaseLost if it was lost, or
-// ErrReleased).
+// Err returns nil while every lease of the set is held, then the error of
+// the first that ended ([ErrLeaseLost] or [ErrReleased]).
 func (s *LeaseSet) Err() error {
 	for _, l := range s.leases {
 		if err := l.Err(); err != nil {
@@ -381,10 +352,8 @@ func (s *LeaseSet) Err() error {
 	return context.Cause(s.ctx)
 }
 
-// Release releases every lease of the set, up to 16 at a time, and returns
-// the errors of those that were not cleanly released (a lease that was lost
-// reports ErrLeaseLost, as Lease.Release does). A second Release returns an
-// error matching ErrReleased.
+// Release releases every lease of the set and returns the errors of those not
+// cleanly released; a second Release returns [ErrReleased].
 func (s *LeaseSet) Release(ctx context.Context) error {
 	s.mu.Lock()
 	if s.released {

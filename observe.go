@@ -8,9 +8,8 @@ import (
 	"github.com/dlock-go/dlock/observe"
 )
 
-// WithObserver sets the Locker's observer (package observe), which sees
-// every acquire, renewal, release and end of its leases, for metrics, traces
-// and logs; it is a Locker option only. Default none.
+// WithObserver sets the Locker's [observe.Observer], which sees every acquire,
+// renewal, release and end of its leases. Default none.
 func WithObserver(o observe.Observer) Option {
 	return lockerOption(func(s *settings) { s.observer = o })
 }

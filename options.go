@@ -11,41 +11,28 @@ import (
 	"github.com/dlock-go/dlock/observe"
 )
 
-// Defaults. Every one can be changed per Locker (options to Open or New, or DSN
-// parameters) and per lease (options to Acquire or TryAcquire).
+// Defaults and limits.
 const (
-	// DefaultTTL is how long the backend keeps a lock whose holder stops renewing
-	// it (see WithTTL).
+	// DefaultTTL is the default of WithTTL.
 	DefaultTTL = 15 * time.Second
 
-	// DefaultReleaseTimeout bounds a release that runs on a detached context
-	// (see WithReleaseTimeout).
+	// DefaultReleaseTimeout is the default of WithReleaseTimeout.
 	DefaultReleaseTimeout = 5 * time.Second
 
 	// MaxKeyLen is the longest key, in bytes.
 	MaxKeyLen = 1024
 )
 
-// Option configures a Locker: give it to Open, New or a driver package's New.
-// WithObserver, WithLogger and WithLogKeys are Locker options only; the
-// lease options (a LeaseOption: WithTTL, WithLabel, …) are Options too, and
-// set the default of every lease the Locker grants. An Option that is not
-// also an AcquireOption cannot be given to Acquire: the compiler refuses it.
-// A nil Option changes nothing.
+// Option configures a Locker (Open, New, a driver package's New); a
+// [LeaseOption] sets its leases' default. A nil Option changes nothing.
 type Option interface{ applyLocker(*settings) }
 
-// AcquireOption configures one acquire: give it to Locker.Acquire,
-// Locker.TryAcquire, Do, AcquireAll or TryAcquireAll (and the per-call
-// options of packages semaphore, rwlock and election). It applies to that
-// lease only and takes precedence over the Locker's default. A nil
-// AcquireOption changes nothing.
+// AcquireOption configures one acquire (Acquire, TryAcquire, Do, AcquireAll,
+// the primitives), over the Locker's defaults. A nil one changes nothing.
 type AcquireOption interface{ applyAcquire(*settings) }
 
-// LeaseOption is an option of a lease, valid in both scopes: given to Open
-// or New it sets the default of every lease of the Locker, given to an
-// acquire it sets that lease's. WithTTL, WithAutoRenew, WithReleaseTimeout,
-// WithLabel, WithReentrant and WithAnnounce return one; the zero LeaseOption
-// changes nothing.
+// LeaseOption is an option of a lease, both an [Option] (the Locker's default)
+// and an [AcquireOption] (one lease's); the zero value changes nothing.
 type LeaseOption struct{ set func(*settings) }
 
 func (o LeaseOption) applyLocker(s *settings)  { o.apply(s) }
@@ -87,31 +74,22 @@ func defaultSettings() settings {
 	return settings{ttl: DefaultTTL, autoRenew: true, releaseTimeout: DefaultReleaseTimeout, logKeys: true}
 }
 
-// WithTTL sets how long the backend keeps a lock whose holder stops renewing it:
-// the longest time others wait for a holder that crashed. With auto-renew on
-// (the default) a live holder renews every TTL/3, so the lease lasts until it is
-// released. Default DefaultTTL (15s); DSN parameter "ttl". A TTL ≤ 0 is an error,
-// never a silent default.
+// WithTTL sets how long the backend keeps a lock whose holder stops renewing
+// it; ≤ 0 is [ErrInvalidOption]. Default [DefaultTTL]; DSN parameter "ttl".
 func WithTTL(ttl time.Duration) LeaseOption {
 	return LeaseOption{func(s *settings) { s.ttl = ttl }}
 }
 
-// WithAutoRenew turns the keepalive on or off. When on (the default), one
-// scheduler per Locker refreshes each lease every TTL/3; the first refresh that
-// fails, or cannot finish before the lease's deadline, ends the lease (Done is
-// closed, Err is ErrLeaseLost). When off, the lease ends at its Deadline unless
-// the holder calls Refresh in time. DSN parameter "autorenew".
+// WithAutoRenew turns the keepalive on or off: on, each lease renews at TTL/3
+// and ends ([ErrLeaseLost]) at the first renewal that fails in time; off, it
+// ends at its Deadline unless Refreshed. Default on; DSN parameter "autorenew".
 func WithAutoRenew(on bool) LeaseOption {
 	return LeaseOption{func(s *settings) { s.autoRenew = on }}
 }
 
-// WithReleaseTimeout bounds a release that dlock runs on a detached context:
-// when Release is called with a ctx that is already done, when Do releases
-// after fn, when Close releases the leases it still holds, and when a lost lease
-// is cleaned up. It also bounds Release called with a ctx that has no
-// deadline. Default DefaultReleaseTimeout (5s). Releases whose ctx can never be
-// cancelled (context.Background, say) share one deadline: each gets at least d
-// and at most d·9/8.
+// WithReleaseTimeout bounds a release whose ctx is done or has no deadline
+// (Do's, Close's, a lost lease's clean-up): it gets at least d, at most d·9/8.
+// Default [DefaultReleaseTimeout] (5s); a d ≤ 0 is [ErrInvalidOption].
 func WithReleaseTimeout(d time.Duration) LeaseOption {
 	return LeaseOption{func(s *settings) { s.releaseTimeout = d }}
 }

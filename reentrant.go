@@ -6,32 +6,10 @@ import (
 	"fmt"
 )
 
-// Re-entrancy. Go has no thread identity, so a nested hold is scoped by a
-// context: the ctx that Do passes to its function, or one returned by
-// ContextWithLease. An Acquire or TryAcquire with WithReentrant under such a
-// ctx, for the same key on the same Locker, returns a nested hold of the
-// enclosing lease at once instead of waiting for itself. Anywhere else — a ctx
-// that does not carry the lease, another Locker, another key — it waits or is
-// refused as any other client would: re-entrancy never lets two independent
-// callers share a lock.
-
-// WithReentrant makes an Acquire, TryAcquire or Do re-entrant: under a ctx
-// that carries a held lease of the same key on the same Locker (the ctx Do
-// passes to its function, or one from ContextWithLease), it returns a nested
-// hold of that lease instead of waiting for the lock.
-//
-// A nested hold has the enclosing lease's key, token, deadline and grant
-// time; its Done is closed when it is released or when the enclosing lease
-// ends, and its Err then says which. Releasing a nested hold does not release
-// the lock: only releasing the outermost lease does, and that ends every hold
-// nested in it (their Err matches ErrReleased). When the lease is lost, every
-// hold sees the loss (Done closed, Err matching ErrLeaseLost), and a nested
-// Acquire under it returns an error matching both ErrNotAcquired and
-// ErrLeaseLost. Options other than WithReentrant (a TTL, say) do not apply to
-// a nested hold: it takes the enclosing lease as it is.
-//
-// Off by default. Given to Open or New it makes every acquire of the Locker
-// re-entrant; DSN parameter "reentrant" (true or false).
+// WithReentrant makes an acquire under a ctx that carries a held lease of the
+// same key on the same Locker (Do's ctx, [ContextWithLease]) a nested hold of
+// it, with its token, at once; releasing the hold keeps the lock, and the
+// lease's end ends it. Default off; DSN parameter "reentrant".
 func WithReentrant() LeaseOption {
 	return LeaseOption{func(s *settings) { s.reentrant = true }}
 }
@@ -45,11 +23,8 @@ type heldList struct {
 	next  *heldList
 }
 
-// ContextWithLease returns a copy of ctx that carries lease: under it, an
-// Acquire or TryAcquire with WithReentrant of the lease's key on the lease's
-// Locker is a nested hold of lease (see WithReentrant). Do does this for its
-// function's ctx. The returned ctx is not cancelled when the lease ends; Do's
-// is.
+// ContextWithLease returns a copy of ctx that carries lease, for [WithReentrant];
+// unlike Do's ctx, it is not cancelled when the lease ends.
 func ContextWithLease(ctx context.Context, lease *Lease) context.Context {
 	if lease == nil {
 		return ctx

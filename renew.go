@@ -113,9 +113,8 @@ func (l *Lease) tick(now time.Duration) {
 // renewal that could no longer help.
 func (l *Lease) autoRenew(deadline time.Duration) {
 	start := l.locker.clk.Now()
-	// Its own context, not one tied to the lease (which would keep a record
-	// of it for the rest of the lease, about 300 B per held lease once it
-	// has been renewed): end cancels it.
+	// Its own context, not one derived from a context of the lease's (which
+	// would keep a record of it for the rest of the lease): end cancels it.
 	ctx, cancel := context.WithTimeout(context.Background(), deadline-start)
 	defer cancel()
 	l.mu.Lock()

@@ -9,17 +9,12 @@ import (
 	"github.com/dlock-go/dlock/internal/clock"
 )
 
-// scheduler is a Locker's one keepalive loop. It keeps every live lease in a
-// heap ordered by the time the lease next needs attention (its next renewal or
-// its deadline) and calls Lease.tick when that time comes. Renewals themselves
-// run in short-lived goroutines it owns, so one slow backend call never delays
-// another lease's deadline. stop waits for all of them.
-//
-// Times are readings of clk, which counts a host suspend (see package
-// internal/clock). Go's timers do not, so while any lease is live the loop
-// never sleeps longer than clock.MaxSleep before reading clk again: after a
-// resume, a lease whose deadline passed during the suspend ends at the first
-// wake-up.
+// scheduler is a Locker's one keepalive loop: it keeps every live lease in a
+// heap by the time it next needs attention (its next renewal or its deadline)
+// and calls Lease.tick then. Renewals run in goroutines it owns (stop waits for
+// them), so a slow backend call never delays another lease's deadline. Times
+// are readings of clk, which counts a host suspend; Go's timers do not, so
+// while a lease lives the loop never sleeps longer than clock.MaxSleep.
 type scheduler struct {
 	clk   clock.Clock
 	mu    sync.Mutex
@@ -41,8 +36,8 @@ type scheduler struct {
 }
 
 // schedItem is a lease's place in its scheduler's queue, kept in the Lease
-// (a map and an item of its own cost each held lease about 60 bytes more).
-// Its fields are guarded by the scheduler's mu.
+// rather than in an item of its own; its fields are guarded by the
+// scheduler's mu.
 type schedItem struct {
 	when time.Duration // on clk
 	pos  int           // 1 + its index in queue; 0 (the zero value) when not queued
@@ -104,9 +99,8 @@ func (s *scheduler) poke() {
 }
 
 // spawn runs f in a goroutine that stop waits for. Once stop has begun, f
-// is not run: the Locker is closing, and its driver is about to be closed.
-// (A loss reported by the driver during Close used to start a goroutine
-// while stop was already waiting, which a WaitGroup does not allow.)
+// is not run: the Locker is closing, its driver about to be closed, and a
+// WaitGroup allows no Add while Wait is waiting.
 func (s *scheduler) spawn(f func()) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
