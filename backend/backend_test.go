@@ -71,7 +71,7 @@ func TestParams(t *testing.T) {
 	}
 	// The known names are those the getters were asked for, absent ones
 	// included, and the portable ones.
-	const known = `known: absent, autorenew, bad, drift, extra, n, on, prefix, ttl)`
+	const known = `known: absent, autorenew, bad, drift, extra, label, n, on, prefix, reentrant, ttl)`
 	for _, want := range []string{`"tll"`, known, `"extra" given 2 times`, `bad="1"`} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("Done error %q lacks %q", err, want)
@@ -93,7 +93,7 @@ func TestParams(t *testing.T) {
 		t.Errorf("a query with a ';': %v", err)
 	}
 	u3, _ := url.Parse("x://h/?bogus=1")
-	if err := backend.NewParams(u3).Done(); !errors.Is(err, backend.ErrInvalidOption) || !strings.Contains(err.Error(), `unknown DSN parameter "bogus" (known: autorenew, ttl)`) {
+	if err := backend.NewParams(u3).Done(); !errors.Is(err, backend.ErrInvalidOption) || !strings.Contains(err.Error(), `unknown DSN parameter "bogus" (known: autorenew, label, reentrant, ttl)`) {
 		t.Errorf("a parameter no getter read: %v", err)
 	}
 }

@@ -301,7 +301,19 @@ func (p *Params) Rest() url.Values {
 
 // PortableParams are the DSN parameters package dlock reads for every backend
 // before the driver sees the DSN. Done names them among the known parameters.
-var PortableParams = []string{"ttl", "autorenew"}
+var PortableParams = []string{"ttl", "autorenew", "label", "reentrant"}
+
+// WithoutPortable returns a copy of u without the PortableParams, for code
+// that opens a backend's client from a DSN without package dlock.
+func WithoutPortable(u *url.URL) *url.URL {
+	c := *u
+	q := c.Query()
+	for _, name := range PortableParams {
+		q.Del(name)
+	}
+	c.RawQuery = q.Encode()
+	return &c
+}
 
 // Done, called after the last getter (and Rest), returns nil if every
 // parameter was well formed and read, else an error wrapping ErrInvalidOption

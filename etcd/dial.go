@@ -2,6 +2,7 @@ package etcd
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -14,7 +15,8 @@ import (
 // Dial connects to the etcd cluster of an etcd:// or etcds:// DSN, checking
 // within ctx that it answers, and returns the client, which the caller closes,
 // and the DSN's lock prefix. It is for programs that keep records next to the
-// locks, such as package migrate; "ttl" and "autorenew" are ignored.
+// locks, such as package migrate; dlock's own parameters (ttl, autorenew,
+// label, reentrant) are ignored.
 func Dial(ctx context.Context, dsn string) (cli *clientv3.Client, prefix string, err error) {
 	u, err := backend.ParseDSN(dsn)
 	if err != nil {
@@ -23,12 +25,12 @@ func Dial(ctx context.Context, dsn string) (cli *clientv3.Client, prefix string,
 	if u.Scheme != "etcd" && u.Scheme != "etcds" {
 		return nil, "", fmt.Errorf("%w: scheme %q is not etcd or etcds", dlock.ErrInvalidOption, u.Scheme)
 	}
-	cfg, o, err := parseDSN(u)
+	cfg, o, err := parseDSN(backend.WithoutPortable(u))
 	if err != nil {
-		return nil, "", fmt.Errorf("%w: %w", dlock.ErrInvalidOption, err)
+		return nil, "", invalid(err)
 	}
 	if o, err = o.withDefaults(); err != nil {
-		return nil, "", fmt.Errorf("%w: %w", dlock.ErrInvalidOption, err)
+		return nil, "", invalid(err)
 	}
 	cli, err = clientv3.New(cfg)
 	if err != nil {
@@ -41,4 +43,12 @@ func Dial(ctx context.Context, dsn string) (cli *clientv3.Client, prefix string,
 		return nil, "", fmt.Errorf("etcd at %s: %w", strings.Join(cfg.Endpoints, ","), backend.RedactError(err, u))
 	}
 	return cli, o.Prefix, nil
+}
+
+// invalid wraps err in dlock.ErrInvalidOption unless it already is one.
+func invalid(err error) error {
+	if errors.Is(err, dlock.ErrInvalidOption) {
+		return err
+	}
+	return fmt.Errorf("%w: %w", dlock.ErrInvalidOption, err)
 }

@@ -130,7 +130,7 @@ func innerDSN(which, dsn string) (*url.URL, error) {
 		return nil, fmt.Errorf("%w: parameter %q: a migrate DSN cannot nest another", dlock.ErrInvalidOption, which)
 	}
 	q := u.Query()
-	for _, name := range []string{"ttl", "autorenew"} {
+	for _, name := range backend.PortableParams {
 		if q.Has(name) {
 			return nil, fmt.Errorf("%w: parameter %q: put %s=%s on the migrate:// DSN, which applies it to both locks",
 				dlock.ErrInvalidOption, which, name, q.Get(name))

@@ -9,12 +9,13 @@
 //	migrate://?from=<old DSN, URL-escaped>&to=<new DSN, URL-escaped>           both locks (mode "migrate", the default)
 //	migrate://?from=<old DSN, URL-escaped>&to=<new DSN, URL-escaped>&mode=new  the new lock only
 //
-// [DSN] builds such a DSN; "ttl" and "autorenew" go on the migrate:// DSN
-// itself. The new backend must be etcd or ZooKeeper. The rollout: deploy mode
-// "migrate" everywhere, run [Switch] (`dlock migrate switch-tokens`) once no
-// old-only process is left, then deploy mode "new" and stay on it; after the
-// switch a token is base(key) + the new lock's token. docs/MIGRATING.md has
-// the steps, the token mapping, the invariants and what is refused.
+// [DSN] builds such a DSN; dlock's own parameters (ttl, autorenew, label,
+// reentrant) go on the migrate:// DSN itself. The new backend must be etcd or
+// ZooKeeper. The rollout: deploy mode "migrate" everywhere, run [Switch]
+// (`dlock migrate switch-tokens`) once no old-only process is left, then
+// deploy mode "new" and stay on it; after the switch a token is base(key) +
+// the new lock's token. docs/MIGRATING.md has the steps, the token
+// mapping, the invariants and what is refused.
 package migrate
 
 import (

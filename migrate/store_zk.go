@@ -30,12 +30,7 @@ func openZKStore(ctx context.Context, to *url.URL) (store, error) {
 	if !ok {
 		return nil, errors.New("new backend: the zk scheme is not registered")
 	}
-	u := *to
-	q := u.Query()
-	q.Del("ttl")
-	q.Del("autorenew")
-	u.RawQuery = q.Encode()
-	d, err := open(ctx, &u)
+	d, err := open(ctx, backend.WithoutPortable(to))
 	if err != nil {
 		return nil, fmt.Errorf("new backend: %w", backend.RedactError(err, to))
 	}

@@ -124,8 +124,8 @@ func Switch(ctx context.Context, from, to string, o *SwitchOptions) (rec *Record
 }
 
 // parseInner parses a backend's DSN given to Switch or ReadSwitch, where
-// "ttl" and "autorenew" may stay (unlike in a migrate:// DSN): they change
-// nothing here.
+// dlock's own parameters (ttl, autorenew, label, reentrant) may stay (unlike
+// in a migrate:// DSN): they change nothing here.
 func parseInner(which, dsn string) (*url.URL, error) {
 	u, err := backend.ParseDSN(dsn)
 	if err != nil {

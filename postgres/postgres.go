@@ -317,7 +317,7 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 		pool.Close()
 		var pgErr *pgconn.PgError
 		if errors.As(err, &pgErr) && pgErr.Code == "42704" { // undefined_object: a parameter the server does not know
-			err = fmt.Errorf("%w: %w (the driver reads namespace, classid, table and tokens; dlock reads ttl and autorenew; "+
+			err = fmt.Errorf("%w: %w (the driver reads namespace, classid, table and tokens; dlock reads ttl, autorenew, label and reentrant; "+
 				"pgx reads its own parameters and sends the rest to the server as settings)", dlock.ErrInvalidOption, err)
 		}
 		return nil, backend.RedactError(err, u)

@@ -260,7 +260,7 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 	if err != nil {
 		msg := strings.TrimPrefix(backend.RedactError(err, u).Error(), "redis: ")
 		if strings.HasPrefix(msg, "unexpected option") {
-			msg += " (the driver reads prefix, poll, min_replicas, wait_timeout, checks and fair; dlock reads ttl and autorenew; go-redis reads the rest)"
+			msg += " (the driver reads prefix, poll, min_replicas, wait_timeout, checks and fair; dlock reads ttl, autorenew, label and reentrant; go-redis reads the rest)"
 		}
 		return nil, fmt.Errorf("%w: DSN: %s", dlock.ErrInvalidOption, msg)
 	}

@@ -57,7 +57,7 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 			closeAll()
 			msg := strings.TrimPrefix(backend.RedactError(err, u).Error(), "redis: ")
 			if strings.HasPrefix(msg, "unexpected option") {
-				msg += " (the driver reads drift, node_timeout, retry_delay, poll and prefix; dlock reads ttl and autorenew; go-redis reads the rest)"
+				msg += " (the driver reads drift, node_timeout, retry_delay, poll and prefix; dlock reads ttl, autorenew, label and reentrant; go-redis reads the rest)"
 			}
 			return nil, fmt.Errorf("%w: DSN: %s", dlock.ErrInvalidOption, msg)
 		}

@@ -200,7 +200,7 @@ func openPG(ctx context.Context, u *url.URL) (backend.Driver, error) {
 		if errors.As(err, &pgErr) && (pgErr.Code == "42704" || pgErr.Code == "08P01" && strings.Contains(pgErr.Message, "startup parameter")) {
 			// A parameter nobody reads: pgx sent it to the server (or a
 			// proxy) as a setting, which refused it.
-			err = fmt.Errorf("%w: %w (the driver reads table, poll and max_conns; dlock reads ttl and autorenew; "+
+			err = fmt.Errorf("%w: %w (the driver reads table, poll and max_conns; dlock reads ttl, autorenew, label and reentrant; "+
 				"pgx reads its own parameters and sends the rest to the server as settings)", dlock.ErrInvalidOption, err)
 		}
 		return nil, backend.RedactError(err, u)

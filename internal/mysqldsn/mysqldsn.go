@@ -55,7 +55,7 @@ func Config(u *url.URL, rest url.Values, ours string) (*mysql.Config, error) {
 			names = append(names, name)
 		}
 		slices.Sort(names)
-		return nil, fmt.Errorf("%w: unknown DSN parameter(s) %s (the driver reads %s; dlock reads ttl and autorenew; "+
+		return nil, fmt.Errorf("%w: unknown DSN parameter(s) %s (the driver reads %s; dlock reads ttl, autorenew, label and reentrant; "+
 			"the rest must be go-sql-driver/mysql's)", dlock.ErrInvalidOption, strings.Join(names, ", "), ours)
 	}
 	return cfg, nil
