@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Runs every check and test dlock has, in every module of the repository (the
-# root, and the nested modules etcd, migrate, dlockotel, cmd/dlock, examples,
-# the peer-benchmark module bench and the release module internal/release):
+# root first, then each nested module scripts/modules.sh finds, the
+# peer-benchmark module bench and the release module internal/release last):
 # formatting, go.mod tidiness and version agreement, go vet and staticcheck,
 # API compatibility with the last recorded release, `go test -race` against
 # real servers (started by the tests themselves on free loopback ports;
 # install them first with scripts/install-test-deps.sh), the peer-benchmark
 # module's smoke test, the install test (every published module served from a
 # local module proxy and installed as users do), and a check that
-# docs/SAFETY.md states what this run's fault matrix observed.
+# docs/SAFETY.md states what this run's fault matrix observed. A failing
+# module does not stop the run; it ends with each failing test's own
+# messages (scripts/test-failures.sh).
 #
 # Tests that need a server binary skip when it is missing — except under
 # CI=true, where they fail.
@@ -28,13 +30,29 @@ step() { printf '\n== %s\n' "$*"; }
 # (scripts/modules.sh; the go.mod files have no replace lines). The root comes
 # first; bench is run separately, by its smoke test, and internal/release by
 # the install test.
-modules=(. etcd migrate dlockotel cmd/dlock examples)
+mapfile -t modules < <(mod_dirs | grep -vx -e bench -e internal/release)
 works=$(mktemp -d)
-trap 'rm -rf "$works"' EXIT
+logs=$(mktemp -d)   # each module's raw go test output, for the closing recap
+trap 'rm -rf "$works" "$logs"' EXIT
 for m in $(mod_dirs); do
   mod_workspace "$m" "$works/$(echo "$m" | tr / _).work"
 done
 work() { echo "$works/$(echo "$1" | tr / _).work"; }
+
+# gotest DIR ARGS… runs go test ARGS… in the module in DIR, prints its
+# verdicts (scripts/summarize-tests.sh) and keeps its raw output for the
+# recap; a failure is recorded in $failed, and the run goes on.
+failed=()
+gotest() {
+  local m=$1 raw
+  shift
+  raw="$logs/$(echo "$m" | tr / _).log"
+  printf -- '-- module %s\n' "$m"
+  if ! (cd "$m" && GOWORK="$(work "$m")" go test "$@" 2>&1 | tee "$raw" | "$top/scripts/summarize-tests.sh"); then
+    failed+=("$m")
+  fi
+}
+top=$(pwd)
 
 step "gofmt"
 unformatted=$(gofmt -s -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))
@@ -62,17 +80,30 @@ step "go test -race"
 export DLOCK_SAFETY_OUT="${DLOCK_SAFETY_OUT:-$(mktemp -d)}"
 export DLOCK_ARTIFACTS="${DLOCK_ARTIFACTS:-$DLOCK_SAFETY_OUT/artifacts}"
 for m in "${modules[@]}"; do
-  printf -- '-- module %s\n' "$m"
-  (cd "$m" && GOWORK="$(work "$m")" go test -race -count=1 -timeout 25m -v "$@" ./... 2>&1 | "$OLDPWD/scripts/summarize-tests.sh")
+  gotest "$m" -race -count=1 -timeout 25m -v "$@" ./...
 done
 
 step "peer-benchmark module: every scenario once, at tiny sizes (bench/ TestSmoke)"
-(cd bench && GOWORK="$(work bench)" go test -race -count=1 -timeout 10m ./... 2>&1 | ../scripts/summarize-tests.sh)
+gotest bench -race -count=1 -timeout 10m -v ./...
 
 if [ $# -eq 0 ]; then   # a partial run (-run …) would miss rows
   step "install test: go install and go get every published module from a local module proxy (internal/release)"
-  (cd internal/release && GOWORK="$(work internal/release)" go test -count=1 -timeout 15m -v ./... 2>&1 | ../../scripts/summarize-tests.sh)
+  gotest internal/release -count=1 -timeout 15m -v ./...
 
   step "docs/SAFETY.md states what this run observed"
-  GOWORK="$(work .)" go run ./conformance/cmd/safety-report -from "$DLOCK_SAFETY_OUT" -check
+  if ! GOWORK="$(work .)" go run ./conformance/cmd/safety-report -from "$DLOCK_SAFETY_OUT" -check; then
+    failed+=("docs/SAFETY.md")
+  fi
+fi
+
+# The recap: what a reader of the run's last lines needs.
+if [ ${#failed[@]} -gt 0 ]; then
+  step "FAILED in module(s) ${failed[*]}: each failing test's own messages"
+  for m in "${failed[@]}"; do
+    raw="$logs/$(echo "$m" | tr / _).log"
+    [ -f "$raw" ] || continue   # docs/SAFETY.md: its own lines are above
+    printf -- '-- module %s\n' "$m"
+    scripts/test-failures.sh <"$raw"
+  done
+  exit 1
 fi
