@@ -97,7 +97,6 @@ type Fence struct {
 	// must not block.
 	OnReject func(*fencing.StaleTokenError)
 
-	once     sync.Once
 	fallback memGuard
 }
 
