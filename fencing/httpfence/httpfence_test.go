@@ -19,12 +19,18 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/conformance"
 	"github.com/dlock-go/dlock/fencing"
 	"github.com/dlock-go/dlock/fencing/httpfence"
 	_ "github.com/dlock-go/dlock/memlock" // registers mem://
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	conformance.RegisterGuard("http-header", openSuiteTarget(false))
+	conformance.RegisterGuard("http-if-match", openSuiteTarget(true))
+	conformance.Main(m) // the paused-holder case's child process runs here
+	goleak.VerifyTestMain(m)
+}
 
 // store is a resource the handler writes: the tokens of the writes it
 // served, per resource, in order. Its handler does not lock: the Fence must

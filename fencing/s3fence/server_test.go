@@ -12,10 +12,10 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"go.uber.org/goleak"
 
+	"github.com/dlock-go/dlock/conformance"
 	"github.com/dlock-go/dlock/internal/testenv"
 )
 
@@ -29,6 +29,8 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	conformance.RegisterGuard("s3", openSuiteTarget)
+	conformance.Main(m) // the paused-holder case's child process runs here
 	dir, err := os.MkdirTemp("", "s3fence-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -103,19 +105,10 @@ func startS3(t testing.TB, db string) *s3Server {
 	return &s3Server{Process: p, addr: addr}
 }
 
-// client returns an S3 client of the server, path-style, with throw-away
-// credentials.
+// client returns an S3 client of the server (see newClient).
 func (s *s3Server) client(t testing.TB) *s3.Client {
 	t.Helper()
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	t.Cleanup(tr.CloseIdleConnections)
-	return s3.New(s3.Options{
-		BaseEndpoint: aws.String("http://" + s.addr),
-		Region:       "us-east-1",
-		UsePathStyle: true,
-		HTTPClient:   &http.Client{Transport: tr},
-		Credentials: aws.CredentialsProviderFunc(func(context.Context) (aws.Credentials, error) {
-			return aws.Credentials{AccessKeyID: "test", SecretAccessKey: "test"}, nil
-		}),
-	})
+	return newClient("http://"+s.addr, tr)
 }
