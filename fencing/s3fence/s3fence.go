@@ -78,6 +78,10 @@ type Guard struct {
 	OnReject func(*fencing.StaleTokenError)
 }
 
+// maxSameRefusals is how many puts in a row the server may refuse on the
+// ETag that head sent before the guard gives up.
+const maxSameRefusals = 3
+
 // testHookBeforePut, if set by a test, runs between a write's read of the
 // object and its conditional put.
 var testHookBeforePut func(key string, token dlock.Token)
@@ -149,6 +153,7 @@ func (g *Guard) write(ctx context.Context, key string, token dlock.Token, body i
 			return fmt.Errorf("reading the body's offset: %w", err)
 		}
 	}
+	refused, same := "", 0 // the ETag of the last refused put, and how many times in a row
 	for {
 		etag, fence, err := g.head(ctx, key)
 		if err != nil {
@@ -198,7 +203,18 @@ func (g *Guard) write(ctx context.Context, key string, token dlock.Token, body i
 		case err == nil:
 			return nil
 		case isConditionFailed(err):
-			continue // the object changed since head: compare again
+			// The object changed since head: compare again. A server that
+			// keeps refusing the ETag that head keeps sending does not
+			// compare ETags as it sends them: give up rather than spin.
+			if etag == refused {
+				same++
+			} else {
+				refused, same = etag, 1
+			}
+			if same >= maxSameRefusals {
+				return fmt.Errorf("the server refused %d conditional writes in a row on the object's current ETag %s: %w", same, etag, err)
+			}
+			continue
 		default:
 			return err
 		}

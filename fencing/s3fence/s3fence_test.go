@@ -320,3 +320,33 @@ func TestGuardRequiresClientAndBucket(t *testing.T) {
 		t.Fatal("a Guard without Client and Bucket wrote")
 	}
 }
+
+// wrongETag is a Client that sends every conditional put with an ETag the
+// object does not have, so that the server refuses each one.
+type wrongETag struct{ s3fence.Client }
+
+func (c wrongETag) PutObject(ctx context.Context, in *s3.PutObjectInput, opts ...func(*s3.Options)) (*s3.PutObjectOutput, error) {
+	if in.IfMatch != nil {
+		in.IfMatch = aws.String(`"00000000000000000000000000000000"`)
+	}
+	return c.Client.PutObject(ctx, in, opts...)
+}
+
+// TestGuardGivesUpOnAServerThatKeepsRefusing: a server that refuses every
+// put on the ETag it reported makes Put fail, not spin.
+func TestGuardGivesUpOnAServerThatKeepsRefusing(t *testing.T) {
+	ctx := context.Background()
+	srv := startS3(t, "")
+	g := newGuard(t, srv)
+	if err := g.Put(ctx, "k", 1, strings.NewReader("x")); err != nil {
+		t.Fatal(err)
+	}
+	bad := &s3fence.Guard{Client: wrongETag{g.Client}, Bucket: bucket}
+	err := bad.Put(ctx, "k", 2, strings.NewReader("y"))
+	if err == nil || errors.Is(err, fencing.ErrStaleToken) || !strings.Contains(err.Error(), "refused 3 conditional writes") {
+		t.Fatalf("Put through a client whose condition never holds: %v; want the guard to give up", err)
+	}
+	if body, tok := get(t, g, "k"); body != "x" || tok != 1 {
+		t.Fatalf("k holds %q by %d; want it unchanged", body, tok)
+	}
+}
