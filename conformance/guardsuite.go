@@ -253,7 +253,7 @@ func (g *guardSuite) testRejectedChangesNothing(t *testing.T) {
 // still there: the old token is rejected, the current one accepted.
 func (g *guardSuite) testSurvivesRestart(t *testing.T) {
 	if g.cfg.Restart == nil {
-		t.Skip("not durable: " + g.cfg.NotDurable)
+		t.Skip("restart not tested: " + g.cfg.NotDurable)
 	}
 	ctx := g.ctx(t)
 	res := guardResource(t)

@@ -66,6 +66,9 @@ func (g *Guard) Txn(ctx context.Context, token dlock.Token, resource string, ops
 	if g.Client == nil {
 		return nil, errors.New("etcdfence: Guard.Client is nil")
 	}
+	if resource == "" {
+		return nil, errors.New("etcdfence: empty resource")
+	}
 	if token == 0 {
 		return nil, g.reject(&fencing.StaleTokenError{Resource: resource, Token: token})
 	}

@@ -79,9 +79,12 @@ return redis.call('SET', KEYS[2], ARGV[2])`)
 	getScript  = goredis.NewScript(`return redis.call('GET', KEYS[1])`)
 )
 
-// Set runs SET key value [PX ttl] (no expiry if ttl is 0) if token is current
-// for resource, in one script with the check.
+// Set runs SET key value [PX ttl] (no expiry if ttl is 0; a negative ttl is
+// an error) if token is current for resource, in one script with the check.
 func (g *Guard) Set(ctx context.Context, token dlock.Token, resource, key string, value any, ttl time.Duration) error {
+	if ttl < 0 {
+		return fmt.Errorf("redisfence: Set %q: negative ttl %v", key, ttl)
+	}
 	ms := ttl.Milliseconds()
 	if ttl > 0 && ms == 0 {
 		ms = 1

@@ -3,6 +3,7 @@ package redisfence_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -25,6 +26,7 @@ func TestMain(m *testing.M) {
 	conformance.RegisterGuard("redis-set", open(setTarget))
 	conformance.RegisterGuard("redis-hset", open(hsetTarget))
 	conformance.RegisterGuard("redis-script", open(scriptTarget))
+	conformance.RegisterGuard("redis-cluster-set", open(setTarget))
 	conformance.Main(m)
 	goredis.SetLogger(quiet{})
 	goleak.VerifyTestMain(m)
@@ -33,7 +35,7 @@ func TestMain(m *testing.M) {
 // target is a conformance.GuardTarget on one resource: write writes through
 // the guard, read reads the value back.
 type target struct {
-	cli      *goredis.Client
+	cli      goredis.UniversalClient
 	g        *redisfence.Guard
 	resource string
 	write    func(ctx context.Context, t *target, tok uint64, v string) error
@@ -57,8 +59,9 @@ func (t *target) Read(ctx context.Context) (string, error) {
 func (t *target) Close() error { return t.cli.Close() }
 
 func open(kind target) conformance.GuardOpener {
-	return func(_ context.Context, addr, resource string) (conformance.GuardTarget, error) {
-		cli := goredis.NewClient(&goredis.Options{Addr: addr})
+	return func(_ context.Context, addrs, resource string) (conformance.GuardTarget, error) {
+		// One address: a *redis.Client; several: a *redis.ClusterClient.
+		cli := goredis.NewUniversalClient(&goredis.UniversalOptions{Addrs: strings.Split(addrs, ",")})
 		t := kind
 		t.cli, t.g, t.resource = cli, &redisfence.Guard{Client: cli}, resource
 		return &t, nil
@@ -111,6 +114,17 @@ func runSuite(t *testing.T, guard string) {
 func TestGuardSuiteSet(t *testing.T)    { runSuite(t, "redis-set") }
 func TestGuardSuiteHSet(t *testing.T)   { runSuite(t, "redis-hset") }
 func TestGuardSuiteScript(t *testing.T) { runSuite(t, "redis-script") }
+
+// TestGuardSuiteCluster: on Redis Cluster the fence and the data share a
+// slot, by the hash tag, so the script runs; the suite's resources fall on
+// different nodes.
+func TestGuardSuiteCluster(t *testing.T) {
+	cl := testenv.StartCluster(t)
+	conformance.RunGuardSuite(t, conformance.GuardConfig{
+		Guard: "redis-cluster-set", Config: strings.Join(cl.Addrs(), ","), LockDSN: cl.URL(),
+		NotDurable: "the restart case runs on one server (TestGuardSuiteSet); this test proves the hash tag on a cluster",
+	})
+}
 
 // TestDelFenced: a stale DEL deletes nothing; a current one deletes, and
 // leaves the fence.
