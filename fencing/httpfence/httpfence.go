@@ -90,7 +90,8 @@ type Fence struct {
 	// Guard checks and records the tokens. Default: one lock and one
 	// highest token per resource, in the process's memory, forgotten when
 	// the process ends; give a Guard that keeps the highest token where the
-	// data is (a SQL fence table, say) if the service's data outlives it.
+	// data is if the service's data outlives the process. (*fencing.Guard
+	// fits too, with one lock for all resources.)
 	Guard Guard
 
 	// OnReject, if set, is called with every rejection of a stale token. It
@@ -110,7 +111,8 @@ type rejection struct {
 
 // Wrap returns a handler that serves next only for requests whose token is
 // current for their resource, inside the guarded section (see the package
-// doc for the answers to the others).
+// doc for the answers to the others). Every request through it must carry a
+// token: wrap the routes that write, not those that only read.
 func (f *Fence) Wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		token, ifMatch, status, msg := requestToken(r)
