@@ -25,6 +25,9 @@ import (
 	_ "github.com/dlock-go/dlock/memlock" // registers mem://
 )
 
+// *fencing.Guard is a Guard a Fence can use.
+var _ httpfence.Guard = (*fencing.Guard)(nil)
+
 func TestMain(m *testing.M) {
 	conformance.RegisterGuard("http-header", openSuiteTarget(false))
 	conformance.RegisterGuard("http-if-match", openSuiteTarget(true))
