@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every check and test dlock has, in every module of the repository (the
-# root, and the nested modules etcd, migrate, dlockotel, cmd/dlock, examples,
-# the peer-benchmark module bench and the release module internal/release):
+# root, and the nested modules etcd, migrate, dlockotel, cmd/dlock,
+# fencing/s3fence, examples, the peer-benchmark module bench and the release
+# module internal/release):
 # formatting, go.mod tidiness and version agreement, go vet and staticcheck,
 # API compatibility with the last recorded release, `go test -race` against
 # real servers (started by the tests themselves on free loopback ports;
@@ -28,7 +29,7 @@ step() { printf '\n== %s\n' "$*"; }
 # (scripts/modules.sh; the go.mod files have no replace lines). The root comes
 # first; bench is run separately, by its smoke test, and internal/release by
 # the install test.
-modules=(. etcd migrate dlockotel cmd/dlock examples)
+modules=(. etcd migrate dlockotel cmd/dlock fencing/s3fence examples)
 works=$(mktemp -d)
 trap 'rm -rf "$works"' EXIT
 for m in $(mod_dirs); do
