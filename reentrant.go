@@ -33,6 +33,16 @@ func ContextWithLease(ctx context.Context, lease *Lease) context.Context {
 	return context.WithValue(ctx, heldKey{}, &heldList{lease: lease.outermost(), next: next})
 }
 
+// LeaseFromContext returns the innermost lease ctx carries (the one Do or
+// ContextWithLease put in it last), or nil if it carries none. The lease may
+// have ended: its token is still what a resource must be shown.
+func LeaseFromContext(ctx context.Context) *Lease {
+	if h, _ := ctx.Value(heldKey{}).(*heldList); h != nil {
+		return h.lease
+	}
+	return nil
+}
+
 // enclosing returns the outermost lease of key on l that ctx carries, or nil.
 func enclosing(ctx context.Context, l *locker, key string) *Lease {
 	for h, _ := ctx.Value(heldKey{}).(*heldList); h != nil; h = h.next {

@@ -25,7 +25,7 @@ import (
 
 // The environment of a child process started by the suite.
 const (
-	envChild = "DLOCK_CONFORMANCE_CHILD" // the role: "holder" or "soak"
+	envChild = "DLOCK_CONFORMANCE_CHILD" // the role: "holder", "soak" or "guard"
 	envSpec  = "DLOCK_CONFORMANCE_SPEC"  // the role's childSpec, as JSON
 )
 
@@ -55,6 +55,8 @@ func Main(m *testing.M) {
 		err = runHolderChild(c, spec)
 	case "soak":
 		err = runSoakChild(c, spec)
+	case "guard":
+		err = runGuardChild(c, spec)
 	default:
 		err = fmt.Errorf("unknown role %q", role)
 	}
@@ -75,13 +77,18 @@ type childSpec struct {
 	Interval   time.Duration // soak: least time between two acquisitions of one goroutine
 	Think      time.Duration // time between a read and the write of an increment
 	Role       role          // holder: what it takes of Keys[0] (a lock; roleLeader: leads an election of that name with election.Run)
+
+	Guard       string // guard: the registered guard (RegisterGuard) it writes through
+	GuardConfig string // guard: the guard's config (GuardConfig.Config)
+	Resource    string // guard: the resource it writes
 }
 
 // msg is one line of the pipe protocol, both ways. From the child: "grant"
 // (Lease, Key, Token, At, Deadline), "deadline" (Lease, Deadline),
 // "releasing" (Lease, At), "end" (Lease, At, Lost, Err; from a soak locker
-// also Deadline and Released), "op" (ID, Lease, Key, Token, Granted, Write, V).
-// From the parent: replies to "op" (ID, OK, V). The parent closes the child's
+// also Deadline and Released), "op" (ID, Lease, Key, Token, Granted, Write, V);
+// a guard child also "ready" (ID) and "wrote" (Token, Highest, Err, OK).
+// From the parent: replies to "op" (ID, OK, V) and "ready" (ID, OK). The parent closes the child's
 // stdin to tell it to stop.
 type msg struct {
 	T        string      `json:"t,omitempty"`
@@ -100,6 +107,7 @@ type msg struct {
 	Write    bool        `json:"w,omitempty"`
 	OK       bool        `json:"ok,omitempty"`
 	V        int         `json:"v,omitempty"`
+	Highest  dlock.Token `json:"hi,omitempty"` // guard "wrote": the highest token the rejection named
 }
 
 // childConn is the child's end of the pipe: it sends events and requests on

@@ -4,8 +4,9 @@
 // Guard checks and writes under one mutex, for in-process state; SQLGuard in
 // one conditional UPDATE, for any database/sql database. Both accept a token
 // equal to or above the highest seen and reject a lower one, as a guard of
-// your own must, in one atomic step (docs/guide.md, Checking the token at the
-// resource).
+// your own must, in one atomic step. Packages redisfence, zkfence and
+// github.com/dlock-go/dlock/etcd/etcdfence guard Redis, ZooKeeper and etcd
+// (docs/guards.md).
 package fencing
 
 import (

@@ -13,12 +13,17 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/conformance"
 	"github.com/dlock-go/dlock/fencing"
 	"github.com/dlock-go/dlock/internal/testenv"
 	_ "github.com/dlock-go/dlock/postgres"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	registerSQLGuards()
+	conformance.Main(m) // in a child process of the guard suite, runs the child and exits
+	goleak.VerifyTestMain(m)
+}
 
 // recorder is an Execer that records statements and reports a fixed row count.
 type recorder struct {
