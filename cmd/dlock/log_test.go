@@ -201,3 +201,21 @@ func TestJSONLog(t *testing.T) {
 		}
 	}
 }
+
+// dlock help logging documents the schema.
+func TestHelpLogging(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := dispatch([]string{"help", "logging"}, &stdout, &stderr); code != exitOK {
+		t.Fatalf("dlock help logging: exit %d: %s", code, stderr.String())
+	}
+	for _, want := range []string{"time", "level", "msg", "cmd", "key", "err", "hint", "ERROR", "WARN", "INFO"} {
+		if !strings.Contains(stdout.String(), "  "+want) && !strings.Contains(stdout.String(), want+" ") {
+			t.Errorf("dlock help logging does not mention %q", want)
+		}
+	}
+	stdout.Reset()
+	dispatch([]string{"help"}, &stdout, &stderr)
+	if !strings.Contains(stdout.String(), "dlock help logging") {
+		t.Errorf("dlock help does not point to dlock help logging")
+	}
+}

@@ -161,3 +161,32 @@ func TestInspectPrimitives(t *testing.T) {
 		})
 	}
 }
+
+// TestInspectCannotList: where the backend cannot list its locks
+// (PostgreSQL with tokens=sequence), dlock inspect of a semaphore's name
+// says that it cannot tell, rather than only "held: no".
+func TestInspectCannotList(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dsn := testenv.StartPostgres(t).URL() + "&tokens=sequence"
+	l, err := dlock.Open(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	sem, err := semaphore.New(l, "gpu", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := sem.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Release(context.Background()) })
+	r := runCLI(t, []string{"DLOCK_DSN=" + dsn}, "inspect", "gpu")
+	if r.code != exitFailure || !strings.Contains(r.stdout, "cannot list its locks") || !strings.Contains(r.stdout, "gpu/permits/0") {
+		t.Errorf("dlock inspect gpu on a backend that cannot list: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	// The slot itself can be inspected.
+	runCLI(t, []string{"DLOCK_DSN=" + dsn}, "inspect", p.Key()).expectCode(t, exitOK)
+}
