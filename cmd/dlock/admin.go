@@ -78,8 +78,7 @@ With -o json, it prints one JSON object:
   key           KEY
   kind          "lock", "semaphore" or "rwlock"
   held          true or false
-  mode          when held: "exclusive" or "shared" (lock), "write" or "read"
-                (rwlock)
+  mode          when held: "exclusive" (lock), "write" or "read" (rwlock)
   readers       rwlock held for reading: how many readers
   permits       semaphore: its number of permits (absent where unknown)
   permits_held  semaphore: how many are held
@@ -402,8 +401,6 @@ func tokenText(t uint64) string {
 // heldText says how v is held, in a word or a few.
 func heldText(v view) string {
 	switch {
-	case !v.Held && v.Kind == kindSemaphore:
-		return "no permit"
 	case !v.Held:
 		return "no"
 	case v.Kind == kindSemaphore && v.Permits != nil:

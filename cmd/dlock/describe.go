@@ -35,11 +35,10 @@ type view struct {
 	Key  string `json:"key"`
 	Kind string `json:"kind"`
 	Held bool   `json:"held"`
-	// Mode is, when held, "exclusive" or "shared" for a lock, "write" or
-	// "read" for a read/write lock.
+	// Mode is, when held, "exclusive" for a lock, "write" or "read" for a
+	// read/write lock.
 	Mode string `json:"mode,omitempty"`
-	// Readers is how many hold a read/write lock for reading (or a lock
-	// shared).
+	// Readers is how many hold a read/write lock for reading.
 	Readers int `json:"readers,omitempty"`
 	// Permits is a semaphore's number of permits, nil where the backend
 	// does not record it.

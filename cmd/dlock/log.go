@@ -279,6 +279,11 @@ func logTo(stderr io.Writer, level slog.Level, prefix, msg string, attrs ...any)
 	_ = j.record(level, msg, attrs...)
 }
 
+// logError is logTo at level ERROR.
+func logError(stderr io.Writer, prefix, msg string, attrs ...any) {
+	logTo(stderr, slog.LevelError, prefix, msg, attrs...)
+}
+
 // jsonLogs reports whether stderr is standard error under --log-format json.
 func jsonLogs(stderr io.Writer) bool {
 	_, ok := stderr.(*jsonLog)
