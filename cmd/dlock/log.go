@@ -266,8 +266,8 @@ func (j *jsonLog) record(level slog.Level, msg string, attrs ...any) error {
 }
 
 // logTo writes one of dlock's own messages to stderr: in text, prefix and
-// msg on one line; under --log-format json, a record at level with msg and
-// the key-value pairs attrs.
+// msg on one line; under --log-format json, a record at level with msg (less
+// an error's "dlock: ") and the key-value pairs attrs.
 func logTo(stderr io.Writer, level slog.Level, prefix, msg string, attrs ...any) {
 	j, ok := stderr.(*jsonLog)
 	if !ok {
@@ -276,7 +276,7 @@ func logTo(stderr io.Writer, level slog.Level, prefix, msg string, attrs ...any)
 	}
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	_ = j.record(level, msg, attrs...)
+	_ = j.record(level, strings.TrimPrefix(msg, "dlock: "), attrs...)
 }
 
 // logError is logTo at level ERROR.
