@@ -33,6 +33,15 @@ func TestElectAndLeader(t *testing.T) {
 
 	watch := start(t, env, "leader", "--watch", "--interval", "20ms", "scheduler")
 	expectPrefix(t, watch, "no leader")
+	watchJSON := start(t, env, "leader", "--watch", "-o", "json", "--interval", "20ms", "scheduler")
+	var seen struct {
+		Election string     `json:"election"`
+		Led      bool       `json:"led"`
+		Time     *time.Time `json:"time"`
+	}
+	if line := watchJSON.nextLine(); json.Unmarshal([]byte(line), &seen) != nil || seen.Election != "scheduler" || seen.Led || seen.Time == nil {
+		t.Errorf("dlock leader --watch -o json with nobody leading printed %q", line)
+	}
 
 	first := start(t, env, "elect", "--value", "host-a:8080", "scheduler", "--", "sh", "-c",
 		`echo "$DLOCK_KEY $DLOCK_VALUE $DLOCK_TOKEN"; exec sleep 60`)

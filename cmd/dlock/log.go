@@ -120,9 +120,10 @@ error is one JSON object (log/slog's JSON format), errors included:
   time     when, RFC 3339 with fractions of a second
   level    DEBUG, INFO, WARN or ERROR
   msg      the message: the text line without its "dlock: " or
-           "dlock COMMAND: " prefix; the lease's events, which come from
-           package dlock, keep theirs ("dlock: lease lost")
-  cmd      the command (run, ls, inspect, ...); absent on the lease's events
+           "dlock COMMAND: " prefix; the lease's events and the drivers'
+           warnings, which come from the library, keep theirs ("dlock: lease
+           lost", "dlock/redis: ...")
+  cmd      the command (run, ls, inspect, ...); absent on the library's
 and, where they apply:
   key      the lock, semaphore or election the message is about
   err      the error, as text
@@ -132,9 +133,10 @@ and, where they apply:
            renewal failed, lease lost (with its cause), released
 
 Levels: ERROR for usage errors, failures and a lost lease; WARN for stopping
-COMMAND after a loss and for the drivers' warnings; INFO for the rest
-(progress, notes, what -v adds); DEBUG for the lease's renewals (with -v).
-A message of a command that has no level of its own is INFO.
+COMMAND after a loss, a failed renewal and the drivers' warnings; INFO for
+the rest (progress, notes, what -v adds); DEBUG for the lease's routine
+events (acquired, renewed, released; with -v). A line of a command that
+gives it no level of its own is INFO.
 
 Standard output is unaffected (tables, or JSON with -o json), and so is what
 COMMAND writes itself. DSN passwords never appear, in either format.
