@@ -83,6 +83,14 @@ func TestAdminCommands(t *testing.T) {
 		t.Fatalf("the lease after a declined break: %v", err)
 	}
 
+	// The same under --log-format json: the holder and the question are
+	// records too.
+	r = runCLIInput(t, env, "n\n", "break", "--log-format", "json", "jobs/nightly")
+	r.expectCode(t, 1)
+	if recs := jsonRecords(t, "break --log-format json", r.stderr); len(recs) != 3 || recs[0]["label"] != "nightly-report@host7" || !strings.HasSuffix(recs[1]["msg"].(string), "[y/N] ") || recs[2]["msg"] != "not broken" {
+		t.Errorf("dlock break --log-format json, declined:\n%s", r.stderr)
+	}
+
 	r = runCLIInput(t, env, "y\n", "break", "jobs/nightly")
 	r.expectCode(t, 0)
 	if !strings.Contains(r.stdout, "broke:") || !strings.Contains(r.stdout, tok) {

@@ -135,7 +135,7 @@ func benchMain(args []string, stdout, stderr io.Writer) int {
 		r := benchBackend(ctx, dsn, s.clients, s.duration, prog.with(label))
 		results = append(results, r)
 		if r.Err != nil {
-			fmt.Fprintf(stderr, "dlock: %s: %s\n", r.DSN, errText(r.Err))
+			logError(stderr, "dlock: ", r.DSN+": "+errText(r.Err))
 		}
 		if ctx.Err() != nil {
 			break
@@ -145,7 +145,7 @@ func benchMain(args []string, stdout, stderr io.Writer) int {
 	printBenchTable(stdout, results)
 	if s.out != "" {
 		if err := writeReport(s.out, s.format, results, s); err != nil {
-			fmt.Fprintf(stderr, "dlock: %v\n", err)
+			logError(stderr, "dlock: ", err.Error())
 			return exitFailure
 		}
 		fmt.Fprintf(stderr, "dlock: wrote %s\n", s.out)

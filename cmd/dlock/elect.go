@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -56,12 +57,30 @@ Examples:
   until dlock elect compactor -- ./compact --fence "$DLOCK_TOKEN"; do sleep 1; done
 `
 
-const leaderUsage = `Usage: dlock leader [--dsn DSN] [--watch] [--interval D] NAME
+const leaderUsage = `Usage: dlock leader [--dsn DSN] [-o table|json] [--watch] [--interval D] NAME
 
 Shows who leads the election NAME: the leader's value, its term's fencing
 token and when the server ends the term unless renewed. With --watch, prints
 a line each time the leader changes (reading every --interval, default 1s)
 until interrupted.
+
+With -o json, it prints one JSON object (with --watch, one per line, each
+with the time of the change):
+  election  NAME
+  led       true if someone leads
+  value     the leader's value ("" if nobody leads)
+  token     the term's fencing token (0 if nobody leads, or the backend
+            cannot tell)
+  expires   when the server ends the term unless renewed; null if nobody
+            leads, or the term lasts as long as the leader's session
+  time      --watch only: when the change was seen
+
+Flags:
+  --dsn DSN        the backend (default $DLOCK_DSN)
+  -o, --output F   table (default) or json
+  --watch          follow the changes until interrupted
+  --interval D     with --watch, how often to read (default 1s)
+  --log-format F   text (default) or json (see dlock help logging)
 
 Exit statuses: 0 someone leads (with --watch: interrupted); 1 nobody leads;
 64 usage error; 69 the backend is unreachable or cannot report its locks.
@@ -83,7 +102,11 @@ func leaderMain(args []string, stdout, stderr io.Writer) int {
 	dsnFlag := fs.String("dsn", "", "")
 	watch := fs.Bool("watch", false, "")
 	every := fs.Duration("interval", election.DefaultObserveInterval, "")
+	output := outputFlag(fs)
 	if code, ok := parseFlags(fs, args, leaderUsage, stdout, stderr); !ok {
+		return code
+	}
+	if code, ok := checkOutput(stderr, "leader", *output); !ok {
 		return code
 	}
 	switch {
@@ -93,7 +116,7 @@ func leaderMain(args []string, stdout, stderr io.Writer) int {
 		return usageError(stderr, "leader", "--interval must be a positive duration such as 1s")
 	}
 	name := fs.Arg(0)
-	l, code := openAdmin(stderr, "leader", *dsnFlag)
+	l, _, code := openAdmin(stderr, "leader", *dsnFlag)
 	if l == nil {
 		return code
 	}
@@ -103,10 +126,14 @@ func leaderMain(args []string, stdout, stderr io.Writer) int {
 		defer cancel()
 		in, err := election.Leader(ctx, l, name)
 		if err != nil {
-			fmt.Fprintf(stderr, "dlock leader: %v\n", err)
+			logTo(stderr, slog.LevelError, "dlock leader: ", err.Error(), "key", name)
 			return adminExit(err)
 		}
-		printLeader(stdout, in)
+		if *output == "json" {
+			writeJSON(stdout, leaderJSON(in, nil))
+		} else {
+			printLeader(stdout, in)
+		}
 		if !in.Led {
 			return exitFailure
 		}
@@ -116,18 +143,23 @@ func leaderMain(args []string, stdout, stderr io.Writer) int {
 	defer stop()
 	// The first read reports a backend that cannot tell who leads.
 	if _, err := election.Leader(ctx, l, name); err != nil {
-		fmt.Fprintf(stderr, "dlock leader: %v\n", err)
+		logTo(stderr, slog.LevelError, "dlock leader: ", err.Error(), "key", name)
 		return adminExit(err)
 	}
 	seen, err := election.Observe(ctx, l, name, election.WithInterval(*every))
 	if err != nil {
 		return usageError(stderr, "leader", "%v", err)
 	}
+	enc := json.NewEncoder(stdout)
 	for in := range seen {
-		if in.Led {
-			fmt.Fprintf(stdout, "%s\tleader %s\ttoken %d\n", time.Now().Format(time.RFC3339), in.Value, in.Token)
-		} else {
-			fmt.Fprintf(stdout, "%s\tno leader\n", time.Now().Format(time.RFC3339))
+		now := time.Now()
+		switch {
+		case *output == "json":
+			_ = enc.Encode(leaderJSON(in, &now))
+		case in.Led:
+			fmt.Fprintf(stdout, "%s\tleader %s\ttoken %d\n", now.Format(time.RFC3339), in.Value, in.Token)
+		default:
+			fmt.Fprintf(stdout, "%s\tno leader\n", now.Format(time.RFC3339))
 		}
 	}
 	return exitOK
@@ -144,4 +176,29 @@ func printLeader(w io.Writer, in election.Info) {
 		fmt.Fprintf(tw, "expires:\t%s\n", expiresText(in.Expires))
 	}
 	_ = tw.Flush()
+}
+
+// leaderView is dlock leader's JSON (see leaderUsage).
+type leaderView struct {
+	Election string     `json:"election"`
+	Led      bool       `json:"led"`
+	Value    string     `json:"value"`
+	Token    uint64     `json:"token"`
+	Expires  *time.Time `json:"expires"`
+	Time     *time.Time `json:"time,omitempty"`
+}
+
+// leaderJSON returns the JSON of in, seen at the time seen (nil but with
+// --watch).
+func leaderJSON(in election.Info, seen *time.Time) leaderView {
+	v := leaderView{Election: in.Name, Led: in.Led, Value: in.Value, Token: uint64(in.Token), Time: seen}
+	if in.Led && !in.Expires.IsZero() {
+		t := in.Expires.UTC()
+		v.Expires = &t
+	}
+	if seen != nil {
+		t := seen.UTC()
+		v.Time = &t
+	}
+	return v
 }

@@ -3,6 +3,8 @@
 package main
 
 import (
+	"encoding/json"
+	"fmt"
 	"strings"
 	"syscall"
 	"testing"
@@ -22,12 +24,24 @@ func TestElectAndLeader(t *testing.T) {
 
 	r := runCLI(t, env, "leader", "scheduler")
 	r.expectCode(t, exitFailure)
+	if r := runCLI(t, env, "leader", "-o", "json", "scheduler"); r.code != exitFailure || !strings.Contains(r.stdout, `"led": false`) {
+		t.Errorf("dlock leader -o json with nobody leading: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
 	if !strings.Contains(r.stdout, "leader:    none") && !strings.Contains(r.stdout, "leader:") {
 		t.Errorf("dlock leader with nobody leading printed %q", r.stdout)
 	}
 
 	watch := start(t, env, "leader", "--watch", "--interval", "20ms", "scheduler")
 	expectPrefix(t, watch, "no leader")
+	watchJSON := start(t, env, "leader", "--watch", "-o", "json", "--interval", "20ms", "scheduler")
+	var seen struct {
+		Election string     `json:"election"`
+		Led      bool       `json:"led"`
+		Time     *time.Time `json:"time"`
+	}
+	if line := watchJSON.nextLine(); json.Unmarshal([]byte(line), &seen) != nil || seen.Election != "scheduler" || seen.Led || seen.Time == nil {
+		t.Errorf("dlock leader --watch -o json with nobody leading printed %q", line)
+	}
 
 	first := start(t, env, "elect", "--value", "host-a:8080", "scheduler", "--", "sh", "-c",
 		`echo "$DLOCK_KEY $DLOCK_VALUE $DLOCK_TOKEN"; exec sleep 60`)
@@ -41,6 +55,19 @@ func TestElectAndLeader(t *testing.T) {
 		if !strings.Contains(r.stdout, want) {
 			t.Errorf("dlock leader while host-a leads: %q lacks %q", r.stdout, want)
 		}
+	}
+	// -o json: the same, for scripts.
+	r = runCLI(t, env, "leader", "-o", "json", "scheduler")
+	r.expectCode(t, exitOK)
+	var v struct {
+		Election string     `json:"election"`
+		Led      bool       `json:"led"`
+		Value    string     `json:"value"`
+		Token    uint64     `json:"token"`
+		Expires  *time.Time `json:"expires"`
+	}
+	if err := json.Unmarshal([]byte(r.stdout), &v); err != nil || v.Election != "scheduler" || !v.Led || v.Value != "host-a:8080" || fmt.Sprint(v.Token) != token || v.Expires == nil {
+		t.Errorf("dlock leader -o json while host-a leads (%v):\n%s%s", err, r.stdout, r.stderr)
 	}
 	r = runCLI(t, env, "elect", "--no-wait", "--value", "host-b:8080", "scheduler", "--", "echo", "ran")
 	r.expectCode(t, exitBusy)

@@ -13,7 +13,10 @@
 // Passwords in DSNs are never printed. Messages go to standard error,
 // prefixed "dlock: ", and so do the drivers' warnings (such as the Redis
 // driver's about a server configured to evict keys); -v shows the drivers'
-// notes too. `dlock help COMMAND` shows a command's flags and exit statuses.
+// notes too. With --log-format json, which every command takes, each line
+// on standard error is a JSON object instead, errors included (`dlock help
+// logging` has the schema). `dlock help COMMAND` shows a command's flags and
+// exit statuses.
 //
 // # dlock run
 //
@@ -91,22 +94,25 @@
 //
 // # dlock ls, dlock inspect, dlock break
 //
-//	dlock ls [--dsn DSN] [PREFIX]
-//	dlock inspect [--dsn DSN] KEY
+//	dlock ls [--dsn DSN] [-o json] [PREFIX]
+//	dlock inspect [--dsn DSN] [-o json] KEY
 //	dlock break [--dsn DSN] [--yes] KEY
 //
-// ls lists the held locks under PREFIX with their holders: token, label (by
-// default host:pid), owner ID, expiry and waiters. inspect shows one lock
-// (exit 1 if nobody holds it). break force-releases a stuck lock, after
-// showing its holder and asking for confirmation unless --yes (exit 1 if it
-// was not held or not confirmed). A broken holder learns it at its next
+// ls lists what is held under PREFIX with the holders: token, label (by
+// default host:pid), owner ID, expiry and waiters; semaphores ("2 of 4
+// permits") and read/write locks ("3 readers", "writer") are grouped with
+// their permits and readers. inspect shows one lock, semaphore or
+// read/write lock (exit 1 if nobody holds it). -o json prints either as
+// JSON, in the shape `dlock help inspect` describes. break force-releases a
+// stuck lock, after showing its holder and asking for confirmation unless
+// --yes (exit 1 if it was not held or not confirmed). A broken holder learns it at its next
 // renewal at the latest, and the next holder's fencing token is higher.
 // (Redlock reports no token.)
 //
 // # dlock elect, dlock leader
 //
 //	dlock elect [--dsn DSN] [--value V] [--ttl 30s] [--wait 1m | --no-wait] [--grace 10s] NAME -- COMMAND [ARG...]
-//	dlock leader [--dsn DSN] [--watch] [--interval 1s] NAME
+//	dlock leader [--dsn DSN] [-o json] [--watch] [--interval 1s] NAME
 //
 // elect campaigns in the election NAME (package election) and runs COMMAND
 // only while leading, as dlock run does under a lock: the term's token in
@@ -177,12 +183,13 @@ Usage:
   dlock check [flags]                         run the conformance suite against a deployment
   dlock bench [flags]                         compare backends: latency, throughput, hand-off
   dlock migrate dsn|switch-tokens|status      move a fleet from Redis to etcd/ZooKeeper
-  dlock ls [flags] [PREFIX]                   list held locks and their holders
-  dlock inspect [flags] KEY                   who holds KEY, since and until when
+  dlock ls [flags] [PREFIX]                   list held locks, semaphores, read/write locks
+  dlock inspect [flags] KEY                   who holds KEY (a lock, semaphore or rwlock)
   dlock break [flags] KEY                     force-release a stuck lock (asks first)
   dlock elect [flags] NAME -- COMMAND [ARG...] run COMMAND only while leading the election NAME
   dlock leader [flags] NAME                   who leads the election NAME (--watch to follow)
   dlock help [COMMAND]                        show a command's flags and exit statuses
+  dlock help logging                          --log-format json: the schema of every line on stderr
   dlock version                               print dlock's version
 
 The backend is a DSN, given with --dsn or in $DLOCK_DSN:
@@ -193,6 +200,10 @@ The backend is a DSN, given with --dsn or in $DLOCK_DSN:
   postgres://user:password@host:5432/db           PostgreSQL advisory locks
   mem://NAME                                      in-process, for trying things out
 Passwords in DSNs are never printed (but by dlock migrate dsn --show-passwords).
+
+Output for scripts: ls, inspect and leader print JSON with -o json (its shape
+is in their help); every command takes --log-format json, which makes each
+line on standard error one JSON object (dlock help logging has the schema).
 
 Examples:
   export DLOCK_DSN=redis://127.0.0.1:6379/0
@@ -220,6 +231,8 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, usageText)
 		return exitUsage
 	}
+	stderr, restore := setupLogging(args, stderr)
+	defer restore()
 	switch cmd, rest := args[0], args[1:]; cmd {
 	case "run":
 		return runMain(rest, stdout, stderr)
@@ -248,10 +261,10 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 		return exitOK
 	default:
 		if strings.HasPrefix(cmd, "-") {
-			fmt.Fprintf(stderr, "dlock: flag %s before the command: flags go after it, as in dlock run --dsn DSN KEY -- COMMAND (see dlock help)\n", cmd)
+			logTo(stderr, slog.LevelError, "dlock: ", fmt.Sprintf("flag %s before the command: flags go after it, as in dlock run --dsn DSN KEY -- COMMAND (see dlock help)", cmd))
 			return exitUsage
 		}
-		fmt.Fprintf(stderr, "dlock: unknown command %q: want run, check, bench, migrate, ls, inspect, break, elect or leader (see dlock help)\n", cmd)
+		logTo(stderr, slog.LevelError, "dlock: ", fmt.Sprintf("unknown command %q: want run, check, bench, migrate, ls, inspect, break, elect or leader (see dlock help)", cmd))
 		return exitUsage
 	}
 }
@@ -280,8 +293,10 @@ func helpMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stdout, electUsage)
 	case "leader":
 		fmt.Fprint(stdout, leaderUsage)
+	case "logging":
+		fmt.Fprint(stdout, loggingUsage)
 	default:
-		fmt.Fprintf(stderr, "dlock: no help for %q: want run, check, bench, migrate, ls, inspect, break, elect or leader\n", args[0])
+		logTo(stderr, slog.LevelError, "dlock: ", fmt.Sprintf("no help for %q: want run, check, bench, migrate, ls, inspect, break, elect, leader or logging", args[0]))
 		return exitUsage
 	}
 	return exitOK
@@ -309,8 +324,15 @@ func newFlagSet(name string) *flag.FlagSet {
 // error it says what is wrong and where to look. ok is false when the caller
 // should return code.
 func parseFlags(fs *flag.FlagSet, args []string, usage string, stdout, stderr io.Writer) (code int, ok bool) {
+	logFormat := fs.Lookup("log-format") // every command takes it (see dlock help logging)
+	if logFormat == nil {
+		fs.String("log-format", "text", "")
+		logFormat = fs.Lookup("log-format")
+	}
 	err := fs.Parse(args)
 	switch {
+	case err == nil && logFormat.Value.String() != "text" && logFormat.Value.String() != "json":
+		return usageError(stderr, fs.Name(), "--log-format must be text or json, got %q", logFormat.Value.String()), false
 	case err == nil:
 		return 0, true
 	case errors.Is(err, flag.ErrHelp):
@@ -323,7 +345,12 @@ func parseFlags(fs *flag.FlagSet, args []string, usage string, stdout, stderr io
 
 // usageError prints a usage error for subcommand cmd and returns exitUsage.
 func usageError(stderr io.Writer, cmd, format string, args ...any) int {
-	fmt.Fprintf(stderr, "dlock %s: %s\nRun 'dlock help %s' for usage.\n", cmd, fmt.Sprintf(format, args...), cmd)
+	hint := fmt.Sprintf("Run 'dlock help %s' for usage.", cmd)
+	if jsonLogs(stderr) {
+		logTo(stderr, slog.LevelError, "", fmt.Sprintf(format, args...), "hint", hint)
+	} else {
+		fmt.Fprintf(stderr, "dlock %s: %s\n%s\n", cmd, fmt.Sprintf(format, args...), hint)
+	}
 	return exitUsage
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -91,6 +92,20 @@ func (a *redisAdmin) forget(ctx context.Context, key string) error {
 		return fmt.Errorf("the lock key %s did not exist", k)
 	}
 	return nil
+}
+
+// permits returns the number of permits the holders of the counted
+// semaphore name use (in the driver's own layout), 0 if none is recorded.
+func (a *redisAdmin) permits(ctx context.Context, name string) (int, error) {
+	k := redis.PermitsKey(a.prefix, name) + ":size"
+	n, err := a.client.Get(ctx, k).Int()
+	if errors.Is(err, goredis.Nil) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("GET %s: %w", k, err)
+	}
+	return n, nil
 }
 
 // deleteFences deletes the fence counters of keys.

@@ -239,7 +239,7 @@ func (o *runOptions) leaseLogger(stderr io.Writer) *slog.Logger {
 }
 
 func (o *runOptions) run(stderr io.Writer) int {
-	logf := func(format string, args ...any) { fmt.Fprintf(stderr, "dlock: "+format+"\n", args...) }
+	logf := cmdLogf(stderr, o.key)
 
 	// Find the command before touching the lock.
 	path, err := exec.LookPath(o.command[0])
