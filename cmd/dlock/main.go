@@ -9,7 +9,9 @@
 // environment variable DLOCK_DSN. Every scheme of dlock's drivers works:
 // redis and rediss (with their +sentinel and +cluster forms), redlock,
 // redlocks, etcd, etcds, zk, postgres, postgresql, mysql, pgtable,
-// mysqltable, migrate, and mem (in-process, for trying things out).
+// mysqltable and migrate. mem (in-process) is refused, since a lock that
+// lives in one dlock process protects nothing between commands, unless
+// --allow-mem is given for a demo.
 // Passwords in DSNs are never printed. Messages go to standard error,
 // prefixed "dlock: ", and so do the drivers' warnings (such as the Redis
 // driver's about a server configured to evict keys); -v shows the drivers'
@@ -174,6 +176,8 @@ checks that a deployment is fit for locking, and compares backends.
 
 Usage:
   dlock run [flags] KEY -- COMMAND [ARG...]   run COMMAND while holding the lock KEY
+  dlock run [flags] -c SHELL-COMMAND KEY      the same, through /bin/sh -c
+  dlock lock [flags] KEY                      hold KEY, print its token, release on SIGTERM
   dlock check [flags]                         run the conformance suite against a deployment
   dlock bench [flags]                         compare backends: latency, throughput, hand-off
   dlock migrate dsn|switch-tokens|status      move a fleet from Redis to etcd/ZooKeeper
@@ -191,7 +195,8 @@ The backend is a DSN, given with --dsn or in $DLOCK_DSN:
   etcd://host1:2379,host2:2379/locks              etcds:// for TLS
   zk://host1:2181,host2:2181/dlock                ZooKeeper
   postgres://user:password@host:5432/db           PostgreSQL advisory locks
-  mem://NAME                                      in-process, for trying things out
+  mem://NAME                                      in-process: refused, as it protects nothing
+                                                  between commands, but with --allow-mem (demos)
 Passwords in DSNs are never printed (but by dlock migrate dsn --show-passwords).
 
 Examples:
@@ -223,6 +228,8 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 	switch cmd, rest := args[0], args[1:]; cmd {
 	case "run":
 		return runMain(rest, stdout, stderr)
+	case "lock":
+		return lockMain(rest, stdout, stderr)
 	case "check":
 		return checkMain(rest, stdout, stderr)
 	case "bench":
@@ -251,7 +258,7 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "dlock: flag %s before the command: flags go after it, as in dlock run --dsn DSN KEY -- COMMAND (see dlock help)\n", cmd)
 			return exitUsage
 		}
-		fmt.Fprintf(stderr, "dlock: unknown command %q: want run, check, bench, migrate, ls, inspect, break, elect or leader (see dlock help)\n", cmd)
+		fmt.Fprintf(stderr, "dlock: unknown command %q: want run, lock, check, bench, migrate, ls, inspect, break, elect or leader (see dlock help)\n", cmd)
 		return exitUsage
 	}
 }
@@ -264,6 +271,8 @@ func helpMain(args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "run":
 		fmt.Fprint(stdout, runUsage)
+	case "lock":
+		fmt.Fprint(stdout, lockUsage)
 	case "check":
 		fmt.Fprint(stdout, checkUsage)
 	case "bench":
@@ -281,7 +290,7 @@ func helpMain(args []string, stdout, stderr io.Writer) int {
 	case "leader":
 		fmt.Fprint(stdout, leaderUsage)
 	default:
-		fmt.Fprintf(stderr, "dlock: no help for %q: want run, check, bench, migrate, ls, inspect, break, elect or leader\n", args[0])
+		fmt.Fprintf(stderr, "dlock: no help for %q: want run, lock, check, bench, migrate, ls, inspect, break, elect or leader\n", args[0])
 		return exitUsage
 	}
 	return exitOK
