@@ -70,7 +70,7 @@ Exit status:
 Examples:
   export DLOCK_DSN=redis://127.0.0.1:6379/0
   dlock lock --env deploy > lock.env & holder=$!
-  until grep -q DLOCK_TOKEN lock.env; do sleep 0.2; done
+  until grep -qs DLOCK_TOKEN lock.env; do kill -0 $holder || exit 1; sleep 0.2; done
   eval "$(cat lock.env)"; ./deploy --fence "$DLOCK_TOKEN"
   kill $holder; wait $holder    # releases; 76 if the lock was lost meanwhile
 `

@@ -20,6 +20,7 @@
 // # dlock run
 //
 //	dlock run [--dsn DSN] [--ttl 30s] [--wait 1m | --no-wait] [--grace 10s] [-v] KEY -- COMMAND [ARG...]
+//	dlock run [flags] -c SHELL-COMMAND KEY
 //
 // Like flock(1) or `etcdctl lock`, but distributed and fenced: dlock waits for
 // the lock KEY, starts COMMAND with the lease's fencing token in $DLOCK_TOKEN
@@ -55,6 +56,19 @@
 //	       have run alone
 //	126    COMMAND could not be started
 //	127    COMMAND was not found
+//
+// -c runs a shell string with /bin/sh -c, as flock -c does; --busy-exit N
+// replaces 75, as flock -E does; --shared takes a read hold (package rwlock)
+// where the backend has shared locks of its own.
+//
+// # dlock lock
+//
+//	dlock lock [--dsn DSN] [--ttl 30s] [--wait 1m | --no-wait] [--shared] [--env] KEY
+//
+// Takes the lock KEY, prints its token (DLOCK_KEY and DLOCK_TOKEN lines for
+// eval with --env) and holds it until SIGINT or SIGTERM, then releases it and
+// exits 0, as `etcdctl lock KEY` does without a command; exit 76 if the lease
+// is lost meanwhile.
 //
 // # dlock check
 //

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"flag"
+	"fmt"
 	"net/url"
 	"strings"
 
@@ -15,7 +16,7 @@ var inProcessSchemes = map[string]bool{"mem": true}
 
 // errInProcess refuses an in-process backend (see checkCrossProcess).
 var errInProcess = errors.New("mem:// is an in-process lock: every dlock command has its own, so it protects nothing between commands; " +
-	"use a backend that processes share (redis://, etcd://, zk://, postgres://, ...), or --allow-mem for a demo inside one command")
+	"use a backend that processes share (redis://, etcd://, zk://, postgres://, ...)")
 
 // allowMemUsage is the help line of --allow-mem, for the usage texts.
 const allowMemUsage = `  --allow-mem    accept a mem:// DSN, for demos: the lock then lives in this
@@ -26,22 +27,27 @@ func addAllowMemFlag(fs *flag.FlagSet) *bool {
 	return fs.Bool("allow-mem", false, "")
 }
 
-// checkCrossProcess fails with errInProcess if dsn, or a DSN nested in its
-// parameters (migrate://?from=…&to=…), names an in-process backend, unless
-// allowMem. Every subcommand that locks through a DSN calls it after
-// resolveDSN; its errors never contain the DSN.
-func checkCrossProcess(dsn string, allowMem bool) error {
-	if allowMem {
+// checkCrossProcess fails with an error matching errInProcess if dsn, or a
+// DSN nested in its parameters (migrate://?from=…&to=…), names an in-process
+// backend, unless *allowMem; allowMem is the subcommand's --allow-mem flag
+// (addAllowMemFlag), nil if it has none. Every subcommand that locks through
+// a DSN calls it after resolveDSN; its errors never contain the DSN.
+func checkCrossProcess(dsn string, allowMem *bool) error {
+	if allowMem != nil && *allowMem {
 		return nil
 	}
 	u, err := backend.ParseDSN(dsn)
 	if err != nil {
 		return err
 	}
-	if inProcess(u, 0) {
+	switch {
+	case !inProcess(u, 0):
+		return nil
+	case allowMem != nil:
+		return fmt.Errorf("%w, or --allow-mem for a demo inside one command", errInProcess)
+	default:
 		return errInProcess
 	}
-	return nil
 }
 
 // inProcess reports whether u or a DSN in its query names an in-process

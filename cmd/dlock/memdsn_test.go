@@ -33,6 +33,10 @@ func TestMemRefused(t *testing.T) {
 		if !strings.Contains(r.stderr, want) || !strings.Contains(r.stderr, "protects nothing between") || r.stdout != "" {
 			t.Errorf("dlock %q: stdout %q, stderr lacks %q:\n%s", c.args, r.stdout, want, r.stderr)
 		}
+		// Only the subcommands that have the flag offer it.
+		if hasFlag := c.args[0] != "migrate"; strings.Contains(r.stderr, "--allow-mem") != hasFlag {
+			t.Errorf("dlock %q: mentions --allow-mem: %v, want %v:\n%s", c.args, !hasFlag, hasFlag, r.stderr)
+		}
 	}
 
 	// --allow-mem: for demos, within one command.

@@ -106,7 +106,7 @@ func migrateMain(args []string, stdout, stderr io.Writer) int {
 		if d.dsn == "" {
 			continue
 		}
-		if err := checkCrossProcess(d.dsn, false); err != nil {
+		if err := checkCrossProcess(d.dsn, nil); err != nil {
 			return usageError(stderr, "migrate", "%s: %v", d.flag, err)
 		}
 	}

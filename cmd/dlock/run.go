@@ -279,7 +279,7 @@ func parseRunArgs(cmd string, args []string, stdout, stderr io.Writer) (o runOpt
 	if o.dsn, err = resolveDSN(*dsn); err != nil {
 		return o, usageError(stderr, cmd, "%v", err), false
 	}
-	if err := checkCrossProcess(o.dsn, *allowMem); err != nil {
+	if err := checkCrossProcess(o.dsn, allowMem); err != nil {
 		return o, usageError(stderr, cmd, "%v", err), false
 	}
 	return o, 0, true

@@ -317,6 +317,9 @@ func TestParseRunArgs(t *testing.T) {
 		{[]string{"--no-wait", "k", "--", "echo"}, "k", []string{"echo"}, true, 0},
 		{[]string{"k", "--wait", "2s", "--", "echo", "--", "x"}, "k", []string{"echo", "--", "x"}, false, 2 * time.Second},
 		{[]string{"--", "k", "echo"}, "k", []string{"echo"}, false, 0},
+		{[]string{"k", "--no-wait", "echo", "-a"}, "k", []string{"echo", "-a"}, true, 0},
+		{[]string{"-c", "echo a", "k"}, "k", []string{"/bin/sh", "-c", "echo a"}, false, 0},
+		{[]string{"k", "-c", "echo a", "--wait", "2s"}, "k", []string{"/bin/sh", "-c", "echo a"}, false, 2 * time.Second},
 	}
 	for _, c := range cases {
 		var stdout, stderr bytes.Buffer
