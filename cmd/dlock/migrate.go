@@ -30,7 +30,8 @@ docs/MIGRATING.md.
                  connecting, what dlock run would refuse of that DSN: an
                  unknown scheme, a new backend other than etcd or ZooKeeper,
                  a nested migrate:// DSN, ttl or autorenew on OLD or NEW
-                 (they go on the migrate:// DSN), and mem://.
+                 (they go on the migrate:// DSN), and mem://. The drivers'
+                 own parameters are checked only when run connects.
   switch-tokens  records the token switch in NEW, once every client runs the
                  migrating DSN (no OLD-only client left). From then on every
                  grant's token comes from NEW, mapped above every token OLD
