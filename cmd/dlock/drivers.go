@@ -3,7 +3,7 @@ package main
 // Every driver registers its DSN schemes when imported.
 import (
 	_ "github.com/dlock-go/dlock/etcd"
-	_ "github.com/dlock-go/dlock/memlock" // mem://, for trying things out
+	_ "github.com/dlock-go/dlock/memlock" // mem://: the CLI refuses it without --allow-mem (checkCrossProcess)
 	_ "github.com/dlock-go/dlock/mysql"
 	_ "github.com/dlock-go/dlock/postgres"
 	_ "github.com/dlock-go/dlock/redis"

@@ -46,6 +46,7 @@ Flags:
                  (default 10s)
   -v, --verbose  report the token, the term's start and end
   --log-format F text (default) or json
+` + allowMemUsage + `
 
 Exit statuses: those of dlock run (see dlock help run): COMMAND's own; 64
 usage; 69 backend unavailable; 75 another candidate leads (--no-wait, or

@@ -9,7 +9,9 @@
 // environment variable DLOCK_DSN. Every scheme of dlock's drivers works:
 // redis and rediss (with their +sentinel and +cluster forms), redlock,
 // redlocks, etcd, etcds, zk, postgres, postgresql, mysql, pgtable,
-// mysqltable, migrate, and mem (in-process, for trying things out).
+// mysqltable and migrate. mem (in-process) is refused, since a lock that
+// lives in one dlock process protects nothing between commands, unless
+// --allow-mem is given for a demo.
 // Passwords in DSNs are never printed. Messages go to standard error,
 // prefixed "dlock: ", and so do the drivers' warnings (such as the Redis
 // driver's about a server configured to evict keys); -v shows the drivers'
@@ -21,6 +23,7 @@
 // # dlock run
 //
 //	dlock run [--dsn DSN] [--ttl 30s] [--wait 1m | --no-wait] [--grace 10s] [-v] KEY -- COMMAND [ARG...]
+//	dlock run [flags] -c SHELL-COMMAND KEY
 //
 // Like flock(1) or `etcdctl lock`, but distributed and fenced: dlock waits for
 // the lock KEY, starts COMMAND with the lease's fencing token in $DLOCK_TOKEN
@@ -56,6 +59,19 @@
 //	       have run alone
 //	126    COMMAND could not be started
 //	127    COMMAND was not found
+//
+// -c runs a shell string with /bin/sh -c, as flock -c does; --busy-exit N
+// replaces 75, as flock -E does; --shared takes a read hold (package rwlock)
+// where the backend has shared locks of its own.
+//
+// # dlock lock
+//
+//	dlock lock [--dsn DSN] [--ttl 30s] [--wait 1m | --no-wait] [--shared] [--env] KEY
+//
+// Takes the lock KEY, prints its token (DLOCK_KEY and DLOCK_TOKEN lines for
+// eval with --env) and holds it until SIGINT or SIGTERM, then releases it and
+// exits 0, as `etcdctl lock KEY` does without a command; exit 76 if the lease
+// is lost meanwhile.
 //
 // # dlock check
 //
@@ -180,6 +196,8 @@ checks that a deployment is fit for locking, and compares backends.
 
 Usage:
   dlock run [flags] KEY -- COMMAND [ARG...]   run COMMAND while holding the lock KEY
+  dlock run [flags] -c SHELL-COMMAND KEY      the same, through /bin/sh -c
+  dlock lock [flags] KEY                      hold KEY, print its token, release on SIGTERM
   dlock check [flags]                         run the conformance suite against a deployment
   dlock bench [flags]                         compare backends: latency, throughput, hand-off
   dlock migrate dsn|switch-tokens|status      move a fleet from Redis to etcd/ZooKeeper
@@ -198,7 +216,8 @@ The backend is a DSN, given with --dsn or in $DLOCK_DSN:
   etcd://host1:2379,host2:2379/locks              etcds:// for TLS
   zk://host1:2181,host2:2181/dlock                ZooKeeper
   postgres://user:password@host:5432/db           PostgreSQL advisory locks
-  mem://NAME                                      in-process, for trying things out
+  mem://NAME                                      in-process: refused, as it protects nothing
+                                                  between commands, but with --allow-mem (demos)
 Passwords in DSNs are never printed (but by dlock migrate dsn --show-passwords).
 
 Output for scripts: ls, inspect and leader print JSON with -o json (its shape
@@ -236,6 +255,8 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 	switch cmd, rest := args[0], args[1:]; cmd {
 	case "run":
 		return runMain(rest, stdout, stderr)
+	case "lock":
+		return lockMain(rest, stdout, stderr)
 	case "check":
 		return checkMain(rest, stdout, stderr)
 	case "bench":
@@ -264,7 +285,7 @@ func dispatch(args []string, stdout, stderr io.Writer) int {
 			logTo(stderr, slog.LevelError, "dlock: ", fmt.Sprintf("flag %s before the command: flags go after it, as in dlock run --dsn DSN KEY -- COMMAND (see dlock help)", cmd))
 			return exitUsage
 		}
-		logTo(stderr, slog.LevelError, "dlock: ", fmt.Sprintf("unknown command %q: want run, check, bench, migrate, ls, inspect, break, elect or leader (see dlock help)", cmd))
+		logTo(stderr, slog.LevelError, "dlock: ", fmt.Sprintf("unknown command %q: want run, lock, check, bench, migrate, ls, inspect, break, elect or leader (see dlock help)", cmd))
 		return exitUsage
 	}
 }
@@ -277,6 +298,8 @@ func helpMain(args []string, stdout, stderr io.Writer) int {
 	switch args[0] {
 	case "run":
 		fmt.Fprint(stdout, runUsage)
+	case "lock":
+		fmt.Fprint(stdout, lockUsage)
 	case "check":
 		fmt.Fprint(stdout, checkUsage)
 	case "bench":
@@ -296,7 +319,7 @@ func helpMain(args []string, stdout, stderr io.Writer) int {
 	case "logging":
 		fmt.Fprint(stdout, loggingUsage)
 	default:
-		logTo(stderr, slog.LevelError, "dlock: ", fmt.Sprintf("no help for %q: want run, check, bench, migrate, ls, inspect, break, elect, leader or logging", args[0]))
+		logTo(stderr, slog.LevelError, "dlock: ", fmt.Sprintf("no help for %q: want run, lock, check, bench, migrate, ls, inspect, break, elect, leader or logging", args[0]))
 		return exitUsage
 	}
 	return exitOK

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"time"
 
@@ -25,7 +26,12 @@ docs/MIGRATING.md.
   dsn            prints the migrate:// DSN to deploy: first without --mode
                  (migrating: both locks), then, after the switch, with
                  --mode new (the new lock only). Passwords show as xxxxx
-                 unless --show-passwords.
+                 unless --show-passwords. It refuses (exit 64), without
+                 connecting, what dlock run would refuse of that DSN: an
+                 unknown scheme, a new backend other than etcd or ZooKeeper,
+                 a nested migrate:// DSN, ttl or autorenew on OLD or NEW
+                 (they go on the migrate:// DSN), and mem://. The drivers'
+                 own parameters are checked only when run connects.
   switch-tokens  records the token switch in NEW, once every client runs the
                  migrating DSN (no OLD-only client left). From then on every
                  grant's token comes from NEW, mapped above every token OLD
@@ -51,7 +57,7 @@ Exit statuses:
   0   done (status: the switch is recorded)
   1   status: the switch is not recorded; switch-tokens: the record names another
       old backend, or the check after it failed
-  64  usage error: a bad flag or DSN
+  64  usage error: a bad flag or DSN (mem:// is refused: it is in-process)
   69  a backend could not be reached
 Passwords in DSNs are printed only by dsn --show-passwords.
 `
@@ -96,6 +102,19 @@ func migrateMain(args []string, stdout, stderr io.Writer) int {
 	}
 	if *showPasswords && sub != "dsn" {
 		return usageError(stderr, "migrate", "--show-passwords is a flag of dsn, not of %s", sub)
+	}
+	for _, d := range []struct{ flag, dsn string }{{"--from", *from}, {"--to", *to}} {
+		if d.dsn == "" {
+			continue
+		}
+		if err := checkCrossProcess(d.dsn, nil); err != nil {
+			return usageError(stderr, "migrate", "%s: %v", d.flag, err)
+		}
+	}
+	if sub == "dsn" {
+		if err := checkMigrateDSNs(*from, *to); err != nil {
+			return usageError(stderr, "migrate", "%v", err)
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
@@ -166,6 +185,38 @@ func migrateMain(args []string, stdout, stderr io.Writer) int {
 		}
 		return exitOK
 	}
+}
+
+// migrateTargets are the schemes the migrate:// driver accepts for the new
+// backend (it keeps the switch record there).
+var migrateTargets = []string{"etcd", "etcds", "zk"}
+
+// checkMigrateDSNs refuses, without connecting, the old and new DSNs that the
+// migrate:// driver refuses when dlock run opens the DSN migrate dsn prints
+// with them. Its errors never contain a DSN.
+func checkMigrateDSNs(from, to string) error {
+	for _, d := range []struct{ flag, dsn string }{{"--from", from}, {"--to", to}} {
+		if err := checkDSN(d.dsn); err != nil {
+			return fmt.Errorf("%s: %w", d.flag, err)
+		}
+		u, err := backend.ParseDSN(d.dsn)
+		if err != nil {
+			return fmt.Errorf("%s: %w", d.flag, err)
+		}
+		if u.Scheme == migrate.Scheme {
+			return fmt.Errorf("%s: a migrate:// DSN cannot nest another: give the backend's own DSN", d.flag)
+		}
+		q := u.Query()
+		for _, name := range []string{"ttl", "autorenew"} {
+			if q.Has(name) {
+				return fmt.Errorf("%s: parameter %s: put %s=%s on the migrate:// DSN, which applies it to both locks", d.flag, name, name, q.Get(name))
+			}
+		}
+		if d.flag == "--to" && !slices.Contains(migrateTargets, u.Scheme) {
+			return fmt.Errorf("--to: the new backend must be etcd (etcd://, etcds://) or ZooKeeper (zk://), not %s://", u.Scheme)
+		}
+	}
+	return nil
 }
 
 // maskedDSN returns dsn as it is if it holds no secret, else redacted as

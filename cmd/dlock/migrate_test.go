@@ -1,11 +1,13 @@
 package main
 
 import (
+	"net/url"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/dlock-go/dlock/internal/testenv"
+	"github.com/dlock-go/dlock/migrate"
 )
 
 // TestMigrate runs a Redis → etcd migration through the dlock binary, as
@@ -115,5 +117,74 @@ func TestMigrateUsage(t *testing.T) {
 		if res.code != c.code || !strings.Contains(res.stdout+res.stderr, c.want) {
 			t.Errorf("dlock %s: exit %d, %q %q; want exit %d mentioning %q", strings.Join(c.args, " "), res.code, res.stdout, res.stderr, c.code, c.want)
 		}
+	}
+}
+
+// migrate dsn refuses what dlock run would refuse of the DSN it prints, and
+// accepts what run accepts: each target is tried both ways on real servers.
+// It never prints a password but with --show-passwords.
+func TestMigrateDSNRefusesWhatRunRefuses(t *testing.T) {
+	t.Parallel()
+	from := testenv.StartRedis(t).URL() + "?prefix=migdsn:"
+	etcdURL := testenv.StartEtcd(t).URL()
+	pgURL := testenv.StartPostgres(t).URL()
+	for _, c := range []struct {
+		name, from, to string
+		refused        bool
+		want           string // in migrate dsn's error
+	}{
+		{"etcd", from, etcdURL + "/locks", false, ""},
+		{"postgres", from, pgURL, true, "the new backend must be etcd (etcd://, etcds://) or ZooKeeper (zk://), not postgres://"},
+		{"redis to redis", from, from, true, "not redis://"},
+		{"ttl on the new DSN", from, etcdURL + "/locks?ttl=5s", true, "put ttl=5s on the migrate:// DSN"},
+		{"unknown scheme", from, "nope://127.0.0.1:1", true, `unknown DSN scheme "nope"`},
+		{"unknown old scheme", "nope://127.0.0.1:1", etcdURL + "/locks", true, `unknown DSN scheme "nope"`},
+		{"nested", from, migrate.DSN(from, etcdURL, ""), true, "a migrate:// DSN cannot nest another"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := runCLI(t, nil, "run", "--dsn", migrate.DSN(c.from, c.to, ""), "k", "--", "true")
+			if runRefused := r.code == exitUsage; runRefused != c.refused {
+				t.Fatalf("dlock run refused the DSN: %v, want %v (exit %d)\n%s", runRefused, c.refused, r.code, r.stderr)
+			}
+			r = runCLI(t, nil, "migrate", "dsn", "--from", c.from, "--to", c.to)
+			if !c.refused {
+				r.expectCode(t, exitOK)
+				if got, want := strings.TrimSpace(r.stdout), migrate.DSN(c.from, c.to, ""); got != want {
+					t.Errorf("migrate dsn printed %q, want %q", got, want)
+				}
+				return
+			}
+			r.expectCode(t, exitUsage)
+			if r.stdout != "" || !strings.Contains(r.stderr, c.want) {
+				t.Errorf("migrate dsn: stdout %q, stderr lacks %q:\n%s", r.stdout, c.want, r.stderr)
+			}
+		})
+	}
+
+	// Passwords: in the user info and in a parameter, of either DSN.
+	secretFrom := "redis://:s3cret-a@127.0.0.1:1/0"
+	secretTo := "etcd://u:s3cret-b@127.0.0.1:1/locks?dial-timeout=1s"
+	for _, c := range []struct {
+		from, to string
+		code     int
+	}{
+		{secretFrom, secretTo, exitOK},
+		{secretFrom, "postgres://u:s3cret-b@127.0.0.1:1/db?password=s3cret-c", exitUsage},
+		{"redis://127.0.0.1:1/0?password=s3cret-a", "zk://u:s3cret-b@127.0.0.1:1/x", exitOK},
+		{"nope://u:s3cret-a@h/", secretTo, exitUsage},
+	} {
+		r := runCLI(t, nil, "migrate", "dsn", "--from", c.from, "--to", c.to)
+		r.expectCode(t, c.code)
+		if strings.Contains(r.stdout+r.stderr, "s3cret") {
+			t.Errorf("migrate dsn --from %s --to %s printed a password:\n%s%s", c.from, c.to, r.stdout, r.stderr)
+		}
+		if c.code == exitOK && !strings.Contains(r.stdout, url.QueryEscape("xxxxx")) {
+			t.Errorf("migrate dsn did not mask the passwords: %q", r.stdout)
+		}
+	}
+	r := runCLI(t, nil, "migrate", "dsn", "--from", secretFrom, "--to", secretTo, "--show-passwords")
+	r.expectCode(t, exitOK)
+	if got, want := strings.TrimSpace(r.stdout), migrate.DSN(secretFrom, secretTo, ""); got != want {
+		t.Errorf("--show-passwords printed %q, want %q", got, want)
 	}
 }

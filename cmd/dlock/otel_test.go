@@ -28,7 +28,7 @@ func TestRunExportsOTel(t *testing.T) {
 		"OTEL_TRACES_EXPORTER=otlp", "OTEL_METRICS_EXPORTER=otlp",
 		"OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf", "OTEL_EXPORTER_OTLP_ENDPOINT=" + srv.URL,
 	}
-	runCLI(t, env, "run", "jobs/otel", "--", "true").expectCode(t, 0)
+	runCLI(t, env, "run", "--allow-mem", "jobs/otel", "--", "true").expectCode(t, 0)
 	mu.Lock()
 	defer mu.Unlock()
 	for path, want := range map[string][]string{

@@ -21,6 +21,7 @@ import (
 )
 
 const runUsage = `Usage: dlock run [flags] KEY -- COMMAND [ARG...]
+       dlock run [flags] -c SHELL-COMMAND KEY
 
 Runs COMMAND while holding the lock KEY: like flock(1) or 'etcdctl lock', but
 distributed and fenced. dlock waits for the lock, starts COMMAND with the
@@ -41,14 +42,25 @@ SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to that group. In the foreground of a
 terminal, COMMAND gets the terminal (Ctrl-C reaches it directly). On Linux,
 COMMAND gets SIGKILL if dlock itself dies.
 
-Flags:
+Flags (they may also come between KEY and COMMAND):
   --dsn DSN      the backend (default $DLOCK_DSN), e.g. redis://127.0.0.1:6379/0
+  -c SHELL-COMMAND
+                 run SHELL-COMMAND with /bin/sh -c, as flock -c does, instead
+                 of a COMMAND after KEY (give one or the other)
   --ttl D        how long the backend keeps the lock if dlock dies without
                  releasing it (default: the DSN's ttl parameter, else 15s);
                  dlock renews the lease every TTL/3 while COMMAND runs
   --wait D       give up after waiting D for the lock (default: wait as long
                  as it takes)
   --no-wait      give up at once if the lock is held
+  --busy-exit N  the exit status when the lock is held with --no-wait, or
+                 still held when --wait runs out, as flock -E (0..255;
+                 default 75)
+  --shared       run while holding a read hold (package rwlock): readers hold
+                 KEY together, and exclude and are excluded by 'dlock run KEY'
+                 and 'dlock lock KEY' without --shared. Only on backends with
+                 shared locks of their own: redis:// (without fair=true),
+                 etcd://, zk://, postgres://; refused elsewhere (exit 64)
   --permits N    run while holding one of N permits of the semaphore KEY
                  instead of the lock KEY, as 'consul lock -n N' does: at most N
                  commands run at once (package semaphore). $DLOCK_KEY is then
@@ -63,6 +75,7 @@ Flags:
                  on standard error (a failed renewal, a lost lease with its
                  cause; with -v also each grant, renewal and release); json
                  writes one slog JSON object per line
+` + allowMemUsage + `
 
 OpenTelemetry: set the standard OTEL_ variables (OTEL_TRACES_EXPORTER,
 OTEL_METRICS_EXPORTER, OTEL_EXPORTER_OTLP_ENDPOINT, ...) and dlock run exports
@@ -71,10 +84,12 @@ set, it exports nothing.
 
 Exit status:
   COMMAND's own status, or 128+N if COMMAND was killed by signal N
-  64    usage error: a bad flag, DSN, key or TTL
+  64    usage error: a bad flag, DSN, key or TTL; --shared on a backend
+        without shared locks
   69    backend unavailable: could not connect, or could not take the lock for
         a reason other than its being held
   75    lock held by another owner: with --no-wait, or --wait ran out
+        (see --busy-exit)
   76    the lease was lost while COMMAND ran: COMMAND was stopped, and may not
         have run alone
   126   COMMAND could not be started
@@ -84,7 +99,9 @@ Exit status:
 Examples:
   export DLOCK_DSN=redis://127.0.0.1:6379/0
   dlock run nightly-report -- ./report.sh --full
-  dlock run --no-wait backup -- sh -c 'pg_dump app > /backup/app.sql'
+  dlock run --no-wait backup -c 'pg_dump app > /backup/app.sql'
+  dlock run --no-wait --busy-exit 0 cron-sync -- ./sync    # busy: skip, exit 0
+  dlock run --shared config -- ./read-config
   dlock run --wait 5m --ttl 1m migrate -- ./migrate up
   dlock run --permits 4 gpu -- ./train.sh
   dlock run --dsn etcd://10.0.0.1:2379/locks deploy -- sh -c 'deploy --fence "$DLOCK_TOKEN"'
@@ -96,21 +113,29 @@ const defaultGrace = 10 * time.Second
 // releaseTimeout bounds the release after COMMAND exits.
 const releaseTimeout = 10 * time.Second
 
-// runOptions are the parsed arguments of dlock run (and of dlock elect, which
-// is dlock run with the candidate's value as the lock's label).
+// shellPath is the shell that runs the command of dlock run -c.
+const shellPath = "/bin/sh"
+
+// runOptions are the parsed arguments of dlock run, of dlock elect (dlock run
+// with the candidate's value as the lock's label) and of dlock lock (dlock run
+// without a command).
 type runOptions struct {
-	cmd     string // "run" or "elect"
-	dsn     string
-	key     string
-	value   string // elect: the value the leader publishes
-	command []string
-	lockOpt []dlock.AcquireOption // --ttl
-	wait    time.Duration         // 0: as long as it takes
-	noWait  bool
-	permits int // run: > 0 holds a permit of a semaphore of this many instead of the lock
-	grace   time.Duration
-	verbose bool
-	logJSON bool // --log-format json
+	cmd      string // "run", "elect" or "lock"
+	dsn      string
+	key      string
+	value    string                // elect: the value the leader publishes
+	command  []string              // nil for lock; run -c: shellPath, "-c", the string
+	lockOpt  []dlock.AcquireOption // --ttl
+	wait     time.Duration         // 0: as long as it takes
+	noWait   bool
+	busyExit int       // the exit status for a busy lock (--busy-exit)
+	shared   bool      // run, lock: a read hold of the rwlock KEY
+	permits  int       // run: > 0 holds a permit of a semaphore of this many instead of the lock
+	env      bool      // lock: print DLOCK_ lines for eval
+	stdout   io.Writer // lock: where the token goes
+	grace    time.Duration
+	verbose  bool
+	logJSON  bool // --log-format json
 }
 
 // what names what dlock holds, for messages: the lock KEY, or the
@@ -121,6 +146,9 @@ func (o *runOptions) what() string {
 	}
 	if o.permits > 0 {
 		return fmt.Sprintf("a permit of the semaphore %q (%d permits)", o.key, o.permits)
+	}
+	if o.shared {
+		return fmt.Sprintf("a read hold of the lock %q", o.key)
 	}
 	return fmt.Sprintf("the lock %q", o.key)
 }
@@ -136,37 +164,57 @@ func runMain(args []string, stdout, stderr io.Writer) int {
 	return o.run(stderr)
 }
 
-// parseRunArgs parses the arguments of dlock run or dlock elect (cmd). ok is
+// parseRunArgs parses the arguments of dlock run, elect or lock (cmd). ok is
 // false when the caller should exit with code.
 func parseRunArgs(cmd string, args []string, stdout, stderr io.Writer) (o runOptions, code int, ok bool) {
-	o.cmd = cmd
+	o.cmd, o.busyExit = cmd, exitBusy
 	fs := newFlagSet(cmd)
 	dsn := fs.String("dsn", "", "")
 	usage, what := runUsage, "KEY"
-	if cmd == "elect" {
+	switch cmd {
+	case "elect":
 		usage, what = electUsage, "NAME"
 		fs.StringVar(&o.value, "value", dlock.DefaultLabel, "")
+	case "lock":
+		usage = lockUsage
+		fs.BoolVar(&o.env, "env", false, "")
 	}
 	ttl := fs.Duration("ttl", 0, "")
 	fs.DurationVar(&o.wait, "wait", 0, "")
 	fs.BoolVar(&o.noWait, "no-wait", false, "")
+	shell := new(string)
 	if cmd == "run" {
 		fs.IntVar(&o.permits, "permits", 0, "")
+		fs.StringVar(shell, "c", "", "")
 	}
-	fs.DurationVar(&o.grace, "grace", defaultGrace, "")
+	if cmd != "elect" {
+		fs.IntVar(&o.busyExit, "busy-exit", exitBusy, "")
+		fs.BoolVar(&o.shared, "shared", false, "")
+	}
+	if cmd != "lock" {
+		fs.DurationVar(&o.grace, "grace", defaultGrace, "")
+	}
 	fs.BoolVar(&o.verbose, "v", false, "")
 	fs.BoolVar(&o.verbose, "verbose", false, "")
 	logFormat := fs.String("log-format", "text", "")
+	allowMem := addAllowMemFlag(fs)
 	if code, ok := parseFlags(fs, args, usage, stdout, stderr); !ok {
 		return o, code, false
 	}
+	synopsis := fmt.Sprintf("dlock %s [flags] %s -- COMMAND [ARG...]", cmd, what)
+	if cmd == "run" {
+		synopsis += " or dlock run [flags] -c SHELL-COMMAND KEY"
+	}
 	rest := fs.Args()
 	if len(rest) == 0 {
-		return o, usageError(stderr, cmd, "missing %s and COMMAND: dlock %s [flags] %s -- COMMAND [ARG...]", what, cmd, what), false
+		if cmd == "lock" {
+			return o, usageError(stderr, cmd, "missing KEY: dlock lock [flags] KEY"), false
+		}
+		return o, usageError(stderr, cmd, "missing %s and COMMAND: %s", what, synopsis), false
 	}
 	o.key, rest = rest[0], rest[1:]
-	// Flags may also come between KEY and "--".
-	if i := slices.Index(rest, "--"); i >= 0 {
+	// Flags may also come after KEY: before "--", or before COMMAND.
+	if i := slices.Index(rest, "--"); i >= 0 && cmd != "lock" {
 		if err := fs.Parse(rest[:i]); err != nil {
 			return o, usageError(stderr, cmd, "%v", err), false
 		}
@@ -174,15 +222,37 @@ func parseRunArgs(cmd string, args []string, stdout, stderr io.Writer) (o runOpt
 			return o, usageError(stderr, cmd, "unexpected argument %q between %s and --: COMMAND goes after --", extra[0], what), false
 		}
 		rest = rest[i+1:]
-	}
-	o.command = rest
-	if len(o.command) == 0 {
-		return o, usageError(stderr, cmd, "missing COMMAND: dlock %s [flags] %s -- COMMAND [ARG...]", cmd, what), false
+	} else if len(rest) > 0 && strings.HasPrefix(rest[0], "-") {
+		if err := fs.Parse(rest); err != nil {
+			return o, usageError(stderr, cmd, "%v", err), false
+		}
+		rest = fs.Args()
 	}
 
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	switch {
+	case cmd == "lock" && len(rest) > 0:
+		return o, usageError(stderr, cmd, "unexpected argument %q after KEY: dlock lock takes no command (dlock run does)", rest[0]), false
+	case cmd == "lock":
+	case set["c"] && len(rest) > 0:
+		return o, usageError(stderr, cmd, "-c and COMMAND exclude each other: give the command after -- or as one shell string with -c"), false
+	case set["c"] && strings.TrimSpace(*shell) == "":
+		return o, usageError(stderr, cmd, "-c needs a shell command, such as -c 'make deploy'"), false
+	case set["c"]:
+		o.command = []string{shellPath, "-c", *shell}
+	case len(rest) == 0:
+		return o, usageError(stderr, cmd, "missing COMMAND: %s", synopsis), false
+	default:
+		o.command = rest
+	}
+	switch {
+	case set["busy-exit"] && (o.busyExit < 0 || o.busyExit > 255):
+		return o, usageError(stderr, cmd, "--busy-exit must be 0..255, got %d", o.busyExit), false
+	case set["busy-exit"] && !o.noWait && !set["wait"]:
+		return o, usageError(stderr, cmd, "--busy-exit applies only with --no-wait or --wait: without them dlock waits as long as it takes"), false
+	case o.shared && o.permits > 0:
+		return o, usageError(stderr, cmd, "--shared and --permits exclude each other"), false
 	case o.noWait && set["wait"]:
 		return o, usageError(stderr, cmd, "--wait and --no-wait exclude each other"), false
 	case set["wait"] && o.wait <= 0:
@@ -207,6 +277,9 @@ func parseRunArgs(cmd string, args []string, stdout, stderr io.Writer) (o runOpt
 	}
 	var err error
 	if o.dsn, err = resolveDSN(*dsn); err != nil {
+		return o, usageError(stderr, cmd, "%v", err), false
+	}
+	if err := checkCrossProcess(o.dsn, allowMem); err != nil {
 		return o, usageError(stderr, cmd, "%v", err), false
 	}
 	return o, 0, true
@@ -242,17 +315,20 @@ func (o *runOptions) run(stderr io.Writer) int {
 	logf := cmdLogf(stderr, o.key)
 
 	// Find the command before touching the lock.
-	path, err := exec.LookPath(o.command[0])
-	if err != nil {
-		logf("cannot run %s", execErrText(o.command[0], err))
-		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
-			return exitNotFound
+	var path string
+	if o.command != nil {
+		var err error
+		if path, err = exec.LookPath(o.command[0]); err != nil {
+			logf("cannot run %s", execErrText(o.command[0], err))
+			if errors.Is(err, exec.ErrNotFound) || errors.Is(err, fs.ErrNotExist) {
+				return exitNotFound
+			}
+			return exitCannotRun
 		}
-		return exitCannotRun
 	}
 
 	sigs := make(chan os.Signal, 16)
-	signal.Notify(sigs, forwardSignals...)
+	signal.Notify(sigs, signalsFor(o)...)
 	defer signal.Stop(sigs)
 
 	// Until the command starts, a signal means: stop waiting, leave nothing behind.
@@ -305,6 +381,9 @@ func (o *runOptions) run(stderr io.Writer) int {
 		logf("interrupted by %s", signalName(sig))
 		return exitSignal + signalNumber(sig)
 	}
+	if o.command == nil {
+		return o.hold(lease, sigs, logf)
+	}
 	return o.supervise(lease, path, sigs, logf)
 }
 
@@ -336,20 +415,26 @@ func (o *runOptions) acquire(ctx context.Context, locker dlock.Locker, logf func
 		switch {
 		case o.noWait && o.permits > 0:
 			logf("all %d permits of the semaphore %q are held (--no-wait)", o.permits, o.key)
-			return nil, exitBusy
+			return nil, o.busyExit
+		case o.noWait && o.shared:
+			logf("the lock %q is held by a writer (--no-wait)", o.key)
+			return nil, o.busyExit
 		case o.noWait:
 			logf("%s is held by another owner (--no-wait)", o.what())
-			return nil, exitBusy
+			return nil, o.busyExit
 		case errors.Is(err, context.DeadlineExceeded) && o.permits > 0:
 			logf("all %d permits of the semaphore %q are still held after waiting %v (--wait)", o.permits, o.key, o.wait)
-			return nil, exitBusy
+			return nil, o.busyExit
+		case errors.Is(err, context.DeadlineExceeded) && o.shared:
+			logf("the lock %q is still held by a writer after waiting %v (--wait)", o.key, o.wait)
+			return nil, o.busyExit
 		case errors.Is(err, context.DeadlineExceeded):
 			logf("%s is still held by another owner after waiting %v (--wait)", o.what(), o.wait)
-			return nil, exitBusy
+			return nil, o.busyExit
 		}
 	}
 	logf("cannot take %s %s", o.what(), causeText(err))
-	if errors.Is(err, semaphore.ErrSizeMismatch) {
+	if errors.Is(err, semaphore.ErrSizeMismatch) || errors.Is(err, errNoSharedLocks) {
 		return nil, exitUsage
 	}
 	return nil, exitFor(err)
@@ -358,6 +443,9 @@ func (o *runOptions) acquire(ctx context.Context, locker dlock.Locker, logf func
 // take acquires the lock KEY, or with --permits a permit of the semaphore
 // KEY, waiting or not as the flags say; a permit is the lease on its slot.
 func (o *runOptions) take(ctx context.Context, locker dlock.Locker) (*dlock.Lease, error) {
+	if o.shared {
+		return o.takeShared(ctx, locker)
+	}
 	if o.permits == 0 {
 		if o.noWait {
 			return locker.TryAcquire(ctx, o.key, o.lockOpt...)

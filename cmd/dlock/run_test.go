@@ -252,12 +252,12 @@ func TestRunErrors(t *testing.T) {
 		{"unknown parameter", nil, []string{"run", "--dsn", "redis://u:sekret@" + closed + "/0?tll=1s", "k", "--", "true"}, exitUsage, "unexpected option: tll"},
 		{"unreachable", nil, []string{"run", "--dsn", "redis://u:sekret@" + closed + "/0", "k", "--", "true"}, exitUnavailable,
 			"dlock: cannot open redis://u:xxxxx@" + closed + "/0: open (redis): "},
-		{"empty key", []string{"DLOCK_DSN=mem://x"}, []string{"run", "", "--", "true"}, exitUsage, "invalid key: empty"},
+		{"empty key", []string{"DLOCK_DSN=mem://x"}, []string{"run", "--allow-mem", "", "--", "true"}, exitUsage, "invalid key: empty"},
 		// The command is looked up before the backend is contacted.
 		{"command not found", nil, []string{"run", "--dsn", "redis://" + closed, "k", "--", "no-such-command-dlock"}, exitNotFound,
 			`dlock: cannot run "no-such-command-dlock": executable file not found in $PATH`},
 		{"command not executable", nil, []string{"run", "--dsn", "redis://" + closed, "k", "--", noExec}, exitCannotRun, "permission denied"},
-		{"unknown subcommand", nil, []string{"lock"}, exitUsage, `unknown command "lock"`},
+		{"unknown subcommand", nil, []string{"frob"}, exitUsage, `unknown command "frob"`},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -277,7 +277,8 @@ func TestRunErrors(t *testing.T) {
 func TestHelp(t *testing.T) {
 	t.Parallel()
 	for cmd, flags := range map[string][]string{
-		"run":   {"--dsn", "--ttl", "--wait", "--no-wait", "--grace", "--verbose", "DLOCK_TOKEN", "DLOCK_KEY", "75", "76", "Examples"},
+		"run":   {"--dsn", "--ttl", "--wait", "--no-wait", "--grace", "--verbose", "DLOCK_TOKEN", "DLOCK_KEY", "75", "76", "Examples", "-c SHELL-COMMAND", "--shared", "--busy-exit", "--allow-mem"},
+		"lock":  {"--dsn", "--ttl", "--wait", "--no-wait", "--env", "--shared", "--busy-exit", "--allow-mem", "DLOCK_TOKEN", "SIGTERM", "75", "76", "Examples"},
 		"check": {"--dsn", "--run", "--timeout", "--verbose", "Exit status", "Examples"},
 		"bench": {"--dsn", "--clients", "--duration", "--out", "Exit status", "Examples"},
 	} {
@@ -303,7 +304,7 @@ func TestHelp(t *testing.T) {
 }
 
 func TestParseRunArgs(t *testing.T) {
-	t.Setenv("DLOCK_DSN", "mem://parse")
+	t.Setenv("DLOCK_DSN", "redis://parse:6379/0")
 	cases := []struct {
 		args    []string
 		key     string
@@ -316,6 +317,9 @@ func TestParseRunArgs(t *testing.T) {
 		{[]string{"--no-wait", "k", "--", "echo"}, "k", []string{"echo"}, true, 0},
 		{[]string{"k", "--wait", "2s", "--", "echo", "--", "x"}, "k", []string{"echo", "--", "x"}, false, 2 * time.Second},
 		{[]string{"--", "k", "echo"}, "k", []string{"echo"}, false, 0},
+		{[]string{"k", "--no-wait", "echo", "-a"}, "k", []string{"echo", "-a"}, true, 0},
+		{[]string{"-c", "echo a", "k"}, "k", []string{"/bin/sh", "-c", "echo a"}, false, 0},
+		{[]string{"k", "-c", "echo a", "--wait", "2s"}, "k", []string{"/bin/sh", "-c", "echo a"}, false, 2 * time.Second},
 	}
 	for _, c := range cases {
 		var stdout, stderr bytes.Buffer
@@ -324,7 +328,7 @@ func TestParseRunArgs(t *testing.T) {
 			t.Errorf("%q: status %d: %s", c.args, code, stderr.String())
 			continue
 		}
-		if o.key != c.key || !slices.Equal(o.command, c.command) || o.noWait != c.noWait || o.wait != c.wait || o.dsn != "mem://parse" {
+		if o.key != c.key || !slices.Equal(o.command, c.command) || o.noWait != c.noWait || o.wait != c.wait || o.dsn != "redis://parse:6379/0" {
 			t.Errorf("%q: key %q command %q no-wait %v wait %v dsn %q", c.args, o.key, o.command, o.noWait, o.wait, o.dsn)
 		}
 	}
@@ -335,5 +339,107 @@ func TestChildEnv(t *testing.T) {
 	want := []string{"A=1", "DLOCK_DSN=mem://x", "DLOCK_KEY=k", "DLOCK_TOKEN=42"}
 	if !slices.Equal(got, want) {
 		t.Errorf("childEnv = %q, want %q", got, want)
+	}
+}
+
+// backendDSNs starts the servers the run and lock tests use on more than
+// one backend.
+var backendDSNs = []struct {
+	name string
+	dsn  func(t *testing.T) string
+}{
+	{"redis", func(t *testing.T) string { return testenv.StartRedis(t).URL() }},
+	{"postgres", func(t *testing.T) string { return testenv.StartPostgres(t).URL() }},
+}
+
+// dlock run -c runs a shell string through /bin/sh -c, as flock(1) does,
+// with the token and key in its environment; -c and COMMAND exclude each
+// other.
+func TestRunShellString(t *testing.T) {
+	t.Parallel()
+	for _, b := range backendDSNs {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			env := []string{"DLOCK_DSN=" + b.dsn(t)}
+			for _, args := range [][]string{
+				{"run", "-c", `echo "$DLOCK_KEY $DLOCK_TOKEN" | tr a-z A-Z; exit 3`, "jobs/sh"},
+				{"run", "jobs/sh", "-c", `echo "$DLOCK_KEY $DLOCK_TOKEN" | tr a-z A-Z; exit 3`},
+			} {
+				r := runCLI(t, env, args...)
+				r.expectCode(t, 3)
+				key, tok, _ := strings.Cut(strings.TrimSpace(r.stdout), " ")
+				if n, err := strconv.ParseUint(tok, 10, 64); key != "JOBS/SH" || err != nil || n == 0 {
+					t.Errorf("dlock %q printed %q, want JOBS/SH and a positive token", args, r.stdout)
+				}
+			}
+			// A busy lock with -c: the shell string does not run.
+			holder := start(t, env, "run", "-c", "echo held; exec sleep 60", "jobs/sh")
+			holder.expectLine("held")
+			r := runCLI(t, env, "run", "--no-wait", "-c", "echo ran", "jobs/sh")
+			r.expectCode(t, exitBusy)
+			if r.stdout != "" {
+				t.Errorf("the shell string ran while the lock was held: %q", r.stdout)
+			}
+		})
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run", "-c", "true", "k", "--", "true"}, "-c and COMMAND exclude each other"},
+		{[]string{"run", "-c", "true", "k", "echo"}, "-c and COMMAND exclude each other"},
+		{[]string{"run", "-c", "", "k"}, "-c needs a shell command"},
+		{[]string{"run", "k"}, "missing COMMAND"},
+	} {
+		r := runCLI(t, []string{"DLOCK_DSN=redis://127.0.0.1:1/0"}, c.args...)
+		r.expectCode(t, exitUsage)
+		if !strings.Contains(r.stderr, c.want) {
+			t.Errorf("dlock %q: stderr lacks %q:\n%s", c.args, c.want, r.stderr)
+		}
+	}
+}
+
+// --busy-exit N chooses the exit status for a busy lock (flock -E): with
+// --no-wait and when --wait runs out, for run and lock.
+func TestRunBusyExit(t *testing.T) {
+	t.Parallel()
+	for _, b := range backendDSNs {
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			env := []string{"DLOCK_DSN=" + b.dsn(t)}
+			holder := start(t, env, "run", "busy", "--", "sh", "-c", "echo held; exec sleep 60")
+			holder.expectLine("held")
+			for _, c := range []struct {
+				args []string
+				code int
+			}{
+				{[]string{"run", "--no-wait", "--busy-exit", "3", "busy", "--", "echo", "ran"}, 3},
+				{[]string{"run", "--wait", "200ms", "--busy-exit", "0", "busy", "--", "echo", "ran"}, 0},
+				{[]string{"run", "busy", "--no-wait", "--busy-exit", "200", "-c", "echo ran"}, 200},
+				{[]string{"lock", "--no-wait", "--busy-exit", "9", "busy"}, 9},
+				{[]string{"lock", "--wait", "200ms", "--busy-exit", "1", "busy"}, 1},
+				{[]string{"run", "--no-wait", "busy", "--", "echo", "ran"}, exitBusy},
+			} {
+				r := runCLI(t, env, c.args...)
+				r.expectCode(t, c.code)
+				if r.stdout != "" || !strings.Contains(r.stderr, `"busy" is`) {
+					t.Errorf("dlock %q on a held lock: stdout %q, stderr %q", c.args, r.stdout, r.stderr)
+				}
+			}
+		})
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"run", "--busy-exit", "3", "k", "--", "true"}, "--busy-exit applies only with --no-wait or --wait"},
+		{[]string{"run", "--no-wait", "--busy-exit", "256", "k", "--", "true"}, "--busy-exit must be 0..255"},
+		{[]string{"lock", "--no-wait", "--busy-exit", "-1", "k"}, "--busy-exit must be 0..255"},
+	} {
+		r := runCLI(t, []string{"DLOCK_DSN=redis://127.0.0.1:1/0"}, c.args...)
+		r.expectCode(t, exitUsage)
+		if !strings.Contains(r.stderr, c.want) {
+			t.Errorf("dlock %q: stderr lacks %q:\n%s", c.args, c.want, r.stderr)
+		}
 	}
 }
