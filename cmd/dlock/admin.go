@@ -312,6 +312,9 @@ func holderAttrs(info dlock.LockInfo) []any {
 // code.
 func openAdmin(stderr io.Writer, cmd, dsnFlag string) (l dlock.Locker, dsn string, code int) {
 	dsn, err := resolveDSN(dsnFlag)
+	if err == nil {
+		err = checkCrossProcess(dsn, nil) // a new process's in-process store is empty
+	}
 	if err != nil {
 		return nil, "", usageError(stderr, cmd, "%v", err)
 	}

@@ -179,7 +179,7 @@ func migrateMain(args []string, stdout, stderr io.Writer) int {
 				return usageError(stderr, "migrate", "--from: %v", err)
 			}
 			if id != rec.From {
-				fmt.Fprintf(stderr, "dlock migrate status: %v: it names the old backend %s, --from is %s\n", migrate.ErrMismatch, rec.From, id)
+				logError(stderr, "dlock migrate status: ", fmt.Sprintf("%v: it names the old backend %s, --from is %s", migrate.ErrMismatch, rec.From, id))
 				return exitFailure
 			}
 		}
@@ -239,7 +239,7 @@ func printRecord(w io.Writer, rec *migrate.Record) {
 
 // migrateError prints err and returns the exit status for it.
 func migrateError(stderr io.Writer, sub string, err error) int {
-	fmt.Fprintf(stderr, "dlock migrate %s: %v\n", sub, err)
+	logError(stderr, "dlock migrate "+sub+": ", err.Error())
 	switch {
 	case errors.Is(err, dlock.ErrInvalidOption):
 		return exitUsage
