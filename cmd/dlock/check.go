@@ -293,6 +293,11 @@ func checkMain(args []string, stdout, stderr io.Writer) int {
 	case len(deps) == 1:
 		printOne(stdout, stderr, deps[0], time.Since(started))
 	default:
+		for _, d := range deps {
+			if d.openErr != nil {
+				fmt.Fprintf(stderr, "dlock: %s %s: %s\n", d.openStep, d.plan.shown, errText(d.openErr))
+			}
+		}
 		printComparison(stdout, rep, deps, time.Since(started))
 	}
 	if sig, ok := interrupted(ctx); ok {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -320,5 +321,47 @@ func TestCheckNotFooled(t *testing.T) {
 	}
 	if !strings.Contains(r.stdout, "not above the previous grant's") {
 		t.Errorf("the failure's reason is not shown:\n%s", r.stdout)
+	}
+}
+
+// TestCheckPostgres: with the credentials of the DSN (here a superuser's),
+// the tests that make the server forget a holder run on PostgreSQL, and the
+// check leaves no fence rows or tables.
+func TestCheckPostgres(t *testing.T) {
+	t.Parallel()
+	pg := testenv.StartPostgres(t)
+	r := runCLI(t, nil, "check", "--dsn", pg.URL(), "--run", "^(TokensIncrease|ExpireEndsLease)$")
+	r.expectCode(t, 0)
+	rows := checkRows(r.stdout)
+	if rows["TokensIncrease"][0] != "PASS" || rows["ExpireEndsLease"][0] != "PASS" {
+		t.Errorf("rows %q, want TokensIncrease and ExpireEndsLease to pass\n%s", rows, r.stdout)
+	}
+	if !regexp.MustCompile(`(?m)^Cleanup: dropped the check's fence table dlock_fence_check_[0-9a-f]{8}\.$`).MatchString(r.stdout) {
+		t.Errorf("no cleanup line:\n%s", r.stdout)
+	}
+	if keys, tables := fenceRows(t, pg.URL()); len(keys) != 0 || len(tables) != 0 {
+		t.Errorf("left on PostgreSQL: fence rows %q, tables %q", keys, tables)
+	}
+}
+
+func TestCheckPrivilege(t *testing.T) {
+	for _, c := range []struct {
+		err  string
+		want bool
+	}{
+		{"dlock: break \"k\" (postgres): end the holder's session (pid 42): ERROR: permission denied to terminate process (SQLSTATE 42501)", true},
+		{"dlock: break \"k\" (etcd): delete the holders of \"k\": etcdserver: permission denied", true},
+		{"dlock: break \"k\" (zookeeper): delete /dlock/k/lock-1: zk: not authenticated", true},
+		{"dlock: break \"k\" (mysql): Error 1095 (HY000): You are not owner of thread 12", true},
+		{"dlock: break \"k\" (postgres): key \"k\": its holder's session was busy", false},
+	} {
+		if got := isPrivilegeError(errors.New(c.err)); got != c.want {
+			t.Errorf("isPrivilegeError(%q) = %v, want %v", c.err, got, c.want)
+		}
+	}
+	for _, scheme := range []string{"postgres", "etcd", "zk"} {
+		if want := map[string]string{"postgres": "superuser", "etcd": "root", "zk": "digest"}[scheme]; !strings.Contains(privilegeFor(scheme), want) {
+			t.Errorf("privilegeFor(%q) = %q, does not name %s", scheme, privilegeFor(scheme), want)
+		}
 	}
 }
