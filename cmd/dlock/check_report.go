@@ -114,7 +114,7 @@ func (d *deployment) result() string {
 	case d.failed() > 0:
 		return "fail"
 	case d.results == nil:
-		return "not run"
+		return "not run" // interrupted before its turn
 	}
 	return "pass"
 }
@@ -125,7 +125,7 @@ func (d *deployment) tests() []testJSON {
 	var out []testJSON
 	for _, r := range d.results {
 		if r.Name == "" {
-			if r.Status == "FAIL" && d.failed() > 0 && !hasFailedTest(d.results) && d.crash == nil {
+			if r.Status == "FAIL" && d.crash == nil && !hasFailedTest(d.results) {
 				out = append(out, testJSON{Name: "(setup)", Status: "fail", Reason: r.note(), Seconds: r.Elapsed.Seconds()})
 			}
 			continue
@@ -479,9 +479,9 @@ func writeCheckHTML(b *bytes.Buffer, rep checkReportJSON, deps []*deployment) er
 	for _, s := range t.sections {
 		sec := section{Head: heads[s.head]}
 		for _, r := range s.rows {
-			rw := row{Name: strings.ReplaceAll(r.name, "-", " ")}
-			if s.head == "TEST" {
-				rw.Name = r.name
+			rw := row{Name: r.name}
+			if s.head == "CAPABILITY" {
+				rw.Name = strings.ReplaceAll(r.name, "-", " ")
 			}
 			for _, c := range r.cells {
 				rw.Cells = append(rw.Cells, cell{c.text, c.status, c.note})

@@ -33,30 +33,24 @@ type deployment struct {
 	elapsed time.Duration
 }
 
-// failed returns the number of failed tests, a crash or timeout included.
+// failed returns the number of failed tests; a crash, a timeout or a
+// failure of the suite's setup counts as one.
 func (d *deployment) failed() int {
 	n := 0
+	setup := false
 	for _, r := range d.results {
-		if r.Name != "" && r.Status == "FAIL" {
+		switch {
+		case r.Status != "FAIL":
+		case r.Name == "":
+			setup = true
+		default:
 			n++
 		}
 	}
-	if d.crash != nil {
-		n++
-	} else if n == 0 && failedOutsideTests(d.results) {
+	if d.crash != nil || (n == 0 && setup) {
 		n++
 	}
 	return n
-}
-
-// failedOutsideTests reports whether the suite failed outside any test.
-func failedOutsideTests(results []testResult) bool {
-	for _, r := range results {
-		if r.Name == "" && r.Status == "FAIL" {
-			return true
-		}
-	}
-	return false
 }
 
 // checkLatency is a short measurement of a deployment's latency.
