@@ -188,15 +188,13 @@ func newCheckPlan(dsn, runID string) (checkPlan, error) {
 	return p, nil
 }
 
-// checkSettings are dlock check's parsed flags.
+// checkSettings are what dlock check's flags say about running the suites.
 type checkSettings struct {
 	run      string
 	timeout  time.Duration
 	verbose  bool
-	outs     []string // --out files
-	format   string   // -o: "table" or "json"
-	progress io.Writer
-	multi    bool // several deployments: label the progress lines
+	progress io.Writer // where progress goes: standard error
+	multi    bool      // several deployments: label the progress lines
 }
 
 func checkMain(args []string, stdout, stderr io.Writer) int {
@@ -259,7 +257,7 @@ func checkMain(args []string, stdout, stderr io.Writer) int {
 		}
 		plans[i] = p
 	}
-	s := checkSettings{run: *run, timeout: *timeout, verbose: verbose, outs: outs, format: format, progress: stderr, multi: len(plans) > 1}
+	s := checkSettings{run: *run, timeout: *timeout, verbose: verbose, progress: stderr, multi: len(plans) > 1}
 
 	ctx, stop := signalContext()
 	defer stop()
