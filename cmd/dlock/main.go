@@ -75,24 +75,27 @@
 //
 // # dlock check
 //
-//	dlock check [--dsn DSN] [--run REGEXP] [--timeout 10m] [-v]
+//	dlock check [--dsn DSN ...] [--run REGEXP] [--timeout 10m] [--out report.html] [-o json] [-v]
 //
-// Runs dlock's conformance suite (package conformance) against a live
-// deployment, and prints the driver's capabilities, its notes on the
+// Runs dlock's conformance suite (package conformance) against live
+// deployments, and prints the driver's capabilities, its notes on the
 // deployment, and a pass/fail table: is this Redis, etcd, ZooKeeper or
-// PostgreSQL setup fit for locking? The suite runs in a child process of
-// dlock, under package testing, as go test would run it.
+// PostgreSQL setup fit for locking? With several --dsn it checks them at once
+// (one after another on the same servers) and prints one table with a column
+// per deployment: capabilities, a short latency measurement, and each test's
+// result; --out writes it as an HTML page or JSON, -o json prints the JSON.
+// The suite runs in a child process of dlock, under package testing, as go
+// test would run it.
 //
-// The suite takes locks on keys of its own ("conformance/..."), and on Redis
-// and Redlock it uses a key prefix of its own ("<prefix>check-<run id>:").
-// Afterwards dlock deletes what the backend keeps where it can (on Redis, the
-// fence counters under that prefix) and says what remains otherwise (fence
-// counters on Redlock's nodes and in PostgreSQL's fence table; nothing on
-// etcd or ZooKeeper). The tests that need the server to forget a holder
-// behind its back run on Redis, where dlock deletes the check's own lock key;
-// elsewhere that takes administrative access (revoking a lease, expiring a
-// session), so those tests are reported as skipped. Exit status: 0 if no test
-// failed, 1 if one did, 64 on a usage error, 69 if the backend cannot be
+// The suite takes locks on keys of its own ("conformance/..."), under a key
+// prefix of its own on Redis, Redlock and etcd and a fence table of its own
+// on PostgreSQL. Afterwards, or when --timeout stops it, dlock deletes what
+// the backend keeps where it can, and lists what remains with how to remove
+// it. The tests that need the server to forget a holder behind its back run
+// with the credentials given: on Redis dlock deletes the check's own lock
+// key, elsewhere it breaks the lock (dlock.Break); a test whose credentials
+// lack the privilege is skipped and names it. Exit status: 0 if no test
+// failed, 1 if one did, 64 on a usage error, 69 if a deployment cannot be
 // reached.
 //
 // # dlock bench
@@ -198,7 +201,7 @@ Usage:
   dlock run [flags] KEY -- COMMAND [ARG...]   run COMMAND while holding the lock KEY
   dlock run [flags] -c SHELL-COMMAND KEY      the same, through /bin/sh -c
   dlock lock [flags] KEY                      hold KEY, print its token, release on SIGTERM
-  dlock check [flags]                         run the conformance suite against a deployment
+  dlock check [flags]                         run the conformance suite; compare deployments
   dlock bench [flags]                         compare backends: latency, throughput, hand-off
   dlock migrate dsn|switch-tokens|status      move a fleet from Redis to etcd/ZooKeeper
   dlock ls [flags] [PREFIX]                   list held locks, semaphores, read/write locks

@@ -30,7 +30,7 @@ func TestMain(m *testing.M) {
 	code := func() int {
 		defer os.RemoveAll(dir)
 		dlockBin = filepath.Join(dir, "dlock")
-		args := []string{"build", "-o", dlockBin}
+		args := []string{"build", "-tags", "dlocktest", "-o", dlockBin} // dlocktest: check_testscheme.go
 		if raceEnabled {
 			args = append(args, "-race")
 		}

@@ -26,6 +26,7 @@ func TestNoPasswordPrinted(t *testing.T) {
 	deadDSN := "zk://u:" + pw + "@127.0.0.1:" + strconv.Itoa(testenv.FreePort(t)) + "/redact?connect=300ms"
 	migrating := "migrate://?from=" + url.QueryEscape(redisDSN) + "&to=" + url.QueryEscape(zkDSN)
 	report := filepath.Join(t.TempDir(), "report.html")
+	checkReport := filepath.Join(t.TempDir(), "check.html")
 
 	for _, tc := range []struct {
 		args []string
@@ -42,6 +43,7 @@ func TestNoPasswordPrinted(t *testing.T) {
 		{args: []string{"migrate", "switch-tokens", "--from", "redis://app:" + pw + "@127.0.0.1:1/0", "--to", deadDSN}, code: exitUnavailable},
 		{args: []string{"check", "--dsn", zkDSN, "--run", "^TryAcquireHeld$"}},
 		{args: []string{"check", "--dsn", deadDSN}, code: exitUnavailable},
+		{args: []string{"check", "--dsn", zkDSN, "--dsn", redisDSN, "--dsn", deadDSN, "--run", "^TryAcquireHeld$", "-o", "json", "--out", checkReport}, code: exitUnavailable},
 		{args: []string{"bench", "--dsn", zkDSN, "--dsn", deadDSN, "--clients", "2", "--duration", "400ms", "--out", report}, code: exitUnavailable},
 		{args: []string{"run", "-v", "--dsn", migrating, "k", "--", "true"}},
 		{args: []string{"run", "-v", "--log-format", "json", "k", "--", "true"}, env: []string{"DLOCK_DSN=" + zkDSN}},
@@ -70,6 +72,9 @@ func TestNoPasswordPrinted(t *testing.T) {
 	}
 	if b, err := os.ReadFile(report); err != nil || strings.Contains(string(b), pw) || !strings.Contains(string(b), "xxxxx") {
 		t.Errorf("bench's report (%v) shows the password, or no redacted DSN", err)
+	}
+	if b, err := os.ReadFile(checkReport); err != nil || strings.Contains(string(b), pw) || !strings.Contains(string(b), "xxxxx") {
+		t.Errorf("check's report (%v) shows the password, or no redacted DSN", err)
 	}
 
 	// By default the DSN's inner DSNs are redacted, and stderr says how to

@@ -113,3 +113,57 @@ func countColor(img image.Image, c [3]uint32) int {
 	}
 	return n
 }
+
+// checkRenderedCheck renders dlock check's HTML report at path in headless
+// Chromium and checks what is on the page: a column for each deployment, the
+// capability rows, and the results in their colours on the screenshot.
+func checkRenderedCheck(t *testing.T, path string, deployments []string) {
+	t.Helper()
+	chromium := testenv.Binary(t, "chromium", "chromium")
+	dir := t.TempDir()
+	shot := filepath.Join(dir, "check.png")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	flags := []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+		"--disable-background-networking", "--disable-component-update", "--disable-sync",
+		"--user-data-dir=" + filepath.Join(dir, "profile"), "--window-size=1300,1000"}
+	// One run takes the screenshot and prints the DOM: each start of
+	// Chromium takes seconds.
+	dom, err := exec.CommandContext(ctx, chromium, append(flags, "--screenshot="+shot, "--dump-dom", "file://"+path)...).Output()
+	if err != nil {
+		t.Fatalf("chromium --screenshot --dump-dom: %v", err)
+	}
+	if dir := os.Getenv("DLOCK_ARTIFACTS"); dir != "" {
+		if b, err := os.ReadFile(shot); err == nil && os.MkdirAll(dir, 0o755) == nil {
+			_ = os.WriteFile(filepath.Join(dir, "check-report.png"), b, 0o644)
+		}
+	}
+	for _, d := range deployments {
+		if !bytes.Contains(dom, []byte("<th>"+d+"</th>")) {
+			t.Errorf("the rendered page has no column for %s", d)
+		}
+	}
+	for _, want := range []string{"<td>fencing</td>", "<td>loss signal</td>", "<td>TokensIncrease</td>", `class="pass"`} {
+		if !bytes.Contains(dom, []byte(want)) {
+			t.Errorf("the rendered page lacks %s", want)
+		}
+	}
+	f, err := os.Open(shot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatalf("screenshot: %v", err)
+	}
+	if n := countColor(img, passColor); n < 200 {
+		t.Errorf("the screenshot has %d pixels of the PASS cells' colour, want visible cells", n)
+	}
+	if t.Failed() {
+		t.Logf("rendered page:\n%s", strings.TrimSpace(string(dom)))
+	}
+}
+
+// passColor is the background of a PASS cell in dlock check's report (#d4edda).
+var passColor = [3]uint32{0xd4, 0xed, 0xda}
