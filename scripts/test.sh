@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every check and test dlock has, in every module of the repository (the
-# root, and the nested modules etcd, migrate, dlockotel, cmd/dlock, examples,
+# root, and the nested modules etcd, nats, migrate, dlockotel, cmd/dlock, examples,
 # the peer-benchmark module bench and the release module internal/release):
 # formatting, go.mod tidiness and version agreement, go vet and staticcheck,
 # API compatibility with the last recorded release, `go test -race` against
@@ -28,7 +28,7 @@ step() { printf '\n== %s\n' "$*"; }
 # (scripts/modules.sh; the go.mod files have no replace lines). The root comes
 # first; bench is run separately, by its smoke test, and internal/release by
 # the install test.
-modules=(. etcd migrate dlockotel cmd/dlock examples)
+modules=(. etcd nats migrate dlockotel cmd/dlock examples)
 works=$(mktemp -d)
 trap 'rm -rf "$works"' EXIT
 for m in $(mod_dirs); do
