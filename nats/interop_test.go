@@ -59,7 +59,10 @@ func TestInteropRawCreate(t *testing.T) {
 		}
 		got <- lease
 	}()
-	for h.Waiters(t, key) < 1 {
+	for end := time.Now().Add(10 * time.Second); h.Waiters(t, key) < 1; {
+		if time.Now().After(end) {
+			t.Fatal("no waiter counted 10s after Acquire began")
+		}
 		time.Sleep(10 * time.Millisecond) // polling the server: no signal to wait for
 	}
 	deleted := time.Now()

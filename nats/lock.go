@@ -15,14 +15,16 @@ import (
 	"github.com/dlock-go/dlock/backend"
 )
 
-// value is a lock key's value, JSON: who holds it, and from the first
-// renewal on the grant's token (the create's revision) and the TTL of the
-// last write.
+// value is a lock key's value, JSON: who holds it, the TTL of the write
+// and, in the writes after the create, the grant's token (the create's
+// revision) and its time by the server's clock (Unix nanoseconds; 0 when
+// unknown).
 type value struct {
-	Owner string `json:"owner"`
-	Label string `json:"label,omitempty"`
-	Token uint64 `json:"token,omitempty"`
-	TTLms int64  `json:"ttl_ms,omitempty"`
+	Owner   string `json:"owner"`
+	Label   string `json:"label,omitempty"`
+	TTLms   int64  `json:"ttl_ms,omitempty"`
+	Token   uint64 `json:"token,omitempty"`
+	Granted int64  `json:"granted,omitempty"`
 }
 
 func decode(b []byte) (value, bool) {
@@ -42,10 +44,19 @@ type hold struct {
 	rev    atomic.Uint64 // the revision of the holder's last write
 	onLost func(cause error)
 
+	granted atomic.Int64  // the create's time, Unix nanoseconds by the server's clock; 0 until the loss watch reads it
+	ttl     time.Duration // the TTL of the last write (whole seconds)
+
 	mu       sync.Mutex
 	released bool
 	lost     bool
 	stop     context.CancelFunc // ends the loss watch
+}
+
+// value returns the value of a write after the create.
+func (h *hold) value(label string, ttl time.Duration) []byte {
+	b, _ := json.Marshal(value{Owner: h.owner, Label: label, TTLms: ttl.Milliseconds(), Token: h.token, Granted: h.granted.Load()})
+	return b
 }
 
 // markLost tells dlock, once, that the lock is gone, unless it was released.
@@ -144,7 +155,8 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, h *hol
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	b, _ := json.Marshal(value{Owner: h.owner, Label: h.label})
+	h.ttl = ttlSeconds(req.TTL)
+	b, _ := json.Marshal(value{Owner: h.owner, Label: h.label, TTLms: h.ttl.Milliseconds()})
 	rctx, cancel := d.reqCtx(ctx)
 	defer cancel()
 	start := time.Now()
@@ -212,7 +224,8 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, h *hold, 
 		}
 		if w == nil {
 			var err error
-			if w, err = d.kv.Watch(wctx, h.name); err != nil {
+			// Headers only: the operation is all a waiter reads.
+			if w, err = d.kv.Watch(wctx, h.name, jetstream.MetaOnly()); err != nil {
 				w = nil
 				if !transient(err) && ctx.Err() == nil && !d.closed.Load() {
 					return nil, err
@@ -297,7 +310,7 @@ func (d *Driver) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duratio
 	if err != nil {
 		return 0, err
 	}
-	b, _ := json.Marshal(value{Owner: h.owner, Label: h.label, Token: h.token, TTLms: ttlSeconds(ttl).Milliseconds()})
+	b := h.value(h.label, ttlSeconds(ttl))
 	var bo backend.Backoff
 	for {
 		rctx, cancel := context.WithTimeout(ctx, d.timeout)
@@ -307,6 +320,7 @@ func (d *Driver) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duratio
 		if err == nil {
 			cancel()
 			h.rev.Store(pa.Sequence)
+			h.ttl = ttlSeconds(ttl)
 			return valid, nil
 		}
 		var apiErr *jetstream.APIError

@@ -136,9 +136,22 @@ type Driver struct {
 
 	bg     context.Context // cancelled by Close: ends the watches and waits
 	stopBg context.CancelFunc
-	wg     sync.WaitGroup // loss watches
+	wg     sync.WaitGroup // the watches' goroutines (spawn)
 
+	mu     sync.Mutex // orders spawn and Close
 	closed atomic.Bool
+}
+
+// spawn runs f in a goroutine that Close waits for, unless the driver is
+// closed (false).
+func (d *Driver) spawn(f func()) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed.Load() {
+		return false
+	}
+	d.wg.Go(f)
+	return true
 }
 
 var (
@@ -255,7 +268,10 @@ func (d *Driver) Capabilities() backend.Capabilities {
 // Close stops the driver's watches and waits, and closes the connection if
 // it opened it. A second Close fails with ErrClosed.
 func (d *Driver) Close() error {
-	if d.closed.Swap(true) {
+	d.mu.Lock()
+	closed := d.closed.Swap(true)
+	d.mu.Unlock()
+	if closed {
 		return errClosed
 	}
 	d.stopBg()

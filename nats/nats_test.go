@@ -3,6 +3,7 @@ package nats_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -106,7 +107,8 @@ func (h *harness) Residue(t testing.TB, key string) []string {
 	return []string{dlocknats.KeyName(key) + "=" + string(e.Value())}
 }
 
-// Waiters counts the watches on key's subject, less the holder's own.
+// Waiters counts the waiters' watches on key's subject: those that read
+// headers only (a holder's own watch reads values).
 func (h *harness) Waiters(t testing.TB, key string) int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -118,14 +120,11 @@ func (h *harness) Waiters(t testing.TB, key string) int {
 	}
 	n := 0
 	for ci := range s.ListConsumers(ctx).Info() {
-		if ci.Config.FilterSubject == subject {
+		if ci.Config.HeadersOnly && (ci.Config.FilterSubject == subject || slices.Equal(ci.Config.FilterSubjects, []string{subject})) {
 			n++
 		}
 	}
-	if len(h.Residue(t, key)) > 0 {
-		n-- // the holder's loss watch
-	}
-	return max(n, 0)
+	return n
 }
 
 var (

@@ -23,7 +23,7 @@ func (d *Driver) watchLoss(h *hold) {
 	}
 	h.stop = stop
 	h.mu.Unlock()
-	d.wg.Go(func() {
+	d.spawn(func() {
 		defer stop()
 		var bo backend.Backoff
 		for ctx.Err() == nil {
@@ -61,6 +61,9 @@ func (d *Driver) follow(ctx context.Context, h *hold, w jetstream.KeyWatcher) er
 			}
 			if v, ok := decode(e.Value()); !ok || v.Owner != h.owner {
 				return fmt.Errorf("key %s written by another owner at revision %d: %w", h.name, e.Revision(), backend.ErrNotHeld)
+			}
+			if e.Revision() == h.token {
+				h.granted.Store(e.Created().UnixNano())
 			}
 		}
 	}
