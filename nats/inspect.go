@@ -150,7 +150,7 @@ func (d *Driver) Break(ctx context.Context, key string) (backend.LockInfo, error
 		if err != nil {
 			return backend.LockInfo{}, err
 		}
-		err = d.kv.Purge(rctx, name, jetstream.LastRevision(e.Revision()), jetstream.PurgeTTL(DefaultMarkerTTL))
+		err = d.kv.Purge(rctx, name, jetstream.LastRevision(e.Revision()), jetstream.PurgeTTL(d.markerTTL))
 		if err == nil {
 			return info(key, e), nil
 		}

@@ -370,7 +370,7 @@ func (d *Driver) Release(ctx context.Context, g *backend.Grant) error {
 	defer cancel()
 	for {
 		rev := h.rev.Load()
-		err := d.kv.Purge(rctx, h.name, jetstream.LastRevision(rev), jetstream.PurgeTTL(DefaultMarkerTTL))
+		err := d.kv.Purge(rctx, h.name, jetstream.LastRevision(rev), jetstream.PurgeTTL(d.markerTTL))
 		if err == nil {
 			return nil
 		}
@@ -398,5 +398,5 @@ func (d *Driver) purge(h *hold) {
 	h.mu.Lock()
 	h.released = true
 	h.mu.Unlock()
-	_ = d.kv.Purge(ctx, h.name, jetstream.LastRevision(h.rev.Load()), jetstream.PurgeTTL(DefaultMarkerTTL))
+	_ = d.kv.Purge(ctx, h.name, jetstream.LastRevision(h.rev.Load()), jetstream.PurgeTTL(d.markerTTL))
 }

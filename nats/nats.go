@@ -134,6 +134,8 @@ type Driver struct {
 	poll    time.Duration
 	replica int // the bucket's replicas, as the server reports them
 
+	markerTTL time.Duration // the bucket's LimitMarkerTTL: a release's purge marker lasts as long
+
 	bg     context.Context // cancelled by Close: ends the watches and waits
 	stopBg context.CancelFunc
 	wg     sync.WaitGroup // the watches' goroutines (spawn)
@@ -177,7 +179,7 @@ func NewDriver(ctx context.Context, nc *natsgo.Conn, opts *Options) (*Driver, er
 	}
 	rctx, cancel := context.WithTimeout(ctx, o.RequestTimeout)
 	defer cancel()
-	kv, replicas, err := bucket(rctx, js, o)
+	kv, cfg, err := bucket(rctx, js, o)
 	if err != nil {
 		return nil, err
 	}
@@ -190,15 +192,18 @@ func NewDriver(ctx context.Context, nc *natsgo.Conn, opts *Options) (*Driver, er
 		subject: "$KV." + o.Bucket + ".",
 		timeout: o.RequestTimeout,
 		poll:    o.PollInterval,
-		replica: replicas,
-		bg:      bg,
-		stopBg:  stop,
+		replica: cfg.Replicas,
+
+		markerTTL: max(cfg.SubjectDeleteMarkerTTL, time.Second),
+		bg:        bg,
+		stopBg:    stop,
 	}, nil
 }
 
 // bucket opens the bucket of o, or creates it, and checks that it allows
-// per-message TTLs; it returns the bucket's number of replicas.
-func bucket(ctx context.Context, js jetstream.JetStream, o Options) (jetstream.KeyValue, int, error) {
+// per-message TTLs; it returns the bucket's stream configuration.
+func bucket(ctx context.Context, js jetstream.JetStream, o Options) (jetstream.KeyValue, jetstream.StreamConfig, error) {
+	var none jetstream.StreamConfig
 	kv, err := js.KeyValue(ctx, o.Bucket)
 	if errors.Is(err, jetstream.ErrBucketNotFound) {
 		kv, err = js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
@@ -215,24 +220,24 @@ func bucket(ctx context.Context, js jetstream.JetStream, o Options) (jetstream.K
 	}
 	if err != nil {
 		if errors.Is(err, jetstream.ErrLimitMarkerTTLNotSupported) {
-			return nil, 0, fmt.Errorf("bucket %s: the server has no per-message TTLs (nats-server 2.11 or later has): %w", o.Bucket, err)
+			return nil, none, fmt.Errorf("bucket %s: the server has no per-message TTLs (nats-server 2.11 or later has): %w", o.Bucket, err)
 		}
-		return nil, 0, fmt.Errorf("bucket %s: %w", o.Bucket, err)
+		return nil, none, fmt.Errorf("bucket %s: %w", o.Bucket, err)
 	}
 	st, err := kv.Status(ctx)
 	if err != nil {
-		return nil, 0, fmt.Errorf("bucket %s: %w", o.Bucket, err)
+		return nil, none, fmt.Errorf("bucket %s: %w", o.Bucket, err)
 	}
 	bs, ok := st.(*jetstream.KeyValueBucketStatus)
 	if !ok || bs.StreamInfo() == nil {
-		return nil, 0, fmt.Errorf("bucket %s: no stream information", o.Bucket)
+		return nil, none, fmt.Errorf("bucket %s: no stream information", o.Bucket)
 	}
 	cfg := bs.StreamInfo().Config
 	if !cfg.AllowMsgTTL || cfg.SubjectDeleteMarkerTTL <= 0 {
-		return nil, 0, fmt.Errorf("%w: bucket %s does not allow per-message TTLs with markers (create it with LimitMarkerTTL, or let the driver create it)",
+		return nil, none, fmt.Errorf("%w: bucket %s does not allow per-message TTLs with markers (create it with LimitMarkerTTL, or let the driver create it)",
 			dlock.ErrInvalidOption, o.Bucket)
 	}
-	return kv, cfg.Replicas, nil
+	return kv, cfg, nil
 }
 
 // New returns a dlock.Locker over nc: dlock.New(NewDriver(ctx, nc, opts),
@@ -360,6 +365,13 @@ func parseDSN(u *url.URL, o *Options) (servers []string, copts []natsgo.Option, 
 		natsgo.MaxReconnects(-1),
 		natsgo.ReconnectWait(100 * time.Millisecond),
 		natsgo.RetryOnFailedConnect(false),
+		// The DSN's servers only: a cluster's other addresses, which the
+		// servers announce, may not be reachable (or wanted) from here.
+		natsgo.IgnoreDiscoveredServers(),
+		// A dead connection (a partitioned or paused server) is noticed
+		// within about 4s, and the client moves to another server.
+		natsgo.PingInterval(2 * time.Second),
+		natsgo.MaxPingsOutstanding(2),
 	}
 	if u.User != nil {
 		user := u.User.Username()
