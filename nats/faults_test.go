@@ -130,3 +130,7 @@ var natsMatrix = conformance.Matrix{
 func TestFaults(t *testing.T) {
 	conformance.RunFaults(t, newFaultHarness(t), natsMatrix)
 }
+
+func TestSoak(t *testing.T) {
+	conformance.Soak(t, newFaultHarness(t), conformance.SoakOptions{Matrix: natsMatrix})
+}
