@@ -202,13 +202,7 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, h *hol
 func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, h *hold, valid time.Duration) (*backend.Grant, error) {
 	wctx, stop := context.WithCancel(ctx)
 	defer stop()
-	go func() { // ends with wctx
-		select {
-		case <-d.bg.Done():
-			stop()
-		case <-wctx.Done():
-		}
-	}()
+	defer context.AfterFunc(d.bg, stop)() // Close ends the wait
 	var w jetstream.KeyWatcher
 	defer func() {
 		if w != nil {
