@@ -10,8 +10,8 @@ import (
 )
 
 // modules returns the directory of every Go module in the repository: the
-// root and the nested ones (etcd, migrate, dlockotel, cmd/dlock, examples,
-// bench, internal/release).
+// root and the nested ones (etcd, nats, migrate, dlockotel, cmd/dlock,
+// examples, bench, internal/release).
 func modules(t *testing.T) []string {
 	t.Helper()
 	var dirs []string
@@ -66,14 +66,15 @@ func goListAll(t *testing.T, format string) []string {
 
 // TestRootModuleStaysLean keeps the root module's go.mod free of the heavy
 // modules a user of one driver should never take part in version selection
-// for: the etcd server and its storage, consensus and metrics stacks. They
-// belong to the nested modules (etcd, migrate, cmd/dlock, examples, bench).
+// for: the etcd server and its storage, consensus and metrics stacks, and
+// NATS's client. They belong to the nested modules (etcd, nats, migrate,
+// cmd/dlock, examples, bench).
 func TestRootModuleStaysLean(t *testing.T) {
 	gomod, err := os.ReadFile("go.mod")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, heavy := range []string{"go.etcd.io/", "google.golang.org/grpc", "go.uber.org/zap", "go.opentelemetry.io/otel/sdk", "github.com/prometheus/", "github.com/Shopify/toxiproxy"} {
+	for _, heavy := range []string{"go.etcd.io/", "google.golang.org/grpc", "go.uber.org/zap", "go.opentelemetry.io/otel/sdk", "github.com/prometheus/", "github.com/Shopify/toxiproxy", "github.com/nats-io/"} {
 		if strings.Contains(string(gomod), heavy) {
 			t.Errorf("the root go.mod requires %s: move the code that needs it to a nested module", heavy)
 		}
@@ -122,7 +123,8 @@ func TestZooKeeperClientIsTheCopy(t *testing.T) {
 func TestImportRules(t *testing.T) {
 	const mod = "github.com/dlock-go/dlock"
 	drivers := map[string]bool{mod + "/redis": true, mod + "/redlock": true, mod + "/etcd": true,
-		mod + "/zookeeper": true, mod + "/postgres": true, mod + "/sqltable": true, mod + "/mysql": true, mod + "/memlock": true}
+		mod + "/zookeeper": true, mod + "/postgres": true, mod + "/sqltable": true, mod + "/mysql": true, mod + "/memlock": true,
+		mod + "/nats": true}
 	checked := 0
 	for _, line := range goListAll(t, `{{.ImportPath}}|{{join .Imports ","}}`) {
 		pkg, imps, _ := strings.Cut(line, "|")

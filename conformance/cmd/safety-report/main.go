@@ -14,7 +14,7 @@
 //
 // with GOWORK=off in every module of the repository whose tests call
 // conformance.RunFaults or conformance.Soak (the root and the nested etcd
-// module), with DLOCK_SAFETY_OUT set to a new temporary directory, where
+// and nats modules), with DLOCK_SAFETY_OUT set to a new temporary directory, where
 // RunFaults and Soak append their results (see conformance.Record), and keeps
 // going when a test fails: the report shows the failed cells. Set
 // DLOCK_FAULT_TRIALS to run more trials per cell. -from reads the results of

@@ -1,0 +1,144 @@
+package nats_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	natsgo "github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/conformance"
+	"github.com/dlock-go/dlock/internal/testenv"
+	dlocknats "github.com/dlock-go/dlock/nats"
+)
+
+func TestMain(m *testing.M) {
+	conformance.Main(m) // in a child process of the fault suite, runs the child and exits
+	goleak.VerifyTestMain(m)
+}
+
+// testBucket is the bucket every test uses; conformance keys are unique per run.
+const testBucket = "dlock-test"
+
+// harness runs the conformance suite on a deployment given by its client URL.
+type harness struct {
+	url string // nats://host:port[,nats://…]
+	dsn string
+	kv  jetstream.KeyValue // for Expire, behind the lockers' backs
+	js  jetstream.JetStream
+}
+
+func newHarness(t testing.TB, url, dsn string) *harness {
+	t.Helper()
+	h := &harness{url: url, dsn: dsn}
+	// The first locker creates the bucket; the raw client then opens it.
+	_ = h.NewLocker(t).Close()
+	h.js, h.kv = rawKV(t, url)
+	return h
+}
+
+// rawKV returns a plain nats.go client's view of the test bucket, its
+// connection closed in t.Cleanup.
+func rawKV(t testing.TB, url string) (jetstream.JetStream, jetstream.KeyValue) {
+	t.Helper()
+	nc, err := natsgo.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	kv, err := js.KeyValue(ctx, testBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js, kv
+}
+
+func (h *harness) DSN(testing.TB) string { return h.dsn }
+
+func (h *harness) NewLocker(t testing.TB) dlock.Locker {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l, err := dlock.Open(ctx, h.dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
+// Expire purges key's lock, as the server does when its TTL runs out.
+func (h *harness) Expire(t testing.TB, key string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := h.kv.Purge(ctx, dlocknats.KeyName(key)); err != nil {
+		t.Fatalf("Expire(%q): %v", key, err)
+	}
+}
+
+// ShortTTL is two whole seconds: nats-server counts TTLs in seconds.
+func (*harness) ShortTTL() time.Duration { return 2 * time.Second }
+
+// Residue reports key's lock if the bucket holds a live value for it
+// (markers of deleted keys expire on their own and hold no lock).
+func (h *harness) Residue(t testing.TB, key string) []string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	e, err := h.kv.Get(ctx, dlocknats.KeyName(key))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil
+	}
+	if err != nil {
+		t.Fatalf("Residue(%q): %v", key, err)
+	}
+	return []string{dlocknats.KeyName(key) + "=" + string(e.Value())}
+}
+
+// Waiters counts the waiters' watches on key's subject: those that read
+// headers only (a holder's own watch reads values).
+func (h *harness) Waiters(t testing.TB, key string) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	subject := "$KV." + testBucket + "." + dlocknats.KeyName(key)
+	s, err := h.js.Stream(ctx, "KV_"+testBucket)
+	if err != nil {
+		t.Fatalf("Waiters(%q): %v", key, err)
+	}
+	n := 0
+	for ci := range s.ListConsumers(ctx).Info() {
+		if ci.Config.HeadersOnly && (ci.Config.FilterSubject == subject || slices.Equal(ci.Config.FilterSubjects, []string{subject})) {
+			n++
+		}
+	}
+	return n
+}
+
+var (
+	_ conformance.DSNer         = (*harness)(nil)
+	_ conformance.Inspector     = (*harness)(nil)
+	_ conformance.WaiterCounter = (*harness)(nil)
+)
+
+func startHarness(t testing.TB) *harness {
+	t.Helper()
+	srv := testenv.StartNATS(t)
+	return newHarness(t, srv.URL(), srv.URL()+"/"+testBucket)
+}
+
+func TestConformance(t *testing.T) {
+	conformance.Run(t, startHarness(t))
+}
