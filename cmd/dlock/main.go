@@ -219,8 +219,12 @@ The backend is a DSN, given with --dsn or in $DLOCK_DSN:
   etcd://host1:2379,host2:2379/locks              etcds:// for TLS
   zk://host1:2181,host2:2181/dlock                ZooKeeper
   postgres://user:password@host:5432/db           PostgreSQL advisory locks
+  mysql://user:password@host:3306/db              MySQL and MariaDB GET_LOCK
+  pgtable://, mysqltable://                       a lock table (through PgBouncer and other proxies)
+  nats://host1:4222,host2:4222/locks              NATS JetStream key-value bucket
   mem://NAME                                      in-process: refused, as it protects nothing
-                                                  between commands, but with --allow-mem (demos)
+                                                  between commands, but with --allow-mem (demos);
+                                                  check and bench accept it, as one self-contained run
 Passwords in DSNs are never printed (but by dlock migrate dsn --show-passwords).
 
 Output for scripts: ls, inspect and leader print JSON with -o json (its shape
