@@ -1,0 +1,54 @@
+package schedule
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/dlock-go/dlock"
+)
+
+// clockKey is the context key of the clock Every reads (tests skew it).
+type clockKey struct{}
+
+// nowIn returns the time on the clock ctx carries: time.Now unless a test
+// set another.
+func nowIn(ctx context.Context) time.Time {
+	if f, ok := ctx.Value(clockKey{}).(func() time.Time); ok {
+		return f()
+	}
+	return time.Now()
+}
+
+// Every calls Run for job at every multiple of period counted from the Unix
+// epoch, by the local clock, with that multiple as the run's scheduled time,
+// until ctx ends; then it returns ctx's cause. It makes one call at a time:
+// a run that outlasts the period delays the next call, which still passes
+// the next multiple. report, if not nil, is called after each call with the
+// run's scheduled time, Result and error. A period ≤ 0 is an error matching
+// ErrInvalidJob.
+func Every(ctx context.Context, l dlock.Locker, job Job, period time.Duration, fn Func, report func(at time.Time, r Result, err error)) error {
+	if period <= 0 {
+		return errorf("every", job.Name, fmt.Errorf("%w: period must be > 0, got %v", ErrInvalidJob, period))
+	}
+	if _, err := job.check(); err != nil {
+		return errorf("every", job.Name, err)
+	}
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	<-timer.C
+	for {
+		now := nowIn(ctx)
+		at := now.Truncate(period).Add(period)
+		timer.Reset(at.Sub(now))
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-timer.C:
+		}
+		r, err := Run(ctx, l, job, at, fn)
+		if report != nil {
+			report(at, r, err)
+		}
+	}
+}
