@@ -6,15 +6,13 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/schedule/internal/hook"
 )
-
-// clockKey is the context key of the clock Every reads (tests skew it).
-type clockKey struct{}
 
 // nowIn returns the time on the clock ctx carries: time.Now unless a test
 // set another.
 func nowIn(ctx context.Context) time.Time {
-	if f, ok := ctx.Value(clockKey{}).(func() time.Time); ok {
+	if f, ok := ctx.Value(hook.ClockKey{}).(func() time.Time); ok {
 		return f()
 	}
 	return time.Now()

@@ -7,16 +7,13 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/schedule/internal/hook"
 )
-
-// breakRecordCheck, set by tests, makes Run and Once ignore the records
-// they find, to show that the tests catch a run made twice.
-var breakRecordCheck bool
 
 // recorded reports whether key's record exists on l's backend, and the
 // token it names.
 func recorded(ctx context.Context, l dlock.Locker, key string) (bool, dlock.Token, error) {
-	if breakRecordCheck {
+	if hook.BreakRecordCheck {
 		return false, 0, nil
 	}
 	info, err := dlock.Inspect(ctx, l, key)
@@ -39,7 +36,7 @@ var errRecorded = errors.New("a record exists")
 func writeRecord(ctx context.Context, l dlock.Locker, key, label string, retention time.Duration, holder *dlock.Lease) error {
 	rec, err := l.TryAcquire(ctx, key, dlock.WithTTL(retention), dlock.WithAutoRenew(false), dlock.WithLabel(label))
 	if errors.Is(err, dlock.ErrNotAcquired) && ctx.Err() == nil {
-		if breakRecordCheck {
+		if hook.BreakRecordCheck {
 			return nil
 		}
 		return fmt.Errorf("%w: %w", errRecorded, err)

@@ -1,4 +1,4 @@
-package schedule_test
+package scheduletest
 
 import (
 	"context"
@@ -40,26 +40,6 @@ func testRunOncePerRun(t *testing.T, dsn string) {
 	r3, err := schedule.Run(ctx, b, job, at.Add(time.Hour), fn)
 	if err != nil || r3.Status != schedule.Ran || r3.Token <= r.Token {
 		t.Fatalf("Run of the next run: %+v, %v; want Ran with a token above %v", r3, err, r.Token)
-	}
-}
-
-// TestRunBrokenRecordCheckRunsTwice: with the record check broken on
-// purpose, the late node runs the run again: TestRunOncePerRun's assertion
-// is the one that catches it.
-func TestRunBrokenRecordCheckRunsTwice(t *testing.T) {
-	schedule.BreakRecordCheck(t)
-	l := open(t, "mem://"+t.Name())
-	job := schedule.Job{Name: "report", AtMost: 5 * time.Second}
-	at := time.Date(2026, 11, 28, 3, 0, 0, 0, time.UTC)
-	var runs atomic.Int32
-	fn := func(context.Context, *dlock.Lease) error { runs.Add(1); return nil }
-	for range 2 {
-		if _, err := schedule.Run(context.Background(), l, job, at, fn); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if n := runs.Load(); n != 2 {
-		t.Fatalf("with the record check broken, the run ran %d times; want 2 (the check is what stops the second)", n)
 	}
 }
 
@@ -138,8 +118,9 @@ func testAtMostBreaksHungJob(t *testing.T, dsn string) {
 		if !errors.Is(context.Cause(fctx), dlock.ErrLeaseLost) {
 			t.Errorf("the hung job's ctx ended with %v, want the cause ErrLeaseLost", context.Cause(fctx))
 		}
-		if took := time.Since(start); took > atMost+time.Second {
-			t.Errorf("the hung job was broken after %v, want about AtMost (%v)", took, atMost)
+		// etcd counts TTLs in whole seconds, 2 s at least.
+		if took, bound := time.Since(start), max(atMost, 2*time.Second)+time.Second; took > bound {
+			t.Errorf("the hung job was broken after %v, want about AtMost (%v, at most %v)", took, atMost, bound)
 		}
 		// The next run takes the job and writes; then the hung job's write comes late.
 		r2, err := schedule.Run(ctx, b, job, at.Add(time.Minute), func(_ context.Context, l2 *dlock.Lease) error {

@@ -1,4 +1,4 @@
-package schedule_test
+package scheduletest
 
 import (
 	"bufio"
@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
-	"github.com/dlock-go/dlock/internal/testenv"
 	"github.com/dlock-go/dlock/schedule"
+	"github.com/dlock-go/dlock/schedule/internal/hook"
 )
 
 // The skew tests run several processes of one schedule, each with its clock
@@ -34,10 +34,12 @@ const (
 	childBreak  = "SCHEDULE_CHILD_BREAK"
 )
 
-// TestSkewChild is a node of a skew test when run as its child; otherwise it
-// skips. It runs Every until the time childEnd says, printing a START line
-// when a run starts and an END line when it ends.
-func TestSkewChild(t *testing.T) {
+// Child is a node of a skew test when the test binary runs as its child;
+// otherwise it skips. Call it from a test named TestSkewChild in the package
+// that calls TestSkewed (the skew tests run their binary again with
+// -test.run=^TestSkewChild$). It runs Every until the time the parent set,
+// printing a START line when a run starts and an END line when it ends.
+func Child(t *testing.T) {
 	dsn := os.Getenv(childDSN)
 	if dsn == "" {
 		t.Skip("a child of the skew tests")
@@ -48,11 +50,11 @@ func TestSkewChild(t *testing.T) {
 	endNanos, _ := strconv.ParseInt(os.Getenv(childEnd), 10, 64)
 	mode, _ := strconv.Atoi(os.Getenv(childMode))
 	node := os.Getenv(childNode)
-	schedule.SetBreakRecordCheck(os.Getenv(childBreak) == "1")
+	hook.BreakRecordCheck = os.Getenv(childBreak) == "1"
 	l := open(t, dsn)
 	ctx, cancel := context.WithDeadline(context.Background(), time.Unix(0, endNanos))
 	defer cancel()
-	ctx = schedule.WithClock(ctx, func() time.Time { return time.Now().Add(skew) })
+	ctx = context.WithValue(ctx, hook.ClockKey{}, func() time.Time { return time.Now().Add(skew) })
 	job := schedule.Job{Name: "skewed", AtMost: time.Second, AtLeast: period / 4, Mode: schedule.Mode(mode), Retention: time.Minute}
 	fmt.Printf("READY %s\n", node)
 	_ = schedule.Every(ctx, l, job, period, func(fctx context.Context, lease *dlock.Lease) error {
@@ -210,51 +212,46 @@ func skewRunTime() time.Duration {
 
 var skews = []time.Duration{-2 * time.Second, 0, 2 * time.Second}
 
-// TestSkewedProcesses: three processes of one schedule, their clocks 2 s
+// testSkewedProcesses: three processes of one schedule, their clocks 2 s
 // behind, right and 2 s ahead, a run every 250 ms: every run is started
 // exactly once, none is skipped, also after the node that runs them all
 // (the one ahead) is killed between two runs.
-func TestSkewedProcesses(t *testing.T) {
-	for _, b := range backends(t) {
-		t.Run(b.name, func(t *testing.T) {
-			const period = 250 * time.Millisecond
-			res := runSkewed(t, skewConfig{dsn: b.dsn, skews: skews, period: period, work: 20 * time.Millisecond,
-				run: skewRunTime(), mode: schedule.NotRepeated, victim: 2, killOn: "END"})
-			starts, ends := byRun(res.events, "START"), byRun(res.events, "END")
-			for at, evs := range starts {
-				if len(evs) > 1 {
-					t.Errorf("the run at %v started %d times: %v", time.Unix(0, at).UTC().Format("15:04:05.000"), len(evs), evs)
-				}
-			}
-			want := periods(res.from, res.to, period)
-			for _, at := range want {
-				if len(starts[at]) != 1 || len(ends[at]) != 1 {
-					t.Errorf("the run at %v: %d starts, %d ends; want 1 each (no run skipped while a node was alive)",
-						time.Unix(0, at).UTC().Format("15:04:05.000"), len(starts[at]), len(ends[at]))
-				}
-			}
-			afterKill := 0
-			for _, at := range want {
-				if time.Unix(0, at).After(res.killedAt.Add(3*time.Second)) && len(starts[at]) == 1 && starts[at][0].node != res.victimNode {
-					afterKill++
-				}
-			}
-			if res.killedAt.IsZero() || afterKill == 0 {
-				t.Errorf("the victim was not killed (%v) or no run was made by the others after (%d)", res.killedAt, afterKill)
-			}
-			t.Logf("%d runs checked, %d of them by the survivors after the kill", len(want), afterKill)
-		})
+func testSkewedProcesses(t *testing.T, dsn string) {
+	const period = 250 * time.Millisecond
+	res := runSkewed(t, skewConfig{dsn: dsn, skews: skews, period: period, work: 20 * time.Millisecond,
+		run: skewRunTime(), mode: schedule.NotRepeated, victim: 2, killOn: "END"})
+	starts, ends := byRun(res.events, "START"), byRun(res.events, "END")
+	for at, evs := range starts {
+		if len(evs) > 1 {
+			t.Errorf("the run at %v started %d times: %v", time.Unix(0, at).UTC().Format("15:04:05.000"), len(evs), evs)
+		}
 	}
+	want := periods(res.from, res.to, period)
+	for _, at := range want {
+		if len(starts[at]) != 1 || len(ends[at]) != 1 {
+			t.Errorf("the run at %v: %d starts, %d ends; want 1 each (no run skipped while a node was alive)",
+				time.Unix(0, at).UTC().Format("15:04:05.000"), len(starts[at]), len(ends[at]))
+		}
+	}
+	afterKill := 0
+	for _, at := range want {
+		if time.Unix(0, at).After(res.killedAt.Add(3*time.Second)) && len(starts[at]) == 1 && starts[at][0].node != res.victimNode {
+			afterKill++
+		}
+	}
+	if res.killedAt.IsZero() || afterKill == 0 {
+		t.Errorf("the victim was not killed (%v) or no run was made by the others after (%d)", res.killedAt, afterKill)
+	}
+	t.Logf("%d runs checked, %d of them by the survivors after the kill", len(want), afterKill)
 }
 
-// TestSkewedProcessesRetryLost: in Mode RetryLost, a node killed mid-run
+// testSkewedProcessesRetryLost: in Mode RetryLost, a node killed mid-run
 // (after its START line) leaves the run unrecorded, and a node whose clock
 // is behind makes the run again once the dead node's lease is lost; every
 // other run is started once.
-func TestSkewedProcessesRetryLost(t *testing.T) {
-	b := backend{"redis", testenv.StartRedis(t).URL()}
+func testSkewedProcessesRetryLost(t *testing.T, dsn string) {
 	const period = 250 * time.Millisecond
-	res := runSkewed(t, skewConfig{dsn: b.dsn, skews: skews, period: period, work: 100 * time.Millisecond,
+	res := runSkewed(t, skewConfig{dsn: dsn, skews: skews, period: period, work: 100 * time.Millisecond,
 		run: skewRunTime(), mode: schedule.RetryLost, victim: 2, killOn: "START"})
 	starts, ends := byRun(res.events, "START"), byRun(res.events, "END")
 	retried := 0
@@ -274,13 +271,12 @@ func TestSkewedProcessesRetryLost(t *testing.T) {
 	}
 }
 
-// TestSkewedProcessesCatchDoubleRun: the skew test fails when the record
+// testSkewedProcessesCatchDoubleRun: the skew test fails when the record
 // check is broken on purpose: the node whose clock is behind runs again the
 // runs the one ahead has finished.
-func TestSkewedProcessesCatchDoubleRun(t *testing.T) {
-	b := backend{"redis", testenv.StartRedis(t).URL()}
+func testSkewedProcessesCatchDoubleRun(t *testing.T, dsn string) {
 	const period = 250 * time.Millisecond
-	res := runSkewed(t, skewConfig{dsn: b.dsn, skews: skews, period: period, work: 20 * time.Millisecond,
+	res := runSkewed(t, skewConfig{dsn: dsn, skews: skews, period: period, work: 20 * time.Millisecond,
 		run: 3 * time.Second, mode: schedule.NotRepeated, broken: true, victim: -1})
 	twice := 0
 	var example []event
@@ -294,4 +290,16 @@ func TestSkewedProcessesCatchDoubleRun(t *testing.T) {
 		t.Fatal("with the record check broken, no run started twice: the skew test could not catch it")
 	}
 	t.Logf("with the record check broken, %d runs started more than once, e.g. %v", twice, example)
+}
+
+// TestSkewed runs the skew tests on the backend of dsn: three processes of
+// one schedule whose clocks are 2 s behind, right and 2 s ahead (Processes:
+// every run made once; RetryLost: a run whose node was killed mid-run made
+// again), and the proof that they catch a run made twice (CatchDoubleRun:
+// the record check broken on purpose). The caller's package needs a
+// TestSkewChild that calls Child. DLOCK_SOAK makes the runs a minute long.
+func TestSkewed(t *testing.T, dsn string) {
+	t.Run("Processes", func(t *testing.T) { testSkewedProcesses(t, dsn) })
+	t.Run("RetryLost", func(t *testing.T) { testSkewedProcessesRetryLost(t, dsn) })
+	t.Run("CatchDoubleRun", func(t *testing.T) { testSkewedProcessesCatchDoubleRun(t, dsn) })
 }
