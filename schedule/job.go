@@ -139,15 +139,44 @@ func (j Job) leaseOpts(id string) []dlock.AcquireOption {
 // ran out. Errors of the backend are returned as they are, with a zero
 // Result.
 func Run(ctx context.Context, l dlock.Locker, job Job, at time.Time, fn Func) (Result, error) {
+	c, r, err := Begin(ctx, l, job, at)
+	if c == nil {
+		return r, err
+	}
+	fnErr := runUnder(context.WithValue(ctx, atKey{}, at), c.lease, fn)
+	return c.End(ctx, fnErr)
+}
+
+// Claim is a run that Begin claimed: the caller runs the job under its
+// Lease, then calls End.
+type Claim struct {
+	l      dlock.Locker
+	job    Job
+	at     time.Time
+	lease  *dlock.Lease
+	ended  bool
+	result Result
+}
+
+// Lease returns the job's lease for the run: its Token fences the job's
+// writes, its Done is closed when the run's AtMost runs out.
+func (c *Claim) Lease() *dlock.Lease { return c.lease }
+
+// Begin is Run split in two, for schedulers that lock and unlock around a
+// job they run themselves (gocron's Locker): it claims the run of job
+// scheduled at at as Run does and, if this call is to run it, returns a
+// Claim (and Result Ran). Otherwise the Claim is nil and the Result and
+// error are Run's.
+func Begin(ctx context.Context, l dlock.Locker, job Job, at time.Time) (*Claim, Result, error) {
 	job, err := job.check()
 	if err != nil {
-		return Result{}, errorf("run", job.Name, err)
+		return nil, Result{}, errorf("run", job.Name, err)
 	}
 	id, runKey := runID(at), job.runKey(at)
 	if done, tok, err := recorded(ctx, l, runKey); err != nil {
-		return Result{}, errorf("run", job.Name, err)
+		return nil, Result{}, errorf("run", job.Name, err)
 	} else if done {
-		return Result{Status: Done, Token: tok}, nil
+		return nil, Result{Status: Done, Token: tok}, nil
 	}
 
 	// The job's lease is held by another run, or by this one on another
@@ -157,26 +186,29 @@ func Run(ctx context.Context, l dlock.Locker, job Job, at time.Time, fn Func) (R
 	lease, err := l.Acquire(wctx, job.jobKey(), job.leaseOpts(id)...)
 	cancel()
 	if errors.Is(err, dlock.ErrNotAcquired) && ctx.Err() == nil {
-		return Result{Status: InProgress, Holder: holderOf(ctx, l, job.jobKey())}, nil
+		return nil, Result{Status: InProgress, Holder: holderOf(ctx, l, job.jobKey())}, nil
 	}
 	if err != nil {
-		return Result{}, errorf("run", job.Name, err)
+		return nil, Result{}, errorf("run", job.Name, err)
 	}
-	defer func() { _ = lease.Release(context.WithoutCancel(ctx)) }()
+	release := func() { _ = lease.Release(context.WithoutCancel(ctx)) }
 
 	// Under the job's lease: the record, if any, was written before the
 	// lease was granted.
 	if done, tok, err := recorded(ctx, l, runKey); err != nil {
-		return Result{}, errorf("run", job.Name, err)
+		release()
+		return nil, Result{}, errorf("run", job.Name, err)
 	} else if done {
-		return Result{Status: Done, Token: tok}, nil
+		release()
+		return nil, Result{Status: Done, Token: tok}, nil
 	}
 	if job.AtLeast > 0 {
 		if busy, err := hold(ctx, l, job, id, job.RetryWithin); err != nil || busy != "" {
+			release()
 			if err != nil {
-				return Result{}, errorf("run", job.Name, err)
+				return nil, Result{}, errorf("run", job.Name, err)
 			}
-			return Result{Status: InProgress, Holder: busy}, nil
+			return nil, Result{Status: InProgress, Holder: busy}, nil
 		}
 	}
 	tok := lease.Token()
@@ -184,31 +216,52 @@ func Run(ctx context.Context, l dlock.Locker, job Job, at time.Time, fn Func) (R
 		err := writeRecord(ctx, l, runKey, recordLabel("claimed", tok), job.Retention, lease)
 		switch {
 		case errors.Is(err, errRecorded):
-			return Result{Status: Done, Token: tok}, nil
+			release()
+			return nil, Result{Status: Done, Token: tok}, nil
 		case errors.Is(err, dlock.ErrLeaseLost):
-			return Result{Status: Redo, Token: tok}, errorf("run", job.Name, err)
+			release()
+			return nil, Result{Status: Redo, Token: tok}, errorf("run", job.Name, err)
 		case err != nil:
-			return Result{}, errorf("run", job.Name, err)
+			release()
+			return nil, Result{}, errorf("run", job.Name, err)
 		}
 	}
-	if err := runUnder(context.WithValue(ctx, atKey{}, at), lease, fn); err != nil {
-		if job.Mode == NotRepeated {
-			return Result{Status: Ran, Token: tok}, err
+	c := &Claim{l: l, job: job, at: at, lease: lease}
+	return c, Result{Status: Ran, Token: tok}, nil
+}
+
+// End ends the run with the job's error: in Mode RetryLost it records the
+// run if jobErr is nil and the lease is still held, then it releases the
+// lease. It returns what Run would have: Ran with jobErr (Redo in Mode
+// RetryLost if jobErr is not nil or the run could not be recorded). Calls
+// after the first return the first's result.
+func (c *Claim) End(ctx context.Context, jobErr error) (Result, error) {
+	if c.ended {
+		return c.result, jobErr
+	}
+	c.ended = true
+	defer func() { _ = c.lease.Release(context.WithoutCancel(ctx)) }()
+	tok := c.lease.Token()
+	c.result = Result{Status: Ran, Token: tok}
+	if jobErr != nil {
+		if c.job.Mode == RetryLost {
+			c.result.Status = Redo
 		}
-		return Result{Status: Redo, Token: tok}, err
+		return c.result, jobErr
 	}
-	if job.Mode == NotRepeated {
-		return Result{Status: Ran, Token: tok}, nil
+	if c.job.Mode == NotRepeated {
+		return c.result, nil
 	}
-	err = writeRecord(ctx, l, runKey, recordLabel("done", tok), job.Retention, lease)
+	err := writeRecord(ctx, c.l, c.job.runKey(c.at), recordLabel("done", tok), c.job.Retention, c.lease)
 	switch {
 	case errors.Is(err, errRecorded):
 		// Written by a holder whose lease this one superseded: both ran.
-		return Result{Status: Ran, Token: tok}, errorf("run", job.Name, fmt.Errorf("the run was recorded by another holder meanwhile: %w", err))
+		return c.result, errorf("run", c.job.Name, fmt.Errorf("the run was recorded by another holder meanwhile: %w", err))
 	case err != nil:
-		return Result{Status: Redo, Token: tok}, errorf("run", job.Name, fmt.Errorf("the run completed but could not be recorded: %w", err))
+		c.result.Status = Redo
+		return c.result, errorf("run", c.job.Name, fmt.Errorf("the run completed but could not be recorded: %w", err))
 	}
-	return Result{Status: Ran, Token: tok}, nil
+	return c.result, nil
 }
 
 // atKey is the context key of a run's scheduled time.
