@@ -28,7 +28,7 @@ step() { printf '\n== %s\n' "$*"; }
 # (scripts/modules.sh; the go.mod files have no replace lines). The root comes
 # first; bench is run separately, by its smoke test, and internal/release by
 # the install test.
-modules=(. etcd migrate dlockotel cmd/dlock examples)
+modules=(. etcd migrate dlockotel dlockgocron dlockcron cmd/dlock examples)
 works=$(mktemp -d)
 trap 'rm -rf "$works"' EXIT
 for m in $(mod_dirs); do
