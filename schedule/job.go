@@ -75,6 +75,15 @@ type Job struct {
 	Label string
 }
 
+// Validate returns nil if Run can run j, else an error matching
+// ErrInvalidJob that says why.
+func (j Job) Validate() error {
+	_, err := j.check()
+	return err
+}
+
+// check returns j with its defaults set, or an error matching
+// ErrInvalidJob.
 func (j Job) check() (Job, error) {
 	switch {
 	case j.Name == "":

@@ -32,6 +32,7 @@ const (
 	childWork   = "SCHEDULE_CHILD_WORK"
 	childEnd    = "SCHEDULE_CHILD_END"
 	childBreak  = "SCHEDULE_CHILD_BREAK"
+	childJob    = "SCHEDULE_CHILD_JOB"
 )
 
 // Child is a node of a skew test when the test binary runs as its child;
@@ -55,7 +56,7 @@ func Child(t *testing.T) {
 	ctx, cancel := context.WithDeadline(context.Background(), time.Unix(0, endNanos))
 	defer cancel()
 	ctx = context.WithValue(ctx, hook.ClockKey{}, func() time.Time { return time.Now().Add(skew) })
-	job := schedule.Job{Name: "skewed", AtMost: time.Second, AtLeast: period / 4, Mode: schedule.Mode(mode), Retention: time.Minute}
+	job := schedule.Job{Name: os.Getenv(childJob), AtMost: time.Second, AtLeast: period / 4, Mode: schedule.Mode(mode), Retention: time.Minute}
 	fmt.Printf("READY %s\n", node)
 	_ = schedule.Every(ctx, l, job, period, func(fctx context.Context, lease *dlock.Lease) error {
 		at, _ := schedule.ScheduledAt(fctx)
@@ -74,6 +75,7 @@ func Child(t *testing.T) {
 // how long the nodes run, and which node to kill (SIGKILL) a third of the way,
 // when it has just printed killOn ("START": mid-run, "END": between runs).
 type skewConfig struct {
+	job    string // the job's name: one per test, so that tests can run at once
 	dsn    string
 	skews  []time.Duration
 	period time.Duration
@@ -130,7 +132,7 @@ func runSkewed(t *testing.T, cfg skewConfig) skewResult {
 		cmd.Env = append(os.Environ(),
 			childDSN+"="+cfg.dsn, childSkew+"="+skew.String(), childNode+"="+node,
 			childPeriod+"="+cfg.period.String(), childWork+"="+cfg.work.String(),
-			childMode+"="+mode, childEnd+"="+strconv.FormatInt(end.UnixNano(), 10), childBreak+"="+broken)
+			childMode+"="+mode, childEnd+"="+strconv.FormatInt(end.UnixNano(), 10), childBreak+"="+broken, childJob+"="+cfg.job)
 		cmd.Stderr = os.Stderr
 		out, err := cmd.StdoutPipe()
 		if err != nil {
@@ -218,7 +220,7 @@ var skews = []time.Duration{-2 * time.Second, 0, 2 * time.Second}
 // (the one ahead) is killed between two runs.
 func testSkewedProcesses(t *testing.T, dsn string) {
 	const period = 250 * time.Millisecond
-	res := runSkewed(t, skewConfig{dsn: dsn, skews: skews, period: period, work: 20 * time.Millisecond,
+	res := runSkewed(t, skewConfig{job: "skewed", dsn: dsn, skews: skews, period: period, work: 20 * time.Millisecond,
 		run: skewRunTime(), mode: schedule.NotRepeated, victim: 2, killOn: "END"})
 	starts, ends := byRun(res.events, "START"), byRun(res.events, "END")
 	for at, evs := range starts {
@@ -251,7 +253,7 @@ func testSkewedProcesses(t *testing.T, dsn string) {
 // other run is started once.
 func testSkewedProcessesRetryLost(t *testing.T, dsn string) {
 	const period = 250 * time.Millisecond
-	res := runSkewed(t, skewConfig{dsn: dsn, skews: skews, period: period, work: 100 * time.Millisecond,
+	res := runSkewed(t, skewConfig{job: "skewed-retry", dsn: dsn, skews: skews, period: period, work: 100 * time.Millisecond,
 		run: skewRunTime(), mode: schedule.RetryLost, victim: 2, killOn: "START"})
 	starts, ends := byRun(res.events, "START"), byRun(res.events, "END")
 	retried := 0
@@ -276,7 +278,7 @@ func testSkewedProcessesRetryLost(t *testing.T, dsn string) {
 // runs the one ahead has finished.
 func testSkewedProcessesCatchDoubleRun(t *testing.T, dsn string) {
 	const period = 250 * time.Millisecond
-	res := runSkewed(t, skewConfig{dsn: dsn, skews: skews, period: period, work: 20 * time.Millisecond,
+	res := runSkewed(t, skewConfig{job: "skewed-broken", dsn: dsn, skews: skews, period: period, work: 20 * time.Millisecond,
 		run: 3 * time.Second, mode: schedule.NotRepeated, broken: true, victim: -1})
 	twice := 0
 	var example []event
@@ -298,8 +300,11 @@ func testSkewedProcessesCatchDoubleRun(t *testing.T, dsn string) {
 // again), and the proof that they catch a run made twice (CatchDoubleRun:
 // the record check broken on purpose). The caller's package needs a
 // TestSkewChild that calls Child. DLOCK_SOAK makes the runs a minute long.
+//
+// The subtests run in parallel, each with a job of its own: their processes
+// mostly sleep.
 func TestSkewed(t *testing.T, dsn string) {
-	t.Run("Processes", func(t *testing.T) { testSkewedProcesses(t, dsn) })
-	t.Run("RetryLost", func(t *testing.T) { testSkewedProcessesRetryLost(t, dsn) })
-	t.Run("CatchDoubleRun", func(t *testing.T) { testSkewedProcessesCatchDoubleRun(t, dsn) })
+	t.Run("Processes", func(t *testing.T) { t.Parallel(); testSkewedProcesses(t, dsn) })
+	t.Run("RetryLost", func(t *testing.T) { t.Parallel(); testSkewedProcessesRetryLost(t, dsn) })
+	t.Run("CatchDoubleRun", func(t *testing.T) { t.Parallel(); testSkewedProcessesCatchDoubleRun(t, dsn) })
 }
