@@ -59,7 +59,7 @@ func Once(ctx context.Context, l dlock.Locker, key string, fn Func, opts ...Once
 	} else if done {
 		return Result{Status: Done, Token: tok}, nil
 	}
-	lease, err := l.TryAcquire(ctx, onceKey(key), dlock.WithTTL(s.ttl))
+	lease, err := l.TryAcquire(ctx, onceKey(key), dlock.WithTTL(s.ttl), dlock.WithAutoRenew(true))
 	if errors.Is(err, dlock.ErrNotAcquired) && ctx.Err() == nil {
 		return Result{Status: InProgress, Holder: holderOf(ctx, l, onceKey(key))}, nil
 	}
