@@ -3,6 +3,7 @@ package schedule_test
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 
@@ -32,8 +33,10 @@ func TestOnServers(t *testing.T) {
 // TestSkewed runs the skew tests with child processes on Redis and on
 // PostgreSQL's table locks.
 func TestSkewed(t *testing.T) {
-	t.Run("redis", func(t *testing.T) { scheduletest.TestSkewed(t, testenv.StartRedis(t).URL()) })
-	t.Run("pgtable", func(t *testing.T) { scheduletest.TestSkewed(t, pgtableDSN(t)) })
+	t.Run("redis", func(t *testing.T) {
+		scheduletest.TestSkewed(t, testenv.StartRedis(t).URL(), 50*time.Millisecond, time.Second)
+	})
+	t.Run("pgtable", func(t *testing.T) { scheduletest.TestSkewed(t, pgtableDSN(t), 50*time.Millisecond, time.Second) })
 }
 
 // TestSkewChild is a node of TestSkewed when run as its child process.

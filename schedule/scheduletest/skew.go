@@ -33,6 +33,8 @@ const (
 	childEnd    = "SCHEDULE_CHILD_END"
 	childBreak  = "SCHEDULE_CHILD_BREAK"
 	childJob    = "SCHEDULE_CHILD_JOB"
+	childLeast  = "SCHEDULE_CHILD_AT_LEAST"
+	childMost   = "SCHEDULE_CHILD_AT_MOST"
 )
 
 // Child is a node of a skew test when the test binary runs as its child;
@@ -56,7 +58,9 @@ func Child(t *testing.T) {
 	ctx, cancel := context.WithDeadline(context.Background(), time.Unix(0, endNanos))
 	defer cancel()
 	ctx = context.WithValue(ctx, hook.ClockKey{}, func() time.Time { return time.Now().Add(skew) })
-	job := schedule.Job{Name: os.Getenv(childJob), AtMost: time.Second, AtLeast: period / 4, Mode: schedule.Mode(mode), Retention: time.Minute}
+	atLeast, _ := time.ParseDuration(os.Getenv(childLeast))
+	atMost, _ := time.ParseDuration(os.Getenv(childMost))
+	job := schedule.Job{Name: os.Getenv(childJob), AtMost: atMost, RetryWithin: 2 * atMost, AtLeast: atLeast, Mode: schedule.Mode(mode), Retention: time.Minute}
 	fmt.Printf("READY %s\n", node)
 	_ = schedule.Every(ctx, l, job, period, func(fctx context.Context, lease *dlock.Lease) error {
 		at, _ := schedule.ScheduledAt(fctx)
@@ -68,14 +72,20 @@ func Child(t *testing.T) {
 		}
 		fmt.Printf("END %d %s %d\n", at.UnixNano(), node, lease.Token())
 		return nil
-	}, nil)
+	}, func(at time.Time, r schedule.Result, err error) {
+		if err != nil || r.Status == schedule.InProgress || r.Status == schedule.Redo {
+			fmt.Fprintf(os.Stderr, "%s: the run at %s: %v %v\n", node, at.UTC().Format("15:04:05.000"), r.Status, err)
+		}
+	})
 }
 
 // skewConfig is one skew test: its nodes' skews, the period, each run's work,
 // how long the nodes run, and which node to kill (SIGKILL) a third of the way,
 // when it has just printed killOn ("START": mid-run, "END": between runs).
 type skewConfig struct {
-	job    string // the job's name: one per test, so that tests can run at once
+	job    string        // the job's name: one per test, so that tests can run at once
+	least  time.Duration // the job's AtLeast
+	most   time.Duration // the job's AtMost (RetryWithin is twice that)
 	dsn    string
 	skews  []time.Duration
 	period time.Duration
@@ -132,7 +142,7 @@ func runSkewed(t *testing.T, cfg skewConfig) skewResult {
 		cmd.Env = append(os.Environ(),
 			childDSN+"="+cfg.dsn, childSkew+"="+skew.String(), childNode+"="+node,
 			childPeriod+"="+cfg.period.String(), childWork+"="+cfg.work.String(),
-			childMode+"="+mode, childEnd+"="+strconv.FormatInt(end.UnixNano(), 10), childBreak+"="+broken, childJob+"="+cfg.job)
+			childMode+"="+mode, childEnd+"="+strconv.FormatInt(end.UnixNano(), 10), childBreak+"="+broken, childJob+"="+cfg.job, childLeast+"="+cfg.least.String(), childMost+"="+cfg.most.String())
 		cmd.Stderr = os.Stderr
 		out, err := cmd.StdoutPipe()
 		if err != nil {
@@ -218,9 +228,9 @@ var skews = []time.Duration{-2 * time.Second, 0, 2 * time.Second}
 // behind, right and 2 s ahead, a run every 250 ms: every run is started
 // exactly once, none is skipped, also after the node that runs them all
 // (the one ahead) is killed between two runs.
-func testSkewedProcesses(t *testing.T, dsn string) {
+func testSkewedProcesses(t *testing.T, dsn string, atLeast, atMost time.Duration) {
 	const period = 250 * time.Millisecond
-	res := runSkewed(t, skewConfig{job: "skewed", dsn: dsn, skews: skews, period: period, work: 20 * time.Millisecond,
+	res := runSkewed(t, skewConfig{job: "skewed", least: atLeast, most: atMost, dsn: dsn, skews: skews, period: period, work: 20 * time.Millisecond,
 		run: skewRunTime(), mode: schedule.NotRepeated, victim: 2, killOn: "END"})
 	starts, ends := byRun(res.events, "START"), byRun(res.events, "END")
 	for at, evs := range starts {
@@ -251,9 +261,9 @@ func testSkewedProcesses(t *testing.T, dsn string) {
 // (after its START line) leaves the run unrecorded, and a node whose clock
 // is behind makes the run again once the dead node's lease is lost; every
 // other run is started once.
-func testSkewedProcessesRetryLost(t *testing.T, dsn string) {
+func testSkewedProcessesRetryLost(t *testing.T, dsn string, atLeast, atMost time.Duration) {
 	const period = 250 * time.Millisecond
-	res := runSkewed(t, skewConfig{job: "skewed-retry", dsn: dsn, skews: skews, period: period, work: 100 * time.Millisecond,
+	res := runSkewed(t, skewConfig{job: "skewed-retry", least: atLeast, most: atMost, dsn: dsn, skews: skews, period: period, work: 100 * time.Millisecond,
 		run: skewRunTime(), mode: schedule.RetryLost, victim: 2, killOn: "START"})
 	starts, ends := byRun(res.events, "START"), byRun(res.events, "END")
 	retried := 0
@@ -276,9 +286,9 @@ func testSkewedProcessesRetryLost(t *testing.T, dsn string) {
 // testSkewedProcessesCatchDoubleRun: the skew test fails when the record
 // check is broken on purpose: the node whose clock is behind runs again the
 // runs the one ahead has finished.
-func testSkewedProcessesCatchDoubleRun(t *testing.T, dsn string) {
+func testSkewedProcessesCatchDoubleRun(t *testing.T, dsn string, atLeast, atMost time.Duration) {
 	const period = 250 * time.Millisecond
-	res := runSkewed(t, skewConfig{job: "skewed-broken", dsn: dsn, skews: skews, period: period, work: 20 * time.Millisecond,
+	res := runSkewed(t, skewConfig{job: "skewed-broken", least: atLeast, most: atMost, dsn: dsn, skews: skews, period: period, work: 20 * time.Millisecond,
 		run: 3 * time.Second, mode: schedule.NotRepeated, broken: true, victim: -1})
 	twice := 0
 	var example []event
@@ -294,7 +304,10 @@ func testSkewedProcessesCatchDoubleRun(t *testing.T, dsn string) {
 	t.Logf("with the record check broken, %d runs started more than once, e.g. %v", twice, example)
 }
 
-// TestSkewed runs the skew tests on the backend of dsn: three processes of
+// TestSkewed runs the skew tests on the backend of dsn, with a run every
+// 250 ms of a job whose AtLeast and AtMost are atLeast and atMost (50 ms and
+// 1 s, say; 0 and 2 s on a backend such as etcd whose TTLs are whole
+// seconds, 2 at least): three processes of
 // one schedule whose clocks are 2 s behind, right and 2 s ahead (Processes:
 // every run made once; RetryLost: a run whose node was killed mid-run made
 // again), and the proof that they catch a run made twice (CatchDoubleRun:
@@ -303,8 +316,8 @@ func testSkewedProcessesCatchDoubleRun(t *testing.T, dsn string) {
 //
 // The subtests run in parallel, each with a job of its own: their processes
 // mostly sleep.
-func TestSkewed(t *testing.T, dsn string) {
-	t.Run("Processes", func(t *testing.T) { t.Parallel(); testSkewedProcesses(t, dsn) })
-	t.Run("RetryLost", func(t *testing.T) { t.Parallel(); testSkewedProcessesRetryLost(t, dsn) })
-	t.Run("CatchDoubleRun", func(t *testing.T) { t.Parallel(); testSkewedProcessesCatchDoubleRun(t, dsn) })
+func TestSkewed(t *testing.T, dsn string, atLeast, atMost time.Duration) {
+	t.Run("Processes", func(t *testing.T) { t.Parallel(); testSkewedProcesses(t, dsn, atLeast, atMost) })
+	t.Run("RetryLost", func(t *testing.T) { t.Parallel(); testSkewedProcessesRetryLost(t, dsn, atLeast, atMost) })
+	t.Run("CatchDoubleRun", func(t *testing.T) { t.Parallel(); testSkewedProcessesCatchDoubleRun(t, dsn, atLeast, atMost) })
 }
