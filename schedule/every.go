@@ -1,0 +1,60 @@
+package schedule
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/schedule/internal/hook"
+)
+
+// nowIn returns the time on the clock ctx carries: time.Now unless a test
+// set another.
+func nowIn(ctx context.Context) time.Time {
+	if f, ok := ctx.Value(hook.ClockKey{}).(func() time.Time); ok {
+		return f()
+	}
+	return time.Now()
+}
+
+// Every calls Run for job at every multiple of period counted from the Unix
+// epoch, by the local clock, with that multiple as the run's scheduled time,
+// until ctx ends; then it returns ctx's cause. It makes one call at a time:
+// a call that outlasts the period (a long run, a wait for the job) delays the
+// next ones, and Every then calls Run for every multiple it passed, up to
+// the job's Retention back, so that a run due while every node was busy is
+// still made (the others return Done at the cost of one read). report, if not nil, is called after each call with the
+// run's scheduled time, Result and error. A period ≤ 0 is an error matching
+// ErrInvalidJob.
+func Every(ctx context.Context, l dlock.Locker, job Job, period time.Duration, fn Func, report func(at time.Time, r Result, err error)) error {
+	if period <= 0 {
+		return errorf("every", job.Name, fmt.Errorf("%w: period must be > 0, got %v", ErrInvalidJob, period))
+	}
+	checked, err := job.check()
+	if err != nil {
+		return errorf("every", job.Name, err)
+	}
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	<-timer.C
+	var last time.Time
+	for {
+		now := nowIn(ctx)
+		at := now.Truncate(period).Add(period)
+		if next := last.Add(period); !last.IsZero() && now.Sub(next) < checked.Retention {
+			at = next // catch up on the runs due while this node was busy
+		}
+		last = at
+		timer.Reset(max(at.Sub(now), 0))
+		select {
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		case <-timer.C:
+		}
+		r, err := Run(ctx, l, job, at, fn)
+		if report != nil {
+			report(at, r, err)
+		}
+	}
+}
