@@ -329,6 +329,7 @@ const guardsNote = "## Guarded writes: what a guard adds to a write\n\n" +
 	"The writes: Redis, SET against redisfence's Set (one script that compares the fence, sets it and the value); etcd, Put against etcdfence's Put (one transaction: compare the fence key, put it and the value); " +
 	"ZooKeeper, Set against zkfence's Set (one multi: check the fence node's version, set it and the data); PostgreSQL (fsync and synchronous_commit on) and MariaDB (InnoDB, durable commits), *update*: an UPDATE of one row against SQLGuard.Update of a row with its fence column (one UPDATE … WHERE fence <= token), " +
 	"*tx*: a transaction around that UPDATE against SQLGuard.InTx, which fences a row of a fence table in the same transaction; HTTP, a PUT to a bare handler against a PUT with the token header to the handler behind an httpfence.Fence (each on a loopback server of its own). " +
+	"Round trips per write, plain against guarded: one against one for Redis, etcd, SQL *update* and HTTP; ZooKeeper's guard reads the fence node and then sends the multi (two against one); SQLGuard.InTx adds the fence row's UPDATE to the transaction (four statements against three: BEGIN, UPDATE, COMMIT). " +
 	"S3 is not measured here: s3fence's S3 server for tests lives in an internal package of its own module.\n\n" +
 	"| guard | write | plain | guarded | guarded / plain | lowest – highest run |\n|---|---|---:|---:|---:|---:|\n"
 
