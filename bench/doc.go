@@ -12,8 +12,10 @@
 // (interleaved across implementations), 8 and 32 lockers contending for one
 // key (grants/s, handoff latency, share of grants that change hands, wait
 // p99, server requests per grant, overlaps), many keys held by one process
-// (time per acquire, heap per lease), the keepalive load of many leases, and
-// many waiters on one key (server requests per handoff).
+// (time per acquire, heap per lease), the keepalive load of many leases,
+// many waiters on one key (server requests per handoff), and what each guard
+// (package fencing and its subpackages) adds to a write: the same write
+// plain and guarded, interleaved (BenchmarkGuards).
 //
 // scripts/bench.sh runs them all and writes docs/BENCHMARKS.md:
 //

@@ -45,7 +45,8 @@ type scaleBackend struct {
 	keepaliveDSN string // "": the keepalive scenario is not run
 	maxWaiters   int    // 0: no bound
 	reqs         func() (float64, error)
-	roundTrips   func() (float64, error) // nil: reqs counts round trips
+	roundTrips   func() (float64, error)       // nil: reqs counts round trips
+	guards       func(testing.TB) []guardWrite // TestSmoke: the guards' writes on this server; nil: none
 }
 
 func (s scaleBackend) bound(n int) int {

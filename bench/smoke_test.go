@@ -9,7 +9,8 @@ import (
 )
 
 // TestSmoke runs every scenario of every implementation once at tiny sizes
-// (the backends in parallel) and checks that no two holders ever overlapped
+// (the backends in parallel), the guards' writes (BenchmarkGuards) on the
+// same servers, and checks that no two holders ever overlapped
 // and that the metrics are sane. It measures nothing worth reporting: the
 // numbers are the benchmarks' (scripts/bench.sh).
 func TestSmoke(t *testing.T) {
@@ -25,24 +26,30 @@ func TestSmoke(t *testing.T) {
 	}{
 		{"redis", func(tb testing.TB) scaleBackend {
 			e := startRedisEnv(tb)
-			return scaleBackend{name: "redis", impls: e.impls, keepaliveDSN: e.single.URL(), reqs: e.impls[0].reqs, roundTrips: e.scripts}
+			return scaleBackend{name: "redis", impls: e.impls, keepaliveDSN: e.single.URL(), reqs: e.impls[0].reqs, roundTrips: e.scripts,
+				guards: func(tb testing.TB) []guardWrite { return redisGuardWrites(tb, e.single.Addr()) }}
 		}},
 		{"etcd", func(tb testing.TB) scaleBackend {
 			e := startEtcdEnv(tb)
-			return scaleBackend{name: "etcd", impls: e.impls, keepaliveDSN: e.srv.URL() + "/dlock", reqs: e.reqs}
+			return scaleBackend{name: "etcd", impls: e.impls, keepaliveDSN: e.srv.URL() + "/dlock", reqs: e.reqs,
+				guards: func(tb testing.TB) []guardWrite { return etcdGuardWrites(tb, e.srv.Endpoint()) }}
 		}},
 		{"zookeeper", func(tb testing.TB) scaleBackend {
 			e := startZooKeeperEnv(tb)
-			return scaleBackend{name: "zookeeper", impls: e.impls, keepaliveDSN: e.srv.URL("/dlock") + "?session=10s", reqs: e.reqs}
+			return scaleBackend{name: "zookeeper", impls: e.impls, keepaliveDSN: e.srv.URL("/dlock") + "?session=10s", reqs: e.reqs,
+				guards: func(tb testing.TB) []guardWrite { return zkGuardWrites(tb, e.srv.Addr()) }}
 		}},
 		{"postgres", func(tb testing.TB) scaleBackend {
 			e := startPostgresEnv(tb)
-			return scaleBackend{name: "postgres", impls: e.impls, reqs: e.reqs}
+			return scaleBackend{name: "postgres", impls: e.impls, reqs: e.reqs,
+				guards: func(tb testing.TB) []guardWrite { return sqlGuardWrites(tb, "postgres", "pgx", e.srv.URL()) }}
 		}},
 		{"mysql", func(tb testing.TB) scaleBackend {
 			e := startMySQLEnv(tb)
-			return scaleBackend{name: "mysql", impls: e.impls, reqs: e.reqs}
+			return scaleBackend{name: "mysql", impls: e.impls, reqs: e.reqs,
+				guards: func(tb testing.TB) []guardWrite { return sqlGuardWrites(tb, "mariadb", "mysql", e.srv.DSN()) }}
 		}},
+		{"http", func(testing.TB) scaleBackend { return scaleBackend{name: "http", guards: httpGuardWrites} }},
 	}
 	for _, be := range backends {
 		t.Run(be.name, func(t *testing.T) {
@@ -80,6 +87,15 @@ func TestSmoke(t *testing.T) {
 				if w.perGrant <= 0 {
 					t.Errorf("%s: waiters: %v requests per handoff", im.name, w.perGrant)
 				}
+			}
+			if s.guards != nil {
+				start := time.Now()
+				for _, w := range s.guards(t) {
+					if r := runGuardWrites(t, w, 5); r.plain <= 0 || r.guarded <= 0 {
+						t.Errorf("guard %s: plain %v, guarded %v for %d writes", w.name, r.plain, r.guarded, r.n)
+					}
+				}
+				t.Logf("guards' writes: %v", time.Since(start).Round(time.Millisecond))
 			}
 			if s.keepaliveDSN != "" {
 				r := runKeepalive(t, s.name, s.keepaliveDSN, s.reqs, s.roundTrips, 20, 1500*time.Millisecond, 1500*time.Millisecond)

@@ -105,6 +105,10 @@ type GuardConfig struct {
 	// NotDurable is why Restart is nil; the restart case is skipped with it.
 	NotDurable string
 
+	// Server names the resource's server in docs/SAFETY.md's Guards table,
+	// beside the guard's name (e.g. "redis", "postgres"). Optional.
+	Server string
+
 	// Writers and OpsPerWriter size the atomicity case: Writers goroutines
 	// each making OpsPerWriter writes (and a read after each) with random
 	// tokens. Defaults 8 and 25.
@@ -136,11 +140,70 @@ func RunGuardSuite(t *testing.T, cfg GuardConfig) {
 		cfg.OpsPerWriter = 25
 	}
 	g := &guardSuite{cfg: cfg, open: open}
-	t.Run("StaleRejectedEqualAccepted", g.testStaleRejected)
-	t.Run("RejectedChangesNothing", g.testRejectedChangesNothing)
-	t.Run("Atomic", g.testAtomic)
-	t.Run("SurvivesRestart", g.testSurvivesRestart)
-	t.Run("PausedHolder", g.testPausedHolder)
+	g.runCases(t, g.cases())
+}
+
+// runCases runs cases as subtests of t, each writing its outcome to the
+// safety results.
+func (g *guardSuite) runCases(t *testing.T, cases []guardCase) {
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			returned := false // false in the deferred record: a panic
+			defer func() { g.record(t, c.name, c.skip, !returned) }()
+			if c.skip != "" {
+				t.Skip(c.skip)
+			}
+			c.run(t)
+			returned = true
+		})
+	}
+}
+
+// GuardCases are the names of the guard suite's cases (its subtests), in
+// the order RunGuardSuite runs them.
+func GuardCases() []string {
+	var names []string
+	for _, c := range (&guardSuite{}).cases() {
+		names = append(names, c.name)
+	}
+	return names
+}
+
+// guardCase is one case of the guard suite: its subtest's name, its test,
+// and why it is skipped ("" to run it).
+type guardCase struct {
+	name string
+	run  func(*testing.T)
+	skip string
+}
+
+func (g *guardSuite) cases() []guardCase {
+	restartSkip := ""
+	if g.cfg.Restart == nil {
+		restartSkip = "not durable: " + g.cfg.NotDurable
+	}
+	return []guardCase{
+		{name: "StaleRejectedEqualAccepted", run: g.testStaleRejected},
+		{name: "RejectedChangesNothing", run: g.testRejectedChangesNothing},
+		{name: "Atomic", run: g.testAtomic},
+		{name: "SurvivesRestart", run: g.testSurvivesRestart, skip: restartSkip},
+		{name: "PausedHolder", run: g.testPausedHolder},
+	}
+}
+
+// record writes the outcome of t, the case name of the suite, to the safety
+// results (WriteRecord): failed (also when it panicked), skipped with skip,
+// or passed.
+func (g *guardSuite) record(t *testing.T, name, skip string, panicked bool) {
+	rec := Record{Kind: "guard", Deployment: g.cfg.Server, Guard: g.cfg.Guard, Case: name,
+		Trials: 1, LatencyP50Ms: -1, LatencyMaxMs: -1, Failed: t.Failed() || (panicked && !t.Skipped())}
+	if t.Skipped() && !rec.Failed {
+		rec.Skip = skip
+		if rec.Skip == "" {
+			rec.Skip = "skipped"
+		}
+	}
+	WriteRecord(t, rec)
 }
 
 type guardSuite struct {
@@ -253,7 +316,7 @@ func (g *guardSuite) testRejectedChangesNothing(t *testing.T) {
 // still there: the old token is rejected, the current one accepted.
 func (g *guardSuite) testSurvivesRestart(t *testing.T) {
 	if g.cfg.Restart == nil {
-		t.Skip("restart not tested: " + g.cfg.NotDurable)
+		t.Skip("not durable: " + g.cfg.NotDurable)
 	}
 	ctx := g.ctx(t)
 	res := guardResource(t)

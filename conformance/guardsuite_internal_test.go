@@ -2,6 +2,11 @@ package conformance
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -99,6 +104,51 @@ func TestGuardSuiteCatchesTwoStepGuard(t *testing.T) {
 		}
 		if attempt == 3 {
 			t.Fatalf("the two-step guard passed the atomicity check %d times", attempt)
+		}
+	}
+}
+
+// TestGuardSuiteRecords: each case the suite runs writes one record of its
+// outcome, guard and server to $DLOCK_SAFETY_OUT; a skipped case says why.
+func TestGuardSuiteRecords(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv("DLOCK_SAFETY_OUT", dir)
+	g := memGuardSuite(false)
+	g.cfg.Server, g.cfg.NotDurable = "process memory", "kept in memory"
+	cases := g.cases()
+	if got := GuardCases(); len(got) != len(cases) || got[0] != cases[0].name {
+		t.Fatalf("GuardCases() = %q", got)
+	}
+	var run []guardCase
+	for _, c := range cases {
+		if c.name != "PausedHolder" { // needs a child process and a lock service
+			run = append(run, c)
+		}
+	}
+	t.Run("suite", func(t *testing.T) { g.runCases(t, run) })
+	b, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("%d.jsonl", os.Getpid())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]Record{}
+	for _, l := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var r Record
+		if err := json.Unmarshal([]byte(l), &r); err != nil {
+			t.Fatal(err)
+		}
+		got[r.Case] = r
+	}
+	if len(got) != len(run) {
+		t.Fatalf("%d records for %d cases:\n%s", len(got), len(run), b)
+	}
+	for _, c := range run {
+		r := got[c.name]
+		wantSkip := ""
+		if c.name == "SurvivesRestart" {
+			wantSkip = "not durable: kept in memory"
+		}
+		if r.Kind != "guard" || r.Guard != "mem" || r.Deployment != "process memory" || r.Failed || r.Skip != wantSkip {
+			t.Errorf("record of %s = %+v, want a guard record of mem on process memory, skip %q", c.name, r, wantSkip)
 		}
 	}
 }

@@ -10,12 +10,15 @@ import (
 	"time"
 )
 
-// Record is one line of the safety results that RunFaults (per cell) and
-// Soak (per run) append under $DLOCK_SAFETY_OUT, from which
-// conformance/cmd/safety-report writes docs/SAFETY.md.
+// Record is one line of the safety results that RunFaults (per cell), Soak
+// (per run) and RunGuardSuite (per guard and case) append under
+// $DLOCK_SAFETY_OUT, from which conformance/cmd/safety-report writes
+// docs/SAFETY.md.
 type Record struct {
-	Kind         string  `json:"kind"`               // "fault" or "soak"
-	Deployment   string  `json:"deployment"`         // FaultHarness.Deployment
+	Kind         string  `json:"kind"`               // "fault", "soak" or "guard"
+	Deployment   string  `json:"deployment"`         // FaultHarness.Deployment; for a guard, GuardConfig.Server
+	Guard        string  `json:"guard,omitempty"`    // guard: GuardConfig.Guard
+	Case         string  `json:"case,omitempty"`     // guard: the guard suite's case (its subtest's name)
 	Fault        string  `json:"fault,omitempty"`    // the Fault; for a soak, the faults injected
 	Expected     string  `json:"expected,omitempty"` // Expect.Outcome, as Outcome.String
 	Observed     string  `json:"observed,omitempty"` // the union of the trials' outcomes ("" if skipped); for a soak, its shape

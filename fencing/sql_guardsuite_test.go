@@ -112,7 +112,7 @@ func TestGuardSuitePostgres(t *testing.T) {
 	for _, kind := range []string{"update", "tx"} {
 		t.Run(kind, func(t *testing.T) {
 			conformance.RunGuardSuite(t, conformance.GuardConfig{
-				Guard: "postgres-" + kind, Config: "pgx|" + srv.URL(),
+				Guard: "postgres-" + kind, Server: "postgres", Config: "pgx|" + srv.URL(),
 				LockDSN: "pgtable://postgres@" + srv.Addr() + "/postgres",
 				Restart: func(testing.TB) { srv.Kill(); srv.Restart() }, // crash recovery keeps committed rows
 			})
@@ -126,7 +126,7 @@ func TestGuardSuiteMariaDB(t *testing.T) {
 	for _, kind := range []string{"update", "tx"} {
 		t.Run(kind, func(t *testing.T) {
 			conformance.RunGuardSuite(t, conformance.GuardConfig{
-				Guard: "mariadb-" + kind, Config: "mysql|" + srv.DSN(), LockDSN: srv.URL("mysqltable"),
+				Guard: "mariadb-" + kind, Server: "mariadb", Config: "mysql|" + srv.DSN(), LockDSN: srv.URL("mysqltable"),
 				Restart: func(testing.TB) { srv.Kill(); srv.Restart() }, // InnoDB commits are durable
 			})
 		})

@@ -60,7 +60,7 @@ func (t *target) Close() error { return t.cli.Close() }
 func TestGuardSuite(t *testing.T) {
 	srv := testenv.StartEtcd(t)
 	conformance.RunGuardSuite(t, conformance.GuardConfig{
-		Guard: "etcd", Config: srv.Endpoint(), LockDSN: srv.URL(),
+		Guard: "etcd", Server: "etcd", Config: srv.Endpoint(), LockDSN: srv.URL(),
 		Restart: func(testing.TB) { srv.Kill(); srv.Restart() }, // a crash: etcd fsyncs its WAL before replying
 	})
 }

@@ -120,7 +120,7 @@ func runSuite(t *testing.T, guard string) {
 	defer srv.Close()
 	r := testenv.StartRedis(t)
 	conformance.RunGuardSuite(t, conformance.GuardConfig{
-		Guard: guard, Config: srv.URL, LockDSN: r.URL(),
+		Guard: guard, Server: "net/http service", Config: srv.URL, LockDSN: r.URL(),
 		NotDurable: "the test's HTTP service keeps its values and the Fence its tokens in memory",
 	})
 }

@@ -106,7 +106,7 @@ func startRedis(t *testing.T) *testenv.Redis {
 func runSuite(t *testing.T, guard string) {
 	r := startRedis(t)
 	conformance.RunGuardSuite(t, conformance.GuardConfig{
-		Guard: guard, Config: r.Addr(), LockDSN: r.URL(),
+		Guard: guard, Server: "redis", Config: r.Addr(), LockDSN: r.URL(),
 		Restart: func(testing.TB) { r.Kill(); r.Restart() }, // a crash: appendfsync always keeps the fence
 	})
 }
@@ -121,7 +121,7 @@ func TestGuardSuiteScript(t *testing.T) { runSuite(t, "redis-script") }
 func TestGuardSuiteCluster(t *testing.T) {
 	cl := testenv.StartCluster(t)
 	conformance.RunGuardSuite(t, conformance.GuardConfig{
-		Guard: "redis-cluster-set", Config: strings.Join(cl.Addrs(), ","), LockDSN: cl.URL(),
+		Guard: "redis-cluster-set", Server: "redis cluster", Config: strings.Join(cl.Addrs(), ","), LockDSN: cl.URL(),
 		NotDurable: "the restart case runs on one server (TestGuardSuiteSet); this test proves the hash tag on a cluster",
 	})
 }

@@ -72,7 +72,7 @@ func TestGuardSuite(t *testing.T) {
 	srv := startS3(t, filepath.Join(t.TempDir(), "s3.db"))
 	r := testenv.StartRedis(t)
 	conformance.RunGuardSuite(t, conformance.GuardConfig{
-		Guard: "s3", Config: "http://" + srv.addr, LockDSN: r.URL(),
+		Guard: "s3", Server: "gofakes3 (bbolt)", Config: "http://" + srv.addr, LockDSN: r.URL(),
 		Restart: func(t testing.TB) {
 			srv.Kill()
 			if err := srv.Start(); err != nil {

@@ -71,7 +71,7 @@ func (t *target) Close() error { t.conn.Close(); return nil }
 func TestGuardSuite(t *testing.T) {
 	srv := testenv.StartZooKeeper(t)
 	conformance.RunGuardSuite(t, conformance.GuardConfig{
-		Guard: "zookeeper", Config: srv.Addr(), LockDSN: srv.URL("/dlock") + "?session=2s",
+		Guard: "zookeeper", Server: "zookeeper", Config: srv.Addr(), LockDSN: srv.URL("/dlock") + "?session=2s",
 		Restart: func(testing.TB) { srv.Kill(); srv.Restart() }, // the transaction log outlives the process
 	})
 }

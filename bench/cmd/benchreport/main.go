@@ -296,6 +296,8 @@ func write(w *strings.Builder, r *results, meta [][2]string, cmd, raw string) {
 
 	writeHandoffSteps(w, r)
 
+	writeGuards(w, r)
+
 	writeSection(w, r, "Election/Handover/", "## Leader election: hand-over\n\nTwo candidates, each a client of its own, take turns: the leader resigns while the other waits in Campaign (given 5ms to queue); the time is from the start of the resign to the other's Campaign returning. `dlock` is package election on each backend; `etcd-election` is etcd's `concurrency.Election` (a new Election on its session per campaign) on the same etcd server. Its Campaign waits for the previous leader's key with a watch that starts at the revision of its own read, which etcd serves from its unsynced-watcher loop (every 100ms) — the likely cause of its times.\n\n| backend | implementation | hand-over p50 | hand-over p99 |\n|---|---|---:|---:|\n", func(name, rest string) {
 		be, im, _ := strings.Cut(rest, "/")
 		p50, ok50 := r.get(name, "handover-p50-ns")
@@ -318,6 +320,32 @@ func write(w *strings.Builder, r *results, meta [][2]string, cmd, raw string) {
 		}
 	}
 	w.WriteString("```\n\n</details>\n")
+}
+
+// guardsNote is the Guarded writes section's header.
+const guardsNote = "## Guarded writes: what a guard adds to a write\n\n" +
+	"For each guard (docs/guards.md), the same write to the same server from one client, made plainly and through the guard with a current token, the two interleaved round by round in an order shuffled every round (BenchmarkGuards), each write a new value. " +
+	"*plain* and *guarded* are the mean time per write (median over the runs); *guarded / plain* is the median of the per-run ratios, with the lowest and highest run. " +
+	"The writes: Redis, SET against redisfence's Set (one script that compares the fence, sets it and the value); etcd, Put against etcdfence's Put (one transaction: compare the fence key, put it and the value); " +
+	"ZooKeeper, Set against zkfence's Set (one multi: check the fence node's version, set it and the data); PostgreSQL (fsync and synchronous_commit on) and MariaDB (InnoDB, durable commits), *update*: an UPDATE of one row against SQLGuard.Update of a row with its fence column (one UPDATE … WHERE fence <= token), " +
+	"*tx*: a transaction around that UPDATE against SQLGuard.InTx, which fences a row of a fence table in the same transaction; HTTP, a PUT to a bare handler against a PUT with the token header to the handler behind an httpfence.Fence (each on a loopback server of its own). " +
+	"Round trips per write, plain against guarded: one against one for Redis, etcd, SQL *update* and HTTP; ZooKeeper's guard reads the fence node and then sends the multi (two against one); SQLGuard.InTx adds the fence row's UPDATE to the transaction (four statements against three: BEGIN, UPDATE, COMMIT). " +
+	"S3 is not measured here: s3fence's S3 server for tests lives in an internal package of its own module.\n\n" +
+	"| guard | write | plain | guarded | guarded / plain | lowest – highest run |\n|---|---|---:|---:|---:|---:|\n"
+
+// writeGuards writes the Guarded writes section from BenchmarkGuards.
+func writeGuards(w *strings.Builder, r *results) {
+	writeSection(w, r, "Guards/", guardsNote, func(name, rest string) {
+		guard, write, _ := strings.Cut(rest, "/")
+		p, okp := r.get(name, "plain.ns/op")
+		g, okg := r.get(name, "guarded.ns/op")
+		q, okq := r.get(name, "guarded/plain")
+		span := "—"
+		if qs := r.vals[name]["guarded/plain"]; len(qs) > 0 {
+			span = fmt.Sprintf("%.2f× – %.2f×", slices.Min(qs), slices.Max(qs))
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s |\n", guard, write, optDur(p, okp), optDur(g, okg), opt(q, okq, "%.2f×"), span)
+	})
 }
 
 // writeFailures lists the benchmarks that failed in the run, with their

@@ -1,6 +1,7 @@
 // Command safety-report runs the fault matrix and the soaks of every driver
-// and writes docs/SAFETY.md from their results, or checks that a committed
-// docs/SAFETY.md still states what the tests observe.
+// and the guard suite of every guard, and writes docs/SAFETY.md from their
+// results, or checks that a committed docs/SAFETY.md still states what the
+// tests observe.
 //
 // From the repository root:
 //
@@ -10,12 +11,13 @@
 //
 // Without -from it runs
 //
-//	go test -run 'Faults|Soak' -count=1 -timeout 60m ./...
+//	go test -run 'Faults|Soak|GuardSuite' -count=1 -timeout 60m ./...
 //
-// with GOWORK=off in every module of the repository whose tests call
-// conformance.RunFaults or conformance.Soak (the root and the nested etcd
-// and nats modules), with DLOCK_SAFETY_OUT set to a new temporary directory, where
-// RunFaults and Soak append their results (see conformance.Record), and keeps
+// in every module of the repository (through its go.work) whose tests call
+// conformance.RunFaults, conformance.Soak or conformance.RunGuardSuite (the
+// root and the nested etcd, nats and fencing/s3fence modules), with
+// DLOCK_SAFETY_OUT set to a new temporary directory, where they append their
+// results (see conformance.Record), and keeps
 // going when a test fails: the report shows the failed cells. Set
 // DLOCK_FAULT_TRIALS to run more trials per cell. -from reads the results of
 // an earlier run, such as CI's `go test ./...` with DLOCK_SAFETY_OUT set.
@@ -24,8 +26,18 @@
 // deployment, fault, expected outcome and status (pass, skipped with its
 // reason, FAILED) — with those of the committed file, and exits 1 on a
 // difference; the observed outcome (which may vary within the expected set
-// from run to run), the latencies and the counts are not compared. With
-// -check nothing is written.
+// from run to run), the latencies and the counts are not compared. It
+// compares every cell of the Guards table (each guard on its server × each
+// case of the guard suite: pass, skipped with its reason, FAILED) too. A row
+// or cell of the committed file that the results lack is a difference, as is
+// one the file lacks. With -check nothing is written.
+//
+// -only guards takes only the guard suite's results: it rewrites only the
+// Guards section of the report, keeping the rest of the file (the fault
+// matrix, the soaks) and README.md as they are, and -check compares only the
+// Guards cells. -only locks takes only the fault matrix's and the soaks'
+// results, keeps the file's Guards section, and -check compares all but the
+// Guards cells. By default every section is written and compared.
 //
 // It also writes a summary grid (deployments × faults, the claimed outcome
 // of each cell and whether it held) between the markers
@@ -37,9 +49,10 @@
 //
 // Flags: -from DIR (default: run the tests), -o FILE (default
 // docs/SAFETY.md under the module root), -readme FILE (default README.md
-// under the module root; "none" skips the summary), -check, -race (run the tests with
-// the race detector; default off, so latencies are not inflated), -run
-// REGEXP (default "Faults|Soak"), -pkgs (default "./...", in each module),
+// under the module root; "none" skips the summary), -check, -only
+// guards|locks (default: both), -race (run the tests with the race detector;
+// default off, so latencies are not inflated), -run REGEXP (default
+// "Faults|Soak|GuardSuite"), -pkgs (default "./...", in each module),
 // -timeout (default 60m, per module's go test).
 package main
 
@@ -51,6 +64,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -91,12 +105,19 @@ func run(args []string, stdout, stderr io.Writer) error {
 	out := fl.String("o", "", "the report to write or check (default docs/SAFETY.md under the module root)")
 	check := fl.Bool("check", false, "compare the report's claims with the file and exit 1 on a difference; write nothing")
 	race := fl.Bool("race", false, "run the tests with -race")
-	runRE := fl.String("run", "Faults|Soak", "the tests to run")
+	runRE := fl.String("run", "Faults|Soak|GuardSuite", "the tests to run")
+	only := fl.String("only", "", `"guards" or "locks": take and write (or check) only that part of the report`)
 	pkgs := fl.String("pkgs", "./...", "the packages to test, in each module")
 	timeout := fl.Duration("timeout", 60*time.Minute, "go test's -timeout, in each module")
 	readme := fl.String("readme", "", "the README whose generated summary block to update or check (default README.md under the module root; \"none\" to skip)")
 	if err := fl.Parse(args); err != nil {
 		return err
+	}
+	if *only != "" && *only != "guards" && *only != "locks" {
+		return fmt.Errorf("-only %q: want guards or locks", *only)
+	}
+	if *only == "guards" {
+		*readme = "none" // the README's grid holds lock cells only
 	}
 	root := ""
 	if *out == "" || *readme == "" || *from == "" {
@@ -132,7 +153,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		for _, mod := range mods {
 			cmd := exec.Command("go", goArgs...)
 			cmd.Dir = mod
-			cmd.Env = append(os.Environ(), "GOWORK=off", "DLOCK_SAFETY_OUT="+dir)
+			cmd.Env = append(os.Environ(), "DLOCK_SAFETY_OUT="+dir) // the repository's go.work
 			cmd.Stdout, cmd.Stderr = stderr, stderr
 			fmt.Fprintf(stderr, "safety-report: (cd %s && go %s)\n", mod, strings.Join(goArgs, " "))
 			if err := cmd.Run(); err != nil && testErr == nil {
@@ -145,16 +166,24 @@ func run(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	recs = onlyRecords(recs, *only)
 	if len(recs) == 0 {
 		return fmt.Errorf("no results in %s (were the tests run with DLOCK_SAFETY_OUT set?)", dir)
 	}
 	report := render(recs, machine(), time.Now().UTC())
+	if *only != "" {
+		old, err := os.ReadFile(*out)
+		if err != nil {
+			return err
+		}
+		report = keepPart(string(old), report, *only)
+	}
 	if *check {
 		old, err := os.ReadFile(*out)
 		if err != nil {
 			return err
 		}
-		diffs := compareClaims(claims(string(old)), claims(report))
+		diffs := compareClaims(claimsPart(string(old), *only), claimsPart(report, *only))
 		if *readme != "none" {
 			text, err := os.ReadFile(*readme)
 			if err != nil {
@@ -213,8 +242,8 @@ func moduleRoot() (string, error) {
 
 // faultModules returns the directory of every module under root (root
 // included; not under third_party, testdata or a directory whose name starts
-// with "."), whose own test files call conformance.RunFaults or
-// conformance.Soak, in name order.
+// with "."), whose own test files call conformance.RunFaults,
+// conformance.Soak or conformance.RunGuardSuite, in name order.
 func faultModules(root string) ([]string, error) {
 	uses := map[string]bool{}
 	var mods []string
@@ -239,7 +268,8 @@ func faultModules(root string) ([]string, error) {
 		if err != nil {
 			return err
 		}
-		if bytes.Contains(b, []byte("conformance.RunFaults(")) || bytes.Contains(b, []byte("conformance.Soak(")) {
+		if bytes.Contains(b, []byte("conformance.RunFaults(")) || bytes.Contains(b, []byte("conformance.Soak(")) ||
+			bytes.Contains(b, []byte("conformance.RunGuardSuite(")) {
 			uses[owningModule(mods, path)] = true
 		}
 		return nil
@@ -254,7 +284,7 @@ func faultModules(root string) ([]string, error) {
 		}
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("no module under %s runs conformance.RunFaults or conformance.Soak", root)
+		return nil, fmt.Errorf("no module under %s runs conformance.RunFaults, conformance.Soak or conformance.RunGuardSuite", root)
 	}
 	return out, nil
 }
@@ -499,17 +529,60 @@ increasing tokens.
 		fmt.Fprintf(&b, "| %s | %s | %s | %s | %d (%s) | %d | %d | %d |\n",
 			r.Deployment, cell(status(r)), r.Duration, r.Observed, r.Trials, cell(r.Fault), r.Overlaps, r.Ops, r.Stale)
 	}
-	return b.String()
+	return spliceGuards(b.String(), renderGuards(recs, mach, now))
+}
+
+// onlyRecords returns the records of recs that -only part takes: the guard
+// suite's for "guards", the fault matrix's and the soaks' for "locks", all
+// for "".
+func onlyRecords(recs []conformance.Record, part string) []conformance.Record {
+	if part == "" {
+		return recs
+	}
+	return slices.DeleteFunc(slices.Clone(recs), func(r conformance.Record) bool {
+		return (r.Kind == "guard") != (part == "guards")
+	})
+}
+
+// keepPart returns report with the part -only part does not take copied
+// from old, the committed report: for "guards" all but the Guards section,
+// for "locks" the Guards section.
+func keepPart(old, report, part string) string {
+	switch part {
+	case "guards":
+		_, guards, _ := splitGuards(report)
+		return spliceGuards(old, guards)
+	case "locks":
+		_, guards, _ := splitGuards(old)
+		return spliceGuards(report, guards)
+	}
+	return report
+}
+
+// claimsPart returns the claims of report (claims) that -check compares
+// under -only part.
+func claimsPart(report, part string) map[string]string {
+	c := claims(report)
+	if part != "" {
+		maps.DeleteFunc(c, func(k, _ string) bool { return isGuardClaim(k) != (part == "guards") })
+	}
+	return c
 }
 
 // claims extracts, from a report, the columns -check compares: per fault row
-// deployment, fault, expected, status; per soak row deployment and status.
+// deployment, fault, expected, status; per soak row deployment and status;
+// every cell of the Guards table, keyed by guard, server and column.
 func claims(report string) map[string]string {
 	out := map[string]string{}
 	section := ""
+	var guardHeader []string
 	for _, l := range strings.Split(report, "\n") {
 		if strings.HasPrefix(l, "## ") {
 			section = strings.TrimPrefix(l, "## ")
+			continue
+		}
+		if section == strings.TrimPrefix(guardsHeading, "## ") && strings.HasPrefix(l, "| guard |") {
+			guardHeader = splitRow(l)
 			continue
 		}
 		if !strings.HasPrefix(l, "| ") || strings.HasPrefix(l, "| deployment") {
@@ -517,6 +590,10 @@ func claims(report string) map[string]string {
 		}
 		cols := splitRow(l)
 		switch {
+		case section == strings.TrimPrefix(guardsHeading, "## ") && len(cols) >= 2:
+			for i := 2; i < len(cols) && i < len(guardHeader); i++ {
+				out["guard "+cols[0]+" on "+cols[1]+": "+guardHeader[i]] = cols[i]
+			}
 		case section == "Fault matrix" && len(cols) >= 4:
 			out["fault "+cols[0]+" "+cols[1]] = "expected " + cols[2] + ", " + cols[3]
 		case section == "Soak" && len(cols) >= 2:

@@ -143,8 +143,8 @@ func TestCrowdCells(t *testing.T) {
 	}
 }
 
-// Without -from the tests run in every module with a fault matrix or a
-// soak: the root and the nested etcd module.
+// Without -from the tests run in every module with a fault matrix, a soak
+// or a guard suite: the root and the nested etcd, fencing/s3fence and nats modules.
 func TestFaultModules(t *testing.T) {
 	root, err := moduleRoot()
 	if err != nil {
@@ -154,7 +154,7 @@ func TestFaultModules(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{root, filepath.Join(root, "etcd")}; !slices.Equal(mods, want) {
+	if want := []string{root, filepath.Join(root, "etcd"), filepath.Join(root, "fencing", "s3fence"), filepath.Join(root, "nats")}; !slices.Equal(mods, want) {
 		t.Fatalf("faultModules = %q, want %q", mods, want)
 	}
 }
