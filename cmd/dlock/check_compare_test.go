@@ -365,3 +365,22 @@ func TestCheckPrivilege(t *testing.T) {
 		}
 	}
 }
+
+// TestCheckSample writes docs/check-sample.html and docs/check-sample.json,
+// the comparison README links to: the whole suite against Redis, PostgreSQL
+// and etcd started by the test. It is a generator, not a check, and runs only
+// with DLOCK_CHECK_SAMPLE=1.
+func TestCheckSample(t *testing.T) {
+	if os.Getenv("DLOCK_CHECK_SAMPLE") != "1" {
+		t.Skip("set DLOCK_CHECK_SAMPLE=1 to regenerate docs/check-sample.{html,json}")
+	}
+	rds, pg, et := testenv.StartRedis(t), testenv.StartPostgres(t), testenv.StartEtcd(t)
+	docs, err := filepath.Abs(filepath.Join("..", "..", "docs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := runCLI(t, nil, "check", "--dsn", rds.URL(), "--dsn", pg.URL(), "--dsn", et.URL()+"/locks",
+		"--out", filepath.Join(docs, "check-sample.html"), "--out", filepath.Join(docs, "check-sample.json"))
+	r.expectCode(t, 0)
+	t.Logf("\n%s", r.stdout)
+}
