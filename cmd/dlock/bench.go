@@ -44,6 +44,7 @@ Flags:
   --duration D   time per backend (default 10s)
   --out FILE     also write a chart comparing the backends: FILE.html (a
                  self-contained page with the table and SVG charts) or FILE.svg
+  --log-format F text (default) or json: standard error's lines (dlock help logging)
 
 Exit status:
   0   every backend was measured

@@ -82,6 +82,7 @@ Flags:
                  table) or FILE.json (as -o json); may be repeated
   -o FORMAT      what to print on standard output: table (default) or json
   -v, --verbose  show every line the tests log, as they run
+  --log-format F text (default) or json: standard error's lines (dlock help logging)
 
 JSON (-o json, --out FILE.json) is one object:
   {"dlock": VERSION, "started": RFC3339, "seconds": N, "deployments": [

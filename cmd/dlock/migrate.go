@@ -42,6 +42,7 @@ Flags:
   --from DSN        the old backend's DSN (as the clients use it)
   --to DSN          the new backend's DSN (etcd://, etcds:// or zk://)
   --mode new        dsn: the new-only DSN
+  --log-format F    text (default) or json: standard error's lines (dlock help logging)
   --show-passwords  dsn: print the DSN whole, passwords included, to deploy it
                     as it is. Dangerous: the output is then a secret, kept by
                     terminal scrollback, CI logs and whatever records output;

@@ -71,7 +71,8 @@ Flags (they may also come between KEY and COMMAND):
                  (default 10s; 0 sends SIGKILL at once)
   -v, --verbose  report the token, acquire and release, and the driver's
                  notes, on standard error
-  --log-format F text (default) or json: how the lease's events are logged
+  --log-format F text (default) or json: every line on standard error, the
+                 lease's events included (dlock help logging)
                  on standard error (a failed renewal, a lost lease with its
                  cause; with -v also each grant, renewal and release); json
                  writes one slog JSON object per line
