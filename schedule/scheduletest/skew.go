@@ -127,6 +127,10 @@ func runSkewed(t *testing.T, cfg skewConfig) skewResult {
 	}
 	startup := 5 * time.Second // the children start and connect within it
 	end := time.Now().Add(startup + cfg.run)
+	// The nodes run on past end, so that a run due before end that waits
+	// for a dead node's lease to expire (up to AtMost, RetryWithin twice
+	// that) still has live nodes to make it, however slow the machine.
+	drain := 2*cfg.most + 3*time.Second
 	mode := strconv.Itoa(int(cfg.mode))
 	broken := "0"
 	if cfg.broken {
@@ -142,7 +146,7 @@ func runSkewed(t *testing.T, cfg skewConfig) skewResult {
 		cmd.Env = append(os.Environ(),
 			childDSN+"="+cfg.dsn, childSkew+"="+skew.String(), childNode+"="+node,
 			childPeriod+"="+cfg.period.String(), childWork+"="+cfg.work.String(),
-			childMode+"="+mode, childEnd+"="+strconv.FormatInt(end.UnixNano(), 10), childBreak+"="+broken, childJob+"="+cfg.job, childLeast+"="+cfg.least.String(), childMost+"="+cfg.most.String())
+			childMode+"="+mode, childEnd+"="+strconv.FormatInt(end.Add(drain).UnixNano(), 10), childBreak+"="+broken, childJob+"="+cfg.job, childLeast+"="+cfg.least.String(), childMost+"="+cfg.most.String())
 		cmd.Stderr = os.Stderr
 		out, err := cmd.StdoutPipe()
 		if err != nil {
@@ -219,7 +223,7 @@ func skewRunTime() time.Duration {
 	if os.Getenv("DLOCK_SOAK") != "" {
 		return time.Minute
 	}
-	return 6 * time.Second
+	return 10 * time.Second
 }
 
 var skews = []time.Duration{-2 * time.Second, 0, 2 * time.Second}
