@@ -12,18 +12,10 @@ import (
 // ErrReleased).
 var errOrphaned = errors.New("orphaned: the lock stays on the backend until its TTL runs out")
 
-// Orphan ends the lease without releasing its lock: the keepalive stops,
-// Locker.Close will not release it, and the lock stays on the backend, renewed
-// by no one, until its TTL (counted from the last grant or renewal) runs out.
-// It is how a holder leaves a record that outlives its process: package
-// schedule's run records are orphaned leases with a long TTL. After Orphan,
-// Done is closed and Err matches ErrReleased.
-//
-// It returns an error matching errors.ErrUnsupported on a backend whose locks
-// live with the client's session (PostgreSQL's and MySQL's session locks,
-// ZooKeeper; see backend.Orphaner) and for a nested hold (WithReentrant); the
-// lease is then unchanged. It returns an error matching ErrLeaseLost or
-// ErrReleased if the lease had already ended.
+// Orphan ends the lease without releasing its lock, which stays on the
+// backend, renewed by no one, until its TTL runs out (Done closes; Err matches
+// ErrReleased). It fails with errors.ErrUnsupported where locks live with a
+// session (PostgreSQL, MySQL, ZooKeeper) or for a nested hold, leaving the lease held.
 func (l *Lease) Orphan(ctx context.Context) error {
 	if l.outer != nil {
 		return l.locker.errorf("orphan", l.Key(), fmt.Errorf("a nested hold cannot be orphaned: %w", errors.ErrUnsupported))
