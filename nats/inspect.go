@@ -154,7 +154,7 @@ func (d *Driver) Break(ctx context.Context, key string) (backend.LockInfo, error
 		if err == nil {
 			return info(key, e), nil
 		}
-		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		if !revisionMismatch(err) {
 			return backend.LockInfo{}, err
 		}
 		// Renewed or taken meanwhile: read it again.
@@ -175,9 +175,7 @@ func (d *Driver) Relabel(ctx context.Context, g *backend.Grant, label string) er
 	pa, err := d.js.PublishMsg(rctx, &natsgo.Msg{Subject: d.subject + h.name, Data: h.value(label, h.ttl)},
 		jetstream.WithExpectLastSequencePerSubject(rev), jetstream.WithMsgTTL(h.ttl))
 	if err != nil {
-		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+		if wrongLastSequence(err) {
 			return fmt.Errorf("key %s changed: %w", h.name, backend.ErrNotHeld)
 		}
 		return err

@@ -108,6 +108,21 @@ func definite(err error) bool {
 		errors.Is(err, jetstream.ErrInvalidKey) || errors.Is(err, natsgo.ErrConnectionClosed)
 }
 
+// wrongLastSequence reports whether err is the server refusing a write
+// whose expected last sequence did not match, in either of its forms.
+func wrongLastSequence(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant)
+}
+
+// revisionMismatch reports whether a write conditional on a revision was
+// refused because the key has another, in any of the forms nats.go and the
+// server give it.
+func revisionMismatch(err error) bool {
+	return errors.Is(err, jetstream.ErrKeyRevisionMismatch) || errors.Is(err, jetstream.ErrKeyExists) || wrongLastSequence(err)
+}
+
 // transient reports whether err may go away by itself: a timeout, a
 // reconnection, a stream without a leader.
 func transient(err error) bool {
@@ -162,7 +177,9 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, h *hol
 	start := time.Now()
 	rev, err := d.kv.Create(rctx, h.name, b, jetstream.KeyTTL(ttlSeconds(req.TTL)))
 	switch {
-	case errors.Is(err, jetstream.ErrKeyExists):
+	case errors.Is(err, jetstream.ErrKeyExists), wrongLastSequence(err):
+		// Refused by the create-only check; a clustered stream says so
+		// without the sequence (10164), which nats.go does not map.
 		return nil, nil
 	case err != nil && !definite(err):
 		// The write may have been applied with its answer lost: if the key
@@ -317,9 +334,7 @@ func (d *Driver) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duratio
 			h.ttl = ttlSeconds(ttl)
 			return valid, nil
 		}
-		var apiErr *jetstream.APIError
-		if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
-			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
+		if wrongLastSequence(err) {
 			e, gerr := d.kv.Get(rctx, h.name)
 			cancel()
 			switch {
@@ -368,7 +383,7 @@ func (d *Driver) Release(ctx context.Context, g *backend.Grant) error {
 		if err == nil {
 			return nil
 		}
-		if !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+		if !revisionMismatch(err) {
 			return err
 		}
 		e, gerr := d.kv.Get(rctx, h.name)
