@@ -182,3 +182,17 @@ func TestRunOncePerUsage(t *testing.T) {
 		}
 	}
 }
+
+func TestRunOncePerBusy(t *testing.T) {
+	t.Parallel()
+	env := []string{"DLOCK_DSN=" + testenv.StartRedis(t).URL()}
+	// Another run holds the job (its lease key) for longer than --wait.
+	holder := start(t, env, "run", "schedule/job/busy", "--", "sh", "-c", "echo held; exec sleep 60")
+	holder.expectLine("held")
+	r := runCLI(t, env, "run", "--once-per", "24h", "--wait", "300ms", "busy", "--", "echo", "ran")
+	r.expectCode(t, exitBusy)
+	if r.stdout != "" || !strings.Contains(r.stderr, `the job "busy" is still held by another run`) {
+		t.Errorf("stdout %q, stderr:\n%s", r.stdout, r.stderr)
+	}
+	runCLI(t, env, "run", "--once-per", "24h", "--wait", "300ms", "--busy-exit", "3", "busy", "--", "echo", "ran").expectCode(t, 3)
+}
