@@ -24,6 +24,7 @@
 //
 //	dlock run [--dsn DSN] [--ttl 30s] [--wait 1m | --no-wait] [--grace 10s] [-v] KEY -- COMMAND [ARG...]
 //	dlock run [flags] -c SHELL-COMMAND KEY
+//	dlock run --once-per PERIOD [--at-least D] [--at-most D] [flags] KEY -- COMMAND [ARG...]
 //
 // Like flock(1) or `etcdctl lock`, but distributed and fenced: dlock waits for
 // the lock KEY, starts COMMAND with the lease's fencing token in $DLOCK_TOKEN
@@ -57,12 +58,16 @@
 //	75     lock held by another owner: with --no-wait, or --wait ran out (EX_TEMPFAIL)
 //	76     the lease was lost while COMMAND ran: COMMAND was stopped, and may not
 //	       have run alone
+//	79     --once-per: another invocation already made, or is making, this
+//	       period's run; COMMAND did not run here
 //	126    COMMAND could not be started
 //	127    COMMAND was not found
 //
 // -c runs a shell string with /bin/sh -c, as flock -c does; --busy-exit N
 // replaces 75, as flock -E does; --shared takes a read hold (package rwlock)
-// where the backend has shared locks of its own.
+// where the backend has shared locks of its own. --once-per PERIOD runs
+// COMMAND once per period across the hosts whose crontab runs the same line
+// (package schedule), --at-most and --at-least bounding each run's hold.
 //
 // # dlock lock
 //
@@ -189,6 +194,7 @@ const (
 	exitUnavailable = 69  // EX_UNAVAILABLE
 	exitBusy        = 75  // EX_TEMPFAIL: lock held (--no-wait) or --wait ran out
 	exitLost        = 76  // lease lost while the command ran
+	exitDone        = 79  // run --once-per: another invocation already claimed this period's run
 	exitCannotRun   = 126 // the command could not be started
 	exitNotFound    = 127 // the command was not found
 	exitSignal      = 128 // + the signal's number

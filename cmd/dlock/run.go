@@ -17,11 +17,13 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/schedule"
 	"github.com/dlock-go/dlock/semaphore"
 )
 
 const runUsage = `Usage: dlock run [flags] KEY -- COMMAND [ARG...]
        dlock run [flags] -c SHELL-COMMAND KEY
+       dlock run --once-per PERIOD [--at-least D] [--at-most D] KEY -- COMMAND [ARG...]
 
 Runs COMMAND while holding the lock KEY: like flock(1) or 'etcdctl lock', but
 distributed and fenced. dlock waits for the lock, starts COMMAND with the
@@ -36,6 +38,25 @@ keeps such a holder out.
 
 If the lease is lost while COMMAND runs, dlock sends SIGTERM to COMMAND's
 process group, SIGKILL to what is left of it after --grace, and exits 76.
+
+With --once-per PERIOD, a crontab line on every host runs COMMAND once per
+period across the hosts (package schedule):
+  */5 * * * * dlock run --dsn redis://redis:6379/0 --once-per 5m report -- ./report.sh
+The run is named by the start of the current period: the time, by this
+host's clock, truncated to a multiple of PERIOD (counted in UTC from
+midnight for a PERIOD that divides a day), in $DLOCK_RUN (RFC 3339, UTC). The
+first invocation of that run to claim the job KEY runs COMMAND; it records
+the run on the backend, with its token, before COMMAND starts, and every
+later or concurrent invocation of the same run finds the record and exits
+79 without running COMMAND, whatever its clock says: the record lives on the
+backend's clock, for a day (two periods if longer). Clock skew between hosts
+does not change the run's name, since cron fires on each host by that host's
+clock; an invocation that starts a full PERIOD late names the next run. A
+run whose host dies, or whose COMMAND fails, is not repeated in its period.
+Give PERIOD as the crontab line's interval, and fire at its boundaries. The
+record needs a backend whose locks outlive the client: redis://, etcd://,
+pgtable://, mysqltable:// (and mem:// in one process); postgres://,
+mysql://, zk://, nats:// and redlock:// are refused (exit 64).
 
 COMMAND runs in a process group of its own; dlock forwards SIGINT, SIGTERM,
 SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 to that group. In the foreground of a
@@ -67,6 +88,18 @@ Flags (they may also come between KEY and COMMAND):
                  the permit's slot (KEY/permits/I), whose token $DLOCK_TOKEN
                  is; every caller must use the same N, or the later one is
                  refused (exit 64)
+  --once-per PERIOD
+                 run COMMAND once per PERIOD across every host that runs this
+                 line (see above); $DLOCK_KEY is then the job's lease key,
+                 schedule/job/KEY. Excludes --shared, --permits, --no-wait and
+                 --ttl; --wait D bounds the wait for another run holding the
+                 job (default: --at-most)
+  --at-most D    with --once-per: the run's lease lasts D and is not renewed,
+                 so a COMMAND still running after D is stopped as on a lost
+                 lease (exit 76), and a dead host frees the job within D
+                 (default: PERIOD)
+  --at-least D   with --once-per: no other run of the job starts within D of
+                 this one's start, however soon it ends (at most --at-most)
   --grace D      after the lease is lost, the time from SIGTERM to SIGKILL
                  (default 10s; 0 sends SIGKILL at once)
   -v, --verbose  report the token, acquire and release, and the driver's
@@ -90,9 +123,13 @@ Exit status:
   69    backend unavailable: could not connect, or could not take the lock for
         a reason other than its being held
   75    lock held by another owner: with --no-wait, or --wait ran out
-        (see --busy-exit)
-  76    the lease was lost while COMMAND ran: COMMAND was stopped, and may not
-        have run alone
+        (see --busy-exit); with --once-per, the job was still held by
+        another run when the wait ran out, so this period's run may not have
+        been made
+  76    the lease was lost while COMMAND ran (with --once-per: or it ran past
+        --at-most): COMMAND was stopped, and may not have run alone
+  79    --once-per: this period's run was already made, or is being made, by
+        another invocation; COMMAND did not run here (silent unless -v)
   126   COMMAND could not be started
   127   COMMAND was not found
   128+N dlock got signal N while waiting for the lock
@@ -105,6 +142,7 @@ Examples:
   dlock run --shared config -- ./read-config
   dlock run --wait 5m --ttl 1m migrate -- ./migrate up
   dlock run --permits 4 gpu -- ./train.sh
+  dlock run --once-per 1h --at-most 50m --at-least 1m sync -- ./sync.sh   # hourly cron line
   dlock run --dsn etcd://10.0.0.1:2379/locks deploy -- sh -c 'deploy --fence "$DLOCK_TOKEN"'
 `
 
@@ -137,6 +175,12 @@ type runOptions struct {
 	grace    time.Duration
 	verbose  bool
 	logJSON  bool // --log-format json
+
+	oncePer time.Duration   // run: > 0 runs COMMAND once per period across hosts (package schedule)
+	atLeast time.Duration   // run --once-per: Job.AtLeast
+	atMost  time.Duration   // run --once-per: Job.AtMost; 0: the period
+	runAt   time.Time       // run --once-per: the scheduled time of the run claimed
+	claim   *schedule.Claim // run --once-per: the run this invocation makes
 }
 
 // what names what dlock holds, for messages: the lock KEY, or the
@@ -144,6 +188,9 @@ type runOptions struct {
 func (o *runOptions) what() string {
 	if o.cmd == "elect" {
 		return fmt.Sprintf("the leadership of election %q", o.key)
+	}
+	if o.oncePer > 0 {
+		return fmt.Sprintf("the run %s of job %q", runAtText(o.runAt), o.key)
 	}
 	if o.permits > 0 {
 		return fmt.Sprintf("a permit of the semaphore %q (%d permits)", o.key, o.permits)
@@ -187,6 +234,9 @@ func parseRunArgs(cmd string, args []string, stdout, stderr io.Writer) (o runOpt
 	if cmd == "run" {
 		fs.IntVar(&o.permits, "permits", 0, "")
 		fs.StringVar(shell, "c", "", "")
+		fs.DurationVar(&o.oncePer, "once-per", 0, "")
+		fs.DurationVar(&o.atLeast, "at-least", 0, "")
+		fs.DurationVar(&o.atMost, "at-most", 0, "")
 	}
 	if cmd != "elect" {
 		fs.IntVar(&o.busyExit, "busy-exit", exitBusy, "")
@@ -247,10 +297,13 @@ func parseRunArgs(cmd string, args []string, stdout, stderr io.Writer) (o runOpt
 	default:
 		o.command = rest
 	}
+	if code, ok := o.checkOnce(set, stderr); !ok {
+		return o, code, false
+	}
 	switch {
 	case set["busy-exit"] && (o.busyExit < 0 || o.busyExit > 255):
 		return o, usageError(stderr, cmd, "--busy-exit must be 0..255, got %d", o.busyExit), false
-	case set["busy-exit"] && !o.noWait && !set["wait"]:
+	case set["busy-exit"] && !o.noWait && !set["wait"] && o.oncePer == 0:
 		return o, usageError(stderr, cmd, "--busy-exit applies only with --no-wait or --wait: without them dlock waits as long as it takes"), false
 	case o.shared && o.permits > 0:
 		return o, usageError(stderr, cmd, "--shared and --permits exclude each other"), false
@@ -372,7 +425,13 @@ func (o *runOptions) run(stderr io.Writer) int {
 	}
 	defer locker.Close()
 
-	lease, code := o.acquire(ctx, locker, logf)
+	var lease *dlock.Lease
+	var code int
+	if o.oncePer > 0 {
+		lease, code = o.claimRun(ctx, locker, logf)
+	} else {
+		lease, code = o.acquire(ctx, locker, logf)
+	}
 	endWatch()
 	if lease == nil {
 		return code
@@ -380,12 +439,24 @@ func (o *runOptions) run(stderr io.Writer) int {
 	if sig, ok := interrupted(ctx); ok { // the signal raced the grant
 		_ = lease.Release(context.Background())
 		logf("interrupted by %s", signalName(sig))
+		if o.claim != nil {
+			logf("%s is recorded as claimed but the command did not run: it will not be made in this period", o.what())
+		}
 		return exitSignal + signalNumber(sig)
 	}
 	if o.command == nil {
 		return o.hold(lease, sigs, logf)
 	}
-	return o.supervise(lease, path, sigs, logf)
+	code = o.supervise(lease, path, sigs, logf)
+	if o.claim != nil {
+		// The lease is released already; End completes the run's bookkeeping.
+		var jobErr error
+		if code != exitOK {
+			jobErr = fmt.Errorf("exit status %d", code)
+		}
+		_, _ = o.claim.End(context.Background(), jobErr)
+	}
+	return code
 }
 
 // acquire takes the lock as the flags say. On failure it reports why and
@@ -480,6 +551,10 @@ func (o *runOptions) supervise(lease *dlock.Lease, path string, sigs <-chan os.S
 		cmd.Env = append(slices.DeleteFunc(cmd.Env, func(kv string) bool { return strings.HasPrefix(kv, "DLOCK_VALUE=") }),
 			"DLOCK_VALUE="+o.value)
 	}
+	if o.oncePer > 0 {
+		cmd.Env = append(slices.DeleteFunc(cmd.Env, func(kv string) bool { return strings.HasPrefix(kv, "DLOCK_RUN=") }),
+			"DLOCK_RUN="+runAtText(o.runAt))
+	}
 	child, err := startChild(cmd)
 	if err != nil {
 		_ = lease.Release(context.Background())
@@ -499,6 +574,9 @@ loop:
 			leaseDone = nil
 			lost = true
 			logf("lost %s %s", o.what(), causeText(lease.Err()))
+			if o.claim != nil {
+				logf("the command ran past --at-most (%v), or the backend dropped the run's lease", o.onceJob().AtMost)
+			}
 			if o.grace > 0 {
 				logf("stopping the command: SIGTERM now, SIGKILL in %v", o.grace)
 				child.stop(false)
