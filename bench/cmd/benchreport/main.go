@@ -356,8 +356,8 @@ const scheduleNote = "## Scheduled jobs: what a run costs against a bare lock cy
 	"the four interleaved round by round in an order shuffled every round (BenchmarkSchedule). *time* is the mean time per call (median over the runs); *× bare cycle* is the median of the per-run ratios to the bare cycle, with the lowest and highest run. " +
 	"PostgreSQL (pgtable://) runs with fsync and synchronous_commit on; memlock is in-process, so its ratio is what schedule's own code costs. " +
 	"Where the added cost comes from: on Redis and pgtable, a bare cycle is two round trips (the grant and the release), a run or a Once is six: a look for the record, the job's lease, a second look under it, the record's write, the Refresh that has the backend confirm the lease still held once the record is written, and the release. " +
-	"Three of the six are writes (four with the release), which on PostgreSQL are durable commits; on etcd, orphaning the record adds a lease grant and a transaction (the record moves to a lease of its own). " +
-	"A call that finds the record (every node but the one that ran the run) stops after the first look: one round trip.\n\n" +
+	"Four of the six are writes (the lease, the record, the Refresh, the release) against the bare cycle's two, each a durable commit on PostgreSQL; on etcd, orphaning the record adds a lease grant and a transaction (the record moves to a lease of its own). " +
+	"A call that finds the record (every node but the one that ran the run) stops after the first look: one read (on etcd two: the key, then its lease's time to live).\n\n" +
 	"| backend | call | time | × bare cycle | lowest – highest run |\n|---|---|---:|---:|---:|\n"
 
 // scheduleCalls are BenchmarkSchedule's calls after the bare cycle, with
