@@ -15,7 +15,9 @@
 // (time per acquire, heap per lease), the keepalive load of many leases,
 // many waiters on one key (server requests per handoff), and what each guard
 // (package fencing and its subpackages) adds to a write: the same write
-// plain and guarded, interleaved (BenchmarkGuards).
+// plain and guarded, interleaved (BenchmarkGuards), and what package
+// schedule's Run and Once cost against a bare lock cycle, interleaved
+// (BenchmarkSchedule).
 //
 // scripts/bench.sh runs them all and writes docs/BENCHMARKS.md:
 //

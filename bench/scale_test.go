@@ -47,6 +47,7 @@ type scaleBackend struct {
 	reqs         func() (float64, error)
 	roundTrips   func() (float64, error)       // nil: reqs counts round trips
 	guards       func(testing.TB) []guardWrite // TestSmoke: the guards' writes on this server; nil: none
+	scheduleDSN  string                        // TestSmoke: BenchmarkSchedule's calls on this DSN; "": none
 }
 
 func (s scaleBackend) bound(n int) int {

@@ -9,9 +9,9 @@ import (
 )
 
 // TestSmoke runs every scenario of every implementation once at tiny sizes
-// (the backends in parallel), the guards' writes (BenchmarkGuards) on the
-// same servers, and checks that no two holders ever overlapped
-// and that the metrics are sane. It measures nothing worth reporting: the
+// (the backends in parallel), the guards' writes (BenchmarkGuards) and
+// schedule's calls (BenchmarkSchedule) on the same servers, and checks that
+// no two holders ever overlapped and that the metrics are sane. It measures nothing worth reporting: the
 // numbers are the benchmarks' (scripts/bench.sh).
 func TestSmoke(t *testing.T) {
 	if testing.Short() {
@@ -27,12 +27,14 @@ func TestSmoke(t *testing.T) {
 		{"redis", func(tb testing.TB) scaleBackend {
 			e := startRedisEnv(tb)
 			return scaleBackend{name: "redis", impls: e.impls, keepaliveDSN: e.single.URL(), reqs: e.impls[0].reqs, roundTrips: e.scripts,
-				guards: func(tb testing.TB) []guardWrite { return redisGuardWrites(tb, e.single.Addr()) }}
+				guards:      func(tb testing.TB) []guardWrite { return redisGuardWrites(tb, e.single.Addr()) },
+				scheduleDSN: e.single.URL()}
 		}},
 		{"etcd", func(tb testing.TB) scaleBackend {
 			e := startEtcdEnv(tb)
 			return scaleBackend{name: "etcd", impls: e.impls, keepaliveDSN: e.srv.URL() + "/dlock", reqs: e.reqs,
-				guards: func(tb testing.TB) []guardWrite { return etcdGuardWrites(tb, e.srv.Endpoint()) }}
+				guards:      func(tb testing.TB) []guardWrite { return etcdGuardWrites(tb, e.srv.Endpoint()) },
+				scheduleDSN: e.srv.URL() + "/bench-schedule"}
 		}},
 		{"zookeeper", func(tb testing.TB) scaleBackend {
 			e := startZooKeeperEnv(tb)
@@ -42,7 +44,9 @@ func TestSmoke(t *testing.T) {
 		{"postgres", func(tb testing.TB) scaleBackend {
 			e := startPostgresEnv(tb)
 			return scaleBackend{name: "postgres", impls: e.impls, reqs: e.reqs,
-				guards: func(tb testing.TB) []guardWrite { return sqlGuardWrites(tb, "postgres", "pgx", e.srv.URL()) }}
+				guards: func(tb testing.TB) []guardWrite { return sqlGuardWrites(tb, "postgres", "pgx", e.srv.URL()) },
+				// pgtable:// requires durable commits: this server's default is off.
+				scheduleDSN: pgtableDSN(e.srv.URL()) + "&synchronous_commit=on"}
 		}},
 		{"mysql", func(tb testing.TB) scaleBackend {
 			e := startMySQLEnv(tb)
@@ -50,6 +54,7 @@ func TestSmoke(t *testing.T) {
 				guards: func(tb testing.TB) []guardWrite { return sqlGuardWrites(tb, "mariadb", "mysql", e.srv.DSN()) }}
 		}},
 		{"http", func(testing.TB) scaleBackend { return scaleBackend{name: "http", guards: httpGuardWrites} }},
+		{"memlock", func(testing.TB) scaleBackend { return scaleBackend{name: "memlock", scheduleDSN: memDSN()} }},
 	}
 	for _, be := range backends {
 		t.Run(be.name, func(t *testing.T) {
@@ -96,6 +101,16 @@ func TestSmoke(t *testing.T) {
 					}
 				}
 				t.Logf("guards' writes: %v", time.Since(start).Round(time.Millisecond))
+			}
+			if s.scheduleDSN != "" {
+				start := time.Now()
+				r := runScheduleCalls(t, scheduleCalls(openDlock(t, s.scheduleDSN, benchTTL)), 5)
+				for i, d := range r.totals {
+					if d <= 0 {
+						t.Errorf("schedule %s: %v for %d calls", r.names[i], d, r.n)
+					}
+				}
+				t.Logf("schedule's calls: %v", time.Since(start).Round(time.Millisecond))
 			}
 			if s.keepaliveDSN != "" {
 				r := runKeepalive(t, s.name, s.keepaliveDSN, s.reqs, s.roundTrips, 20, 1500*time.Millisecond, 1500*time.Millisecond)

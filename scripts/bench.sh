@@ -83,8 +83,8 @@ go test -c -o "$work/bench.test" .
 # A failed benchmark does not stop the run: the report lists the failures,
 # and the script exits non-zero at the end.
 status=0
-step "latency and contention: Redis, etcd, ZooKeeper, PostgreSQL, MySQL; the steps of the Redis fair hand-off and of the PostgreSQL sequence-mode cycle; observability overhead; election hand-over; semaphore and read/write lock; guarded writes (-count $count, -benchtime $benchtime)"
-"$work/bench.test" -test.run '^$' -test.bench '^Benchmark(Redis|RedisHandoffSteps|Etcd|ZooKeeper|Postgres|PostgresSteps|MySQL|Observe|Election|Primitives|Guards)$' \
+step "latency and contention: Redis, etcd, ZooKeeper, PostgreSQL, MySQL; the steps of the Redis fair hand-off and of the PostgreSQL sequence-mode cycle; observability overhead; election hand-over; semaphore and read/write lock; guarded writes; scheduled jobs (-count $count, -benchtime $benchtime)"
+"$work/bench.test" -test.run '^$' -test.bench '^Benchmark(Redis|RedisHandoffSteps|Etcd|ZooKeeper|Postgres|PostgresSteps|MySQL|Observe|Election|Primitives|Guards|Schedule)$' \
   -test.benchtime "$benchtime" -test.count "$count" -test.timeout 40m 2>&1 | tee -a "$raw" || status=1
 load_mid=$(cut -d' ' -f1-3 /proc/loadavg)
 

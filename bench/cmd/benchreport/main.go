@@ -298,6 +298,8 @@ func write(w *strings.Builder, r *results, meta [][2]string, cmd, raw string) {
 
 	writeGuards(w, r)
 
+	writeSchedule(w, r)
+
 	writeSection(w, r, "Election/Handover/", "## Leader election: hand-over\n\nTwo candidates, each a client of its own, take turns: the leader resigns while the other waits in Campaign (given 5ms to queue); the time is from the start of the resign to the other's Campaign returning. `dlock` is package election on each backend; `etcd-election` is etcd's `concurrency.Election` (a new Election on its session per campaign) on the same etcd server. Its Campaign waits for the previous leader's key with a watch that starts at the revision of its own read, which etcd serves from its unsynced-watcher loop (every 100ms) — the likely cause of its times.\n\n| backend | implementation | hand-over p50 | hand-over p99 |\n|---|---|---:|---:|\n", func(name, rest string) {
 		be, im, _ := strings.Cut(rest, "/")
 		p50, ok50 := r.get(name, "handover-p50-ns")
@@ -345,6 +347,41 @@ func writeGuards(w *strings.Builder, r *results) {
 			span = fmt.Sprintf("%.2f× – %.2f×", slices.Min(qs), slices.Max(qs))
 		}
 		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s |\n", guard, write, optDur(p, okp), optDur(g, okg), opt(q, okq, "%.2f×"), span)
+	})
+}
+
+// scheduleNote is the Scheduled jobs section's header.
+const scheduleNote = "## Scheduled jobs: what a run costs against a bare lock cycle\n\n" +
+	"On each backend that can keep package schedule's record (docs/schedule.md), from one Locker, a bare lock cycle (TryAcquire + Release of a new key) against schedule.Run of a new run in Mode NotRepeated and in Mode RetryLost (a job that does nothing, AtMost 10s, no AtLeast) and schedule.Once of a new key, " +
+	"the four interleaved round by round in an order shuffled every round (BenchmarkSchedule). *time* is the mean time per call (median over the runs); *× bare cycle* is the median of the per-run ratios to the bare cycle, with the lowest and highest run. " +
+	"PostgreSQL (pgtable://) runs with fsync and synchronous_commit on; memlock is in-process, so its ratio is what schedule's own code costs. " +
+	"Where the added cost comes from: on Redis and pgtable, a bare cycle is two round trips (the grant and the release), a run or a Once is six: a look for the record, the job's lease, a second look under it, the record's write, the Refresh that has the backend confirm the lease still held once the record is written, and the release. " +
+	"Four of the six are writes (the lease, the record, the Refresh, the release) against the bare cycle's two, each a durable commit on PostgreSQL; on etcd, orphaning the record adds a lease grant and a transaction (the record moves to a lease of its own). " +
+	"A call that finds the record (every node but the one that ran the run) stops after the first look: one read (on etcd two: the key, then its lease's time to live).\n\n" +
+	"| backend | call | time | × bare cycle | lowest – highest run |\n|---|---|---:|---:|---:|\n"
+
+// scheduleCalls are BenchmarkSchedule's calls after the bare cycle, with
+// their names in the table.
+var scheduleCalls = []struct{ unit, label string }{
+	{"notrepeated", "Run, NotRepeated"},
+	{"retrylost", "Run, RetryLost"},
+	{"once", "Once"},
+}
+
+// writeSchedule writes the Scheduled jobs section from BenchmarkSchedule.
+func writeSchedule(w *strings.Builder, r *results) {
+	writeSection(w, r, "Schedule/", scheduleNote, func(name, backend string) {
+		bare, ok := r.get(name, "bare.ns/op")
+		fmt.Fprintf(w, "| %s | bare cycle | %s | 1× | |\n", backend, optDur(bare, ok))
+		for _, c := range scheduleCalls {
+			t, okt := r.get(name, c.unit+".ns/op")
+			q, okq := r.get(name, c.unit+"/bare")
+			span := "—"
+			if qs := r.vals[name][c.unit+"/bare"]; len(qs) > 0 {
+				span = fmt.Sprintf("%.2f× – %.2f×", slices.Min(qs), slices.Max(qs))
+			}
+			fmt.Fprintf(w, "| %s | %s | %s | %s | %s |\n", backend, c.label, optDur(t, okt), opt(q, okq, "%.2f×"), span)
+		}
 	})
 }
 
