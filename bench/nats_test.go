@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync"
 	"testing"
 	"time"
 
@@ -52,6 +53,7 @@ func startNATSEnv(tb testing.TB) *natsEnv {
 	e.impls = []impl{
 		dlockImpl("dlock", url+"/dlock", e.reqs),
 		{name: "floor", newLocker: func(tb testing.TB) locker { return newNATSFloor(tb, url) }, reqs: e.reqs},
+		{name: "floor-watch", newLocker: func(tb testing.TB) locker { return newNATSFloorWatch(tb, url) }, reqs: e.reqs},
 	}
 	return e
 }
@@ -138,32 +140,84 @@ func (f natsFloor) lock(ctx context.Context, key string, wait bool) (func() erro
 // dlock's loss watch (set up after the grant, in the background) to start.
 const natsHold = 20 * time.Millisecond
 
-// natsHeldCycles is how many cycles the Requests scenario's held variant
-// runs per implementation.
-const natsHeldCycles = 50
+// Sizes of BenchmarkNATS's own scenarios, fixed (not b.N: a held cycle
+// takes natsHold, and a count of requests needs no more).
+const (
+	natsHeldRounds    = 100 // Held: rounds
+	natsRequestCycles = 100 // Requests: cycles released at once, per implementation
+	natsHeldCycles    = 50  // Requests: held cycles, per implementation
+)
+
+// natsFloorWatch is the floor plus what dlock's driver adds to a held lock:
+// a watch of the key (nats.go's KeyValue.Watch, an ordered consumer),
+// started in the background after the create and read until the release,
+// which ends it (deleting its consumer) in the background too.
+type natsFloorWatch struct {
+	natsFloor
+	wg *sync.WaitGroup // the watches; tb's cleanup waits for them
+}
+
+func newNATSFloorWatch(tb testing.TB, url string) natsFloorWatch {
+	f := natsFloorWatch{natsFloor: newNATSFloor(tb, url), wg: new(sync.WaitGroup)}
+	tb.Cleanup(f.wg.Wait) // registered after the connection's close: runs before it
+	return f
+}
+
+func (f natsFloorWatch) lock(ctx context.Context, key string, wait bool) (func() error, error) {
+	unlock, err := f.natsFloor.lock(ctx, key, wait)
+	if err != nil {
+		return nil, err
+	}
+	wctx, stop := context.WithCancel(context.Background())
+	f.wg.Go(func() {
+		w, err := f.kv.Watch(wctx, dlocknats.KeyName(key))
+		if err != nil {
+			return
+		}
+		defer func() { _ = w.Stop() }()
+		for {
+			select {
+			case <-wctx.Done():
+				return
+			case _, ok := <-w.Updates():
+				if !ok {
+					return
+				}
+			}
+		}
+	})
+	return func() error {
+		stop()
+		return unlock()
+	}, nil
+}
 
 // BenchmarkNATS compares dlock's NATS driver with the raw floor on one
 // nats-server with JetStream; the scenarios are BenchmarkRedis's (no peer
 // library: NATS users build their lock on the key-value store's create),
 // and two of its own:
 //
-//   - Held: Uncontended's interleaved rounds, each lease held for natsHold
-//     before its release: IMPL.cycle-ns is the acquire plus the release,
-//     without the hold (dlock's loss watch runs during the hold).
+//   - Held: natsHeldRounds of Uncontended's interleaved rounds, each lease
+//     held for natsHold before its release: IMPL.cycle-ns is the mean
+//     acquire plus release, without the hold (dlock's loss watch starts
+//     during the hold).
 //   - Requests: the messages the server receives per cycle of each
-//     implementation, one implementation at a time: IMPL.reqs/cycle released
-//     at once (as in Uncontended), IMPL.reqs/cycle-held held for natsHold.
+//     implementation, one implementation at a time: IMPL.reqs/cycle over
+//     natsRequestCycles released at once (as in Uncontended),
+//     IMPL.reqs/cycle-held over natsHeldCycles held for natsHold.
+//
+// Both ignore b.N: run them with any -benchtime; each run is one sample.
 func BenchmarkNATS(b *testing.B) {
 	e := startNATSEnv(b)
 	benchBackend(b, e.impls)
 	b.Run("Held", func(b *testing.B) {
-		for name, d := range runHeld(b, e.impls, b.N, natsHold) {
+		for name, d := range runHeld(b, e.impls, natsHeldRounds, natsHold) {
 			report(b, float64(d.Nanoseconds()), name+".cycle-ns")
 		}
 	})
 	b.Run("Requests", func(b *testing.B) {
 		for _, im := range e.impls {
-			report(b, runRequestsPerCycle(b, im, b.N, 0), im.name+".reqs/cycle")
+			report(b, runRequestsPerCycle(b, im, natsRequestCycles, 0), im.name+".reqs/cycle")
 			report(b, runRequestsPerCycle(b, im, natsHeldCycles, natsHold), im.name+".reqs/cycle-held")
 		}
 	})
