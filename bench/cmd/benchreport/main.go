@@ -410,14 +410,18 @@ func writeHeld(w *strings.Builder, r *results, be backend) {
 	if len(impls) == 0 {
 		return
 	}
-	w.WriteString("Held for 20ms: the same interleaved rounds, each lease held 20ms before its release, long enough for dlock's loss watch to start (*acquire + release*: without the hold; *vs floor*: the floor's time over this one's, as ops/s compare). Server requests per cycle, one implementation at a time: released at once, as above, and held for 20ms.\n\n")
+	w.WriteString("Held for 20ms: the same interleaved rounds, each lease held 20ms before its release, long enough for dlock's loss watch to start (*acquire + release*: the mean without the hold; *vs floor*: the floor's time over this one's, as ops/s compare, median of the per-run ratios with the lowest and highest run). Server requests per cycle, one implementation at a time: released at once, as above, and held for 20ms.\n\n")
 	w.WriteString("| implementation | held: acquire + release | held: vs floor | requests per cycle | requests per held cycle |\n|---|---:|---:|---:|---:|\n")
 	for _, im := range impls {
 		c, okc := r.get(held, im+".cycle-ns")
 		q, okq := r.ratio(held, be.floor+".cycle-ns", held, im+".cycle-ns")
+		vs := opt(q, okq, "%.2f×")
+		if lo, hi, n := r.ratioRange(held, be.floor+".cycle-ns", held, im+".cycle-ns"); okq && n > 1 {
+			vs += fmt.Sprintf(" (%.2f× – %.2f×)", lo, hi)
+		}
 		n, okn := r.get(req, im+".reqs/cycle")
 		h, okh := r.get(req, im+".reqs/cycle-held")
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %s |\n", im, optDur(c, okc), opt(q, okq, "%.2f×"), opt(n, okn, "%.1f"), opt(h, okh, "%.1f"))
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s |\n", im, optDur(c, okc), vs, opt(n, okn, "%.1f"), opt(h, okh, "%.1f"))
 	}
 	w.WriteString("\n")
 }
