@@ -6,7 +6,8 @@
 // bsm/redislock, etcd's concurrency.Mutex, go-zookeeper's zk.NewLock and a raw
 // pg_advisory_lock with pgx; and each backend's raw protocol floor (Redis: SET
 // NX PX + owner-checked DEL; etcd: txn put-if-absent + delete; ZooKeeper:
-// create ephemeral + delete; PostgreSQL: pg_try_advisory_lock + unlock).
+// create ephemeral + delete; PostgreSQL: pg_try_advisory_lock + unlock; NATS:
+// the key-value store's create with a per-key TTL + revision-checked purge).
 //
 // Scenarios (see the Benchmark functions): uncontended acquire + release
 // (interleaved across implementations), 8 and 32 lockers contending for one

@@ -53,6 +53,10 @@ func TestSmoke(t *testing.T) {
 			return scaleBackend{name: "mysql", impls: e.impls, reqs: e.reqs,
 				guards: func(tb testing.TB) []guardWrite { return sqlGuardWrites(tb, "mariadb", "mysql", e.srv.DSN()) }}
 		}},
+		{"nats", func(tb testing.TB) scaleBackend {
+			e := startNATSEnv(tb)
+			return scaleBackend{name: "nats", impls: e.impls, keepaliveDSN: e.srv.URL() + "/dlock", reqs: e.reqs}
+		}},
 		{"http", func(testing.TB) scaleBackend { return scaleBackend{name: "http", guards: httpGuardWrites} }},
 		{"memlock", func(testing.TB) scaleBackend { return scaleBackend{name: "memlock", scheduleDSN: memDSN()} }},
 	}

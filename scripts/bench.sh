@@ -2,13 +2,13 @@
 # Runs the peer benchmarks of the separate bench/ module — dlock's drivers
 # against redsync (1 and 5 pools), redislock, etcd's concurrency.Mutex,
 # go-zookeeper's zk.NewLock, raw pg_advisory_lock, raw GET_LOCK, a ShedLock-style
-# table and each backend's raw
-# protocol floor — and writes docs/BENCHMARKS.md from that one run.
+# table and each backend's raw protocol floor (NATS: nats.go's key-value
+# create and purge) — and writes docs/BENCHMARKS.md from that one run.
 #
 # The benchmarks start their own servers (redis-server, etcd, ZooKeeper,
-# PostgreSQL, MariaDB) on free loopback ports and stop them afterwards; install them
-# first with scripts/install-test-deps.sh. A full run takes about 8–12
-# minutes on 2 cores; --quick (smaller sizes, one run) about 3.
+# PostgreSQL, MariaDB, nats-server) on free loopback ports and stop them; install
+# them with scripts/install-test-deps.sh (testenv builds nats-server once). A
+# full run takes about 8–12 minutes on 2 cores; --quick (smaller sizes) about 3.
 #
 # Usage: scripts/bench.sh [--quick] [--out FILE]   (default docs/BENCHMARKS.md)
 set -euo pipefail
@@ -69,6 +69,7 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
   printf 'ZooKeeper\tDebian package %s\n' "$zk_version"
   printf 'PostgreSQL\t%s\n' "$(version "${pg_bin:-/nonexistent}/postgres" --version)"
   printf 'MariaDB\t%s\n' "$(version "$(find_bin mariadbd)" --version)"
+  printf 'NATS\tnats-server %s (built from its module by internal/testenv)\n' "$(sed -n 's/^const NATSServerVersion = "\(.*\)"$/\1/p' internal/testenv/nats.go)"
 } >"$meta"
 
 # bench/ with the working copies of dlock's modules and the dependency
@@ -83,8 +84,8 @@ go test -c -o "$work/bench.test" .
 # A failed benchmark does not stop the run: the report lists the failures,
 # and the script exits non-zero at the end.
 status=0
-step "latency and contention: Redis, etcd, ZooKeeper, PostgreSQL, MySQL; the steps of the Redis fair hand-off and of the PostgreSQL sequence-mode cycle; observability overhead; election hand-over; semaphore and read/write lock; guarded writes; scheduled jobs (-count $count, -benchtime $benchtime)"
-"$work/bench.test" -test.run '^$' -test.bench '^Benchmark(Redis|RedisHandoffSteps|Etcd|ZooKeeper|Postgres|PostgresSteps|MySQL|Observe|Election|Primitives|Guards|Schedule)$' \
+step "latency and contention: Redis, etcd, ZooKeeper, PostgreSQL, MySQL, NATS; the steps of the Redis fair hand-off and of the PostgreSQL sequence-mode cycle; observability overhead; election hand-over; semaphore and read/write lock; guarded writes; scheduled jobs (-count $count, -benchtime $benchtime)"
+"$work/bench.test" -test.run '^$' -test.bench '^Benchmark(Redis|RedisHandoffSteps|Etcd|ZooKeeper|Postgres|PostgresSteps|MySQL|NATS|Observe|Election|Primitives|Guards|Schedule)$' \
   -test.benchtime "$benchtime" -test.count "$count" -test.timeout 40m 2>&1 | tee -a "$raw" || status=1
 load_mid=$(cut -d' ' -f1-3 /proc/loadavg)
 

@@ -244,6 +244,12 @@ func (m *NATS) Name() string { return m.name }
 // Endpoint returns the server's client address, "127.0.0.1:PORT".
 func (m *NATS) Endpoint() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(m.port)) }
 
+// MonitorEndpoint returns the server's HTTP monitoring address (/varz,
+// /healthz), "127.0.0.1:PORT".
+func (m *NATS) MonitorEndpoint() string {
+	return net.JoinHostPort("127.0.0.1", strconv.Itoa(m.monitorPort))
+}
+
 // URL returns the server's client URL, "nats://127.0.0.1:PORT", as nats.go
 // and dlock's DSN (with a bucket as its path) take it.
 func (m *NATS) URL() string { return "nats://" + m.Endpoint() }

@@ -215,6 +215,8 @@ var backends = []backend{
 		"One PostgreSQL server, fsync on. `dlock-seq` is dlock with `tokens=sequence` (its own table). `pg-advisory` is `pg_advisory_lock` / `pg_advisory_unlock` on one pgx connection per client; the floor is `pg_try_advisory_lock` / `pg_advisory_unlock`. Server requests: statements, from `pg_stat_statements`."},
 	{"MySQL (MariaDB)", "MySQL", "mysql", []string{"get-lock", "get-lock-1s", "shedlock"}, "floor",
 		"One MariaDB server, innodb_flush_log_at_trx_commit=1 (a log flush per commit). `dlock` is `mysql://` (GET_LOCK on a pinned session, the token a committed counter); `dlock-table` is the table lock `mysqltable://` (waiters poll). `get-lock` is `GET_LOCK(name, 30)` / `RELEASE_LOCK` on one session per client; `get-lock-1s` waits in a bounded loop instead (`GET_LOCK(name, 1)` asked again, ctx looked at between asks — the alternative to dlock's `KILL QUERY` for cancelling a wait: the same hand-off, since the server wakes a waiting `GET_LOCK` on release either way, but a cancel takes effect only at the end of the current ask, up to 1s); `shedlock` is ShedLock's statements with the database's time (a conditional `UPDATE` of `lock_until` to lock, one to unlock; it cannot wait, so its waiters retry every 10ms); the floor is `GET_LOCK(name, 0)` / `RELEASE_LOCK`. Server requests: the status variable `Questions` (statements from clients)."},
+	{"NATS", "NATS", "nats", nil, "floor",
+		"One nats-server (v2.15.2, built from its module) with JetStream, file storage. `dlock` is `nats://` (a bucket of 1 replica); the floor is nats.go's key-value `Create` with the same per-key TTL (`KeyTTL`, 10s) in a bucket configured as the driver's, then `Purge` conditional on the create's revision (`LastRevision`) leaving a marker (`PurgeTTL`): the driver's own two writes, with no loss watch, no token bookkeeping and no lease. nats.go's `Create` is one publish on a new key, but three on a key whose last message is a marker (a refused publish, a read of the marker, the publish again), as here from the second cycle on, for dlock and the floors alike. `floor-watch` is the floor plus the driver's loss watch of a held key (`KeyValue.Watch`, an ordered consumer, started in the background after the create and stopped at the release, which deletes its consumer). No peer library: NATS users build their lock on `Create`. Server requests: `in_msgs` from `/varz` (messages from clients: key-value writes and reads, JetStream API requests)."},
 	{"Semaphore and read/write lock: Redis", "Primitives/Redis", "", nil, "floor", primitivesNote},
 	{"Semaphore and read/write lock: etcd", "Primitives/Etcd", "", []string{"recipes-rw-read", "recipes-rw-write"}, "floor", primitivesNote + " `recipes-rw-read`/`recipes-rw-write` are etcd's `experimental/recipes` RWMutex (RLock/RUnlock, Lock/Unlock) on one session per client: the only Go peer of either primitive on these backends."},
 	{"Semaphore and read/write lock: ZooKeeper", "Primitives/ZooKeeper", "", nil, "floor", primitivesNote},
@@ -261,6 +263,7 @@ func write(w *strings.Builder, r *results, meta [][2]string, cmd, raw string) {
 			fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %.0f |\n", im, num(ops), dur(p50), dur(p99), opt(vf, okf, "%.2f×"), opt(vd, okd, "%.2f×"), sum(r.vals[name][im+".errors"]))
 		}
 		w.WriteString("\n")
+		writeHeld(w, r, be)
 	}
 
 	w.WriteString("## Contended: 8 and 32 lockers on one key\n\n")
@@ -432,6 +435,34 @@ func writeFailures(w *strings.Builder, raw string) {
 	}
 }
 
+// writeHeld writes the held-cycle and requests-per-cycle table of a backend
+// whose benchmark has Held and Requests runs (BenchmarkNATS); nothing
+// otherwise.
+func writeHeld(w *strings.Builder, r *results, be backend) {
+	held, req := be.bench+"/Held", be.bench+"/Requests"
+	impls := implsOf(r, held, ".cycle-ns")
+	if len(impls) == 0 {
+		impls = implsOf(r, req, ".reqs/cycle")
+	}
+	if len(impls) == 0 {
+		return
+	}
+	w.WriteString("Held for 20ms: the same interleaved rounds, each lease held 20ms before its release, long enough for dlock's loss watch to start (*acquire + release*: the mean without the hold; *vs floor*: the floor's time over this one's, as ops/s compare, median of the per-run ratios with the lowest and highest run). Server requests per cycle, one implementation at a time: released at once, as above, and held for 20ms.\n\n")
+	w.WriteString("| implementation | held: acquire + release | held: vs floor | requests per cycle | requests per held cycle |\n|---|---:|---:|---:|---:|\n")
+	for _, im := range impls {
+		c, okc := r.get(held, im+".cycle-ns")
+		q, okq := r.ratio(held, be.floor+".cycle-ns", held, im+".cycle-ns")
+		vs := opt(q, okq, "%.2f×")
+		if lo, hi, n := r.ratioRange(held, be.floor+".cycle-ns", held, im+".cycle-ns"); okq && n > 1 {
+			vs += fmt.Sprintf(" (%.2f× – %.2f×)", lo, hi)
+		}
+		n, okn := r.get(req, im+".reqs/cycle")
+		h, okh := r.get(req, im+".reqs/cycle-held")
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s |\n", im, optDur(c, okc), vs, opt(n, okn, "%.1f"), opt(h, okh, "%.1f"))
+	}
+	w.WriteString("\n")
+}
+
 // implsOf lists the implementations of a multi-implementation benchmark
 // from its units "IMPL<suffix>", dlock first, floor last.
 func implsOf(r *results, name, suffix string) []string {
@@ -565,6 +596,7 @@ func writeTargets(w *strings.Builder, r *results) {
 		"Redis":           "the same two round trips as the floor, but both are Lua scripts (Redis 7 has no conditional delete without a script; DELEX … IFEQ came in 8.4). Most of the gap is the token itself: a fencing token that stays above every earlier one across a failover or a lost counter must be drawn in the script that takes the lock (the key's counter plus one, floored at the server's clock in µs, and stored), and that script alone, with nothing else of dlock's, reaches only the fenced floor's ratio to the floor (the fenced-floor lines below; inside Redis each command a script runs costs several µs). The rest is the shared holders' check, the grant's and the release's announcements (followers, waiters) and the lease: dlock / fenced floor below",
 		"PostgreSQL":      "the acquire statement also increments the durable fence counter in table `dlock_fence` and commits it with synchronous_commit=local: a WAL flush per grant, on a server with fsync on; the floor and pg-advisory only take the advisory lock. tokens=sequence (next line) removes the flush",
 		"MySQL (MariaDB)": "a grant is two statements, GET_LOCK and the committed counter (a redo-log flush per grant with innodb_flush_log_at_trx_commit=1); the floor takes the lock alone, with no token",
+		"NATS":            "the same create and purge as the floor; a held lease also watches its own key (an ordered consumer created after the grant, deleted after the release: two more requests per held cycle; floor-watch, the floor with that watch alone, costs the same: see the held table under the NATS table)",
 	}
 	peerWhy := map[string]string{
 		"Redis":           "as for the floor: redislock is SET NX PX + a release script, with no fencing token (the fenced-floor lines below) and no release announcement",
