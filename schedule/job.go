@@ -291,6 +291,12 @@ func hold(ctx context.Context, l dlock.Locker, job Job, id string, wait time.Dur
 	label := "run=" + id
 	opts := []dlock.AcquireOption{dlock.WithTTL(job.AtLeast), dlock.WithAutoRenew(false), dlock.WithLabel(label)}
 	h, err := l.TryAcquire(ctx, job.holdKey(), opts...)
+	for try := 1; try < 3 && err != nil && !errors.Is(err, dlock.ErrNotAcquired) &&
+		!errors.Is(err, dlock.ErrClosed) && !errors.Is(err, dlock.ErrInvalidOption) && ctx.Err() == nil; try++ {
+		// A hold as short as AtLeast may reach us too late to be valid (a
+		// slow reply), or meet a passing error: ask again.
+		h, err = l.TryAcquire(ctx, job.holdKey(), opts...)
+	}
 	if errors.Is(err, dlock.ErrNotAcquired) && ctx.Err() == nil {
 		holder := holderOf(ctx, l, job.holdKey())
 		if holder == label {

@@ -34,9 +34,9 @@ func TestOnServers(t *testing.T) {
 // PostgreSQL's table locks.
 func TestSkewed(t *testing.T) {
 	t.Run("redis", func(t *testing.T) {
-		scheduletest.TestSkewed(t, testenv.StartRedis(t).URL(), 50*time.Millisecond, time.Second)
+		scheduletest.TestSkewed(t, testenv.StartRedis(t).URL(), 200*time.Millisecond, time.Second)
 	})
-	t.Run("pgtable", func(t *testing.T) { scheduletest.TestSkewed(t, pgtableDSN(t), 50*time.Millisecond, time.Second) })
+	t.Run("pgtable", func(t *testing.T) { scheduletest.TestSkewed(t, pgtableDSN(t), 200*time.Millisecond, time.Second) })
 }
 
 // TestSkewChild is a node of TestSkewed when run as its child process.

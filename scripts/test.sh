@@ -42,10 +42,11 @@ work() { echo "$works/$(echo "$1" | tr / _).work"; }
 # gotest DIR ARGS… runs go test ARGS… in the module in DIR, prints its
 # verdicts (scripts/summarize-tests.sh) and keeps its raw output for the
 # recap; a failure leaves a marker file beside it, and the run goes on.
+logname() { if [ "$1" = . ]; then echo "$logs/root.log"; else echo "$logs/$(echo "$1" | tr / _).log"; fi; }
 gotest() {
   local m=$1 raw
   shift
-  raw="$logs/$(echo "$m" | tr / _).log"
+  raw=$(logname "$m")
   printf -- '-- module %s\n' "$m"
   if ! (cd "$m" && GOWORK="$(work "$m")" go test "$@" 2>&1 | tee "$raw" | "$top/scripts/summarize-tests.sh"); then
     echo "$m" >"$raw.failed"
@@ -86,13 +87,13 @@ if [ "${DLOCK_TEST_SERIAL:-}" = 1 ]; then
     gotest "$m" -race -count=1 -timeout 25m -v "$@" ./...
   done
 else
-  gotest . -race -count=1 -timeout 25m -v "$@" ./... >"$logs/root.summary" 2>&1 &
+  gotest . -race -count=1 -timeout 25m -v "$@" ./... >"$logs/root.summary.txt" 2>&1 &
   root_pid=$!
   for m in "${modules[@]}"; do
     [ "$m" = . ] || gotest "$m" -race -count=1 -timeout 25m -v "$@" ./...
   done
   wait "$root_pid" || true
-  cat "$logs/root.summary"
+  cat "$logs/root.summary.txt"
 fi
 
 step "peer-benchmark module: every scenario once, at tiny sizes (bench/ TestSmoke)"
@@ -113,7 +114,7 @@ mapfile -t failed < <(cat "$logs"/*.failed 2>/dev/null)
 if [ ${#failed[@]} -gt 0 ]; then
   step "FAILED: ${failed[*]}; each failing test's own messages follow"
   for m in "${failed[@]}"; do
-    raw="$logs/$(echo "$m" | tr / _).log"
+    raw=$(logname "$m")
     [ -f "$raw" ] || continue   # docs/SAFETY.md: its own lines are above
     printf -- '-- module %s\n' "$m"
     scripts/test-failures.sh <"$raw"
