@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -129,6 +130,9 @@ func transient(err error) bool {
 	var apiErr *jetstream.APIError
 	if errors.As(err, &apiErr) {
 		return apiErr.Code == 503 || apiErr.Code == 408
+	}
+	if err != nil && strings.Contains(err.Error(), "temporarily unavailable") {
+		return true // the server's 503 (10008) after a leader change, as text only
 	}
 	return errors.Is(err, natsgo.ErrTimeout) || errors.Is(err, context.DeadlineExceeded) ||
 		errors.Is(err, natsgo.ErrNoResponders) || errors.Is(err, jetstream.ErrNoStreamResponse) ||
