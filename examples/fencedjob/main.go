@@ -330,6 +330,13 @@ func jobA() error {
 	write := func(report string) {
 		err := objects.Put(wctx, objectKey, lease.Token(), strings.NewReader(report))
 		fmt.Println(outcome("S3 write", lease.Token(), err))
+		if err == nil { // what the bucket now holds, for a reader of a failure
+			if r, tok, gerr := objects.Get(wctx, objectKey); gerr == nil {
+				b, _ := io.ReadAll(r)
+				r.Close()
+				fmt.Printf("S3 object now: %q, token %v\n", b, tok)
+			}
+		}
 		err = publish(wctx, publisher, url, report)
 		fmt.Println(outcome("publish", lease.Token(), err))
 	}

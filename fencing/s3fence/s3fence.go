@@ -29,11 +29,14 @@ package s3fence
 
 import (
 	"context"
+	"crypto/md5"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
@@ -184,24 +187,41 @@ func (g *Guard) write(ctx context.Context, key string, token dlock.Token, body i
 			in.IfMatch = aws.String(etag)
 		}
 		size := int64(len(header))
+		sum := md5.New() // the ETag a server that stores these bytes answers
+		sum.Write(header)
 		if deleted {
 			in.Body = &concat{head: header}
 		} else {
-			end, err := body.Seek(0, io.SeekEnd)
+			if _, err := body.Seek(start, io.SeekStart); err != nil {
+				return fmt.Errorf("rewinding the body: %w", err)
+			}
+			n, err := io.Copy(sum, body)
 			if err != nil {
-				return fmt.Errorf("reading the body's size: %w", err)
+				return fmt.Errorf("reading the body: %w", err)
 			}
 			if _, err := body.Seek(start, io.SeekStart); err != nil {
 				return fmt.Errorf("rewinding the body: %w", err)
 			}
-			size += end - start
+			size += n
 			in.Body = &concat{head: header, tail: body, tailStart: start}
 		}
 		in.ContentLength = aws.Int64(size)
-		_, err = g.Client.PutObject(ctx, in)
+		out, err := g.Client.PutObject(ctx, in)
+		if err == nil && out.ETag != nil && strings.Trim(*out.ETag, `"`) != hex.EncodeToString(sum.Sum(nil)) {
+			// Not the MD5 of these bytes: an encrypted object's ETag, or a
+			// server that acknowledged a put it did not store. Look.
+			if _, f, herr := g.head(ctx, key); herr != nil || f != token {
+				err = errNotStored // compare again, as after a refusal
+			}
+		}
 		switch {
 		case err == nil:
 			return nil
+		case errors.Is(err, errNotStored):
+			if same++; same >= maxSameRefusals {
+				return fmt.Errorf("the server answered %d puts without storing them: %w", same, err)
+			}
+			continue
 		case isConditionFailed(err):
 			// The object changed since head: compare again. A server that
 			// keeps refusing the ETag that head keeps sending does not
@@ -220,6 +240,10 @@ func (g *Guard) write(ctx context.Context, key string, token dlock.Token, body i
 		}
 	}
 }
+
+// errNotStored means a put was answered with success and an ETag that is not
+// the MD5 of the bytes sent: the server kept another object.
+var errNotStored = errors.New("the server did not store the object it acknowledged")
 
 // head returns key's ETag ("" if there is no object) and the token that
 // wrote it (0 if none).
