@@ -23,20 +23,24 @@ func pgtableDSN(t *testing.T) string {
 	return "pgtable" + strings.TrimPrefix(pg.URL(), "postgres")
 }
 
-// TestOnServers runs the suite on Redis and on PostgreSQL's table locks;
-// etcd's run is in the etcd module.
+// TestOnServers runs the suite on Redis and on the table locks of
+// PostgreSQL and MariaDB; etcd's run is in the etcd module.
 func TestOnServers(t *testing.T) {
 	t.Run("redis", func(t *testing.T) { scheduletest.Test(t, testenv.StartRedis(t).URL()) })
 	t.Run("pgtable", func(t *testing.T) { scheduletest.Test(t, pgtableDSN(t)) })
+	t.Run("mysqltable", func(t *testing.T) { scheduletest.Test(t, testenv.StartMariaDB(t).URL("mysqltable")) })
 }
 
-// TestSkewed runs the skew tests with child processes on Redis and on
-// PostgreSQL's table locks.
+// TestSkewed runs the skew tests with child processes on Redis and on the
+// table locks of PostgreSQL and MariaDB.
 func TestSkewed(t *testing.T) {
 	t.Run("redis", func(t *testing.T) {
 		scheduletest.TestSkewed(t, testenv.StartRedis(t).URL(), 200*time.Millisecond, time.Second)
 	})
 	t.Run("pgtable", func(t *testing.T) { scheduletest.TestSkewed(t, pgtableDSN(t), 200*time.Millisecond, time.Second) })
+	t.Run("mysqltable", func(t *testing.T) {
+		scheduletest.TestSkewed(t, testenv.StartMariaDB(t).URL("mysqltable"), 200*time.Millisecond, time.Second)
+	})
 }
 
 // TestSkewChild is a node of TestSkewed when run as its child process.
