@@ -350,3 +350,42 @@ func TestGuardGivesUpOnAServerThatKeepsRefusing(t *testing.T) {
 		t.Fatalf("k holds %q by %d; want it unchanged", body, tok)
 	}
 }
+
+// dropsFirstPut is a Client whose first put is answered with success and the
+// object's current ETag without reaching the server: a server that
+// acknowledges a put it does not store.
+type dropsFirstPut struct {
+	s3fence.Client
+	dropped *bool
+}
+
+func (c dropsFirstPut) PutObject(ctx context.Context, in *s3.PutObjectInput, opts ...func(*s3.Options)) (*s3.PutObjectOutput, error) {
+	if !*c.dropped {
+		*c.dropped = true
+		return &s3.PutObjectOutput{ETag: in.IfMatch}, nil
+	}
+	return c.Client.PutObject(ctx, in, opts...)
+}
+
+// TestGuardNoticesAPutNotStored: a put acknowledged with an ETag that is
+// not the MD5 of the bytes sent is not taken for a write; the guard looks,
+// compares again and writes, so that Put's nil means the object holds it.
+func TestGuardNoticesAPutNotStored(t *testing.T) {
+	ctx := context.Background()
+	srv := startS3(t, "")
+	g := newGuard(t, srv)
+	if err := g.Put(ctx, "k", 3, strings.NewReader("by 3")); err != nil {
+		t.Fatal(err)
+	}
+	var dropped bool
+	odd := &s3fence.Guard{Client: dropsFirstPut{g.Client, &dropped}, Bucket: bucket}
+	if err := odd.Put(ctx, "k", 4, strings.NewReader("by 4")); err != nil {
+		t.Fatalf("Put with token 4 after a put the server did not store: %v", err)
+	}
+	if !dropped {
+		t.Fatal("the client dropped no put")
+	}
+	if body, tok := get(t, g, "k"); body != "by 4" || tok != 4 {
+		t.Fatalf("k holds %q by %d after Put returned nil; want \"by 4\" by 4", body, tok)
+	}
+}
