@@ -219,34 +219,26 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, h *hol
 
 // wait is Acquire's waiting loop: it watches the key (its current state,
 // then each change) and makes an attempt whenever the key is absent or
-// deleted, and at least every poll interval.
+// deleted, and at least every poll interval. The watch is set up beside the
+// attempts, so that a consumer creation the servers leave unanswered (a
+// request lost with a dying meta leader waits for its whole ctx) holds up
+// no attempt.
 func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, h *hold, valid time.Duration) (*backend.Grant, error) {
 	wctx, stop := context.WithCancel(ctx)
+	ws := watchSetup{d: d, ctx: wctx, key: h.name}
+	defer ws.close() // after stop, which ends a setup under way
 	defer stop()
 	defer context.AfterFunc(d.bg, stop)() // Close ends the wait
-	var w jetstream.KeyWatcher
-	defer func() {
-		if w != nil {
-			_ = w.Stop()
-		}
-	}()
-	var bo backend.Backoff
+	var bo, wbo backend.Backoff
 	var lastErr error
-	try := true // attempt now
+	try := true           // attempt now
+	var watchAt time.Time // when to set up the watch again
 	for {
 		if d.closed.Load() {
 			return nil, errClosed
 		}
-		if w == nil {
-			var err error
-			// Headers only: the operation is all a waiter reads.
-			if w, err = d.kv.Watch(wctx, h.name, jetstream.MetaOnly()); err != nil {
-				w = nil
-				if !transient(err) && ctx.Err() == nil && !d.closed.Load() {
-					return nil, err
-				}
-				lastErr = err
-			}
+		if ws.w == nil && ws.pending == nil && !time.Now().Before(watchAt) {
+			ws.start()
 		}
 		if try {
 			g, err := d.attempt(ctx, req, h, valid)
@@ -266,14 +258,17 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, h *hold, 
 			}
 		}
 		next := backend.Jitter(d.poll)
-		if lastErr != nil || w == nil {
+		if lastErr != nil {
 			next = min(next, bo.Next())
+		}
+		if ws.w == nil && ws.pending == nil {
+			next = min(next, max(time.Until(watchAt), 0))
 		}
 		try = false
 		timer := time.NewTimer(next)
 		var updates <-chan jetstream.KeyValueEntry
-		if w != nil {
-			updates = w.Updates()
+		if ws.w != nil {
+			updates = ws.w.Updates()
 		}
 		select {
 		case <-wctx.Done():
@@ -284,18 +279,74 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, h *hold, 
 			return nil, waitEnded(ctx, lastErr)
 		case <-timer.C:
 			try = true
+		case r := <-ws.pending:
+			timer.Stop()
+			ws.pending = nil
+			if r.err != nil {
+				if !transient(r.err) && ctx.Err() == nil && !d.closed.Load() {
+					return nil, r.err
+				}
+				watchAt = time.Now().Add(wbo.Next())
+				continue
+			}
+			wbo.Reset()
+			ws.w = r.w
 		case e, ok := <-updates:
 			timer.Stop()
 			switch {
 			case !ok: // the watch ended: watch again
-				_ = w.Stop()
-				w, try = nil, true
+				_ = ws.w.Stop()
+				ws.w, try = nil, true
 			case e == nil: // the current state is known: the key is absent
 				try = true
 			case e.Operation() != jetstream.KeyValuePut:
 				try = true
 			}
 		}
+	}
+}
+
+// watchSetup is a waiting Acquire's watch of its key: the watch (w) once
+// set up, or the setup under way (pending).
+type watchSetup struct {
+	d       *Driver
+	ctx     context.Context // the wait's: ends the setup and the watch
+	key     string
+	w       jetstream.KeyWatcher
+	pending chan watchResult // the setup's result, if one is under way
+}
+
+type watchResult struct {
+	w   jetstream.KeyWatcher
+	err error
+}
+
+// start sets up the watch in a goroutine, whose result comes on pending.
+// Headers only: the operation is all a waiter reads.
+func (ws *watchSetup) start() {
+	c := make(chan watchResult, 1)
+	ws.pending = c
+	go func() { // owned by ws: close waits for its result
+		w, err := watchKey(ws.ctx, ws.d.kv, ws.key)
+		c <- watchResult{w, err}
+	}()
+}
+
+// watchKey sets up a waiter's watch of key; tests replace it.
+var watchKey = func(ctx context.Context, kv jetstream.KeyValue, key string) (jetstream.KeyWatcher, error) {
+	return kv.Watch(ctx, key, jetstream.MetaOnly())
+}
+
+// close stops the watch, waiting for a setup under way (the wait's ctx,
+// cancelled first, ends it) to stop the watch it may have made.
+func (ws *watchSetup) close() {
+	if ws.pending != nil {
+		if r := <-ws.pending; r.w != nil {
+			_ = r.w.Stop()
+		}
+	}
+	if ws.w != nil {
+		_ = ws.w.Stop()
 	}
 }
 

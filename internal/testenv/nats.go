@@ -192,6 +192,9 @@ func startNATSCluster(t testing.TB, bin, dir string, attempt, n int) (*NATSClust
 			Ports:     ports,
 			Ready:     m.ready,
 			StopGrace: natsStopGrace,
+			// A member is ready once the cluster has a meta leader, which
+			// takes every member's start: slow on a busy machine.
+			ReadyTimeout: 30 * time.Second,
 		})
 	}
 	errs := make([]error, n)
