@@ -286,24 +286,24 @@ type fleetSample struct {
 	reqs, bytes          float64 // -1: not read
 }
 
-func (f *fleet) sample(t fleetTarget) fleetSample {
+func (f *fleet) sample(tg fleetTarget) fleetSample {
 	s := fleetSample{at: time.Now(), reqs: -1, bytes: -1}
-	s.server = treeCPU(t.pids())
+	s.server = treeCPU(tg.pids())
 	s.clients = treeCPU(f.pids())
 	if own, _, err := procCPU(os.Getpid()); err == nil {
 		s.clients += own
 	}
 	s.all = machineBusy()
-	if v, err := t.reqs(); err == nil {
+	if v, err := tg.reqs(); err == nil {
 		s.reqs = v
 	} else {
-		f.tb.Logf("NOTE fleet %s: request counter: %v", t.name, err)
+		f.tb.Logf("NOTE fleet %s: request counter: %v", tg.name, err)
 	}
-	if t.bytes != nil {
-		if v, err := t.bytes(); err == nil {
+	if tg.bytes != nil {
+		if v, err := tg.bytes(); err == nil {
 			s.bytes = v
 		} else {
-			f.tb.Logf("NOTE fleet %s: byte counter: %v", t.name, err)
+			f.tb.Logf("NOTE fleet %s: byte counter: %v", tg.name, err)
 		}
 	}
 	return s
@@ -388,8 +388,8 @@ func BenchmarkFleet(b *testing.B) {
 			continue
 		}
 		b.Run(be.name, func(b *testing.B) {
-			t := be.start(b)
-			runFleet(b, t, fleetSizes{
+			tg := be.start(b)
+			runFleet(b, tg, fleetSizes{
 				procs: *flagFleetProcs, leases: *flagFleetLeases, ttl: *flagFleetTTL,
 				phase: *flagFleetPhase, steps: *flagFleetSteps,
 			})
@@ -424,13 +424,13 @@ func fleetRun(tb testing.TB, name string, f func(tb testing.TB)) {
 	}
 }
 
-// runFleet runs BenchmarkFleet's phases on t with sizes sz.
-func runFleet(b testing.TB, t fleetTarget, sz fleetSizes) fleetResult {
+// runFleet runs BenchmarkFleet's phases on the servers tg with sizes sz.
+func runFleet(b testing.TB, tg fleetTarget, sz fleetSizes) fleetResult {
 	var res fleetResult
-	f := startFleet(b, t.dsn, sz.procs)
+	f := startFleet(b, tg.dsn, sz.procs)
 	workers := func(w int) int {
-		if t.maxSessions > 0 {
-			w = min(w, max(1, t.maxSessions/sz.procs))
+		if tg.maxSessions > 0 {
+			w = min(w, max(1, tg.maxSessions/sz.procs))
 		}
 		return w
 	}
@@ -439,9 +439,9 @@ func runFleet(b testing.TB, t fleetTarget, sz fleetSizes) fleetResult {
 	// heartbeats, a cluster's internal traffic): the costs per operation
 	// below are what the operations add to it.
 	fleetRun(b, "idle", func(b testing.TB) {
-		s0 := f.sample(t)
+		s0 := f.sample(tg)
 		time.Sleep(sz.phase)
-		s1 := f.sample(t)
+		s1 := f.sample(tg)
 		res.idle = costBetween(s0, s1)
 		c := res.idle
 		report(b, c.server/c.secs, "server-cores")
@@ -463,12 +463,12 @@ func runFleet(b testing.TB, t fleetTarget, sz fleetSizes) fleetResult {
 
 	fleetRun(b, "steady", func(b testing.TB) {
 		per := sz.leases
-		if t.maxLeases > 0 {
-			per = min(per, max(1, t.maxLeases/sz.procs))
+		if tg.maxLeases > 0 {
+			per = min(per, max(1, tg.maxLeases/sz.procs))
 		}
 		for _, r := range f.do(func(int) fleetCmd { return fleetCmd{Op: "hold", N: per, TTL: sz.ttl} }) {
 			if r.Err != "" {
-				b.Fatalf("fleet %s: hold: %s", t.name, r.Err)
+				b.Fatalf("fleet %s: hold: %s", tg.name, r.Err)
 			}
 		}
 		// Until every lease has renewed once.
@@ -479,16 +479,16 @@ func runFleet(b testing.TB, t fleetTarget, sz fleetSizes) fleetResult {
 			}
 			return n
 		}
-		s0 := f.sample(t)
+		s0 := f.sample(tg)
 		n0 := sum(f.do(func(int) fleetCmd { return fleetCmd{Op: "mark"} }))
 		time.Sleep(sz.ttl)
 		n1 := sum(f.do(func(int) fleetCmd { return fleetCmd{Op: "mark"} }))
-		s1 := f.sample(t)
+		s1 := f.sample(tg)
 		lost := 0
 		for _, r := range f.do(func(int) fleetCmd { return fleetCmd{Op: "release"} }) {
 			if r.Lost > 0 {
 				lost += r.Lost
-				b.Logf("NOTE fleet %s: %d leases lost while held: %s", t.name, r.Lost, r.FirstErr)
+				b.Logf("NOTE fleet %s: %d leases lost while held: %s", tg.name, r.Lost, r.FirstErr)
 			}
 		}
 		c := marginal(costBetween(s0, s1))
@@ -504,21 +504,21 @@ func runFleet(b testing.TB, t fleetTarget, sz fleetSizes) fleetResult {
 		nkeys := max(1, sz.procs/4)
 		keys := make([]string, nkeys)
 		for i := range keys {
-			keys[i] = uniqueKey("fleet", t.name, "contended", strconv.Itoa(i))
+			keys[i] = uniqueKey("fleet", tg.name, "contended", strconv.Itoa(i))
 		}
 		w := workers(2)
-		s0 := f.sample(t)
+		s0 := f.sample(tg)
 		rs := f.do(func(int) fleetCmd {
 			return fleetCmd{Op: "contend", N: w, Keys: keys, Hold: time.Millisecond, For: sz.phase}
 		})
-		s1 := f.sample(t)
+		s1 := f.sample(tg)
 		var grants []fleetGrant
 		errs := 0
 		for _, r := range rs {
 			grants = append(grants, r.Grants...)
 			errs += r.Errors
 			if r.FirstErr != "" {
-				b.Logf("NOTE fleet %s contended: %s", t.name, r.FirstErr)
+				b.Logf("NOTE fleet %s contended: %s", tg.name, r.FirstErr)
 			}
 		}
 		handoffs, overlaps := fleetHandoffs(grants)
@@ -536,7 +536,7 @@ func runFleet(b testing.TB, t fleetTarget, sz fleetSizes) fleetResult {
 		report(b, float64(overlaps), "overlaps")
 		report(b, float64(errs), "errors")
 		if overlaps > 0 {
-			b.Errorf("fleet %s: %d grants overlapped another holder", t.name, overlaps)
+			b.Errorf("fleet %s: %d grants overlapped another holder", tg.name, overlaps)
 		}
 	})
 
@@ -550,7 +550,7 @@ func runFleet(b testing.TB, t fleetTarget, sz fleetSizes) fleetResult {
 		grants   int
 	}
 	cycle := func(b testing.TB, total int, hold time.Duration) cycleResult {
-		s0 := f.sample(t)
+		s0 := f.sample(tg)
 		rs := f.do(func(i int) fleetCmd {
 			n := total / sz.procs
 			if i < total%sz.procs {
@@ -558,7 +558,7 @@ func runFleet(b testing.TB, t fleetTarget, sz fleetSizes) fleetResult {
 			}
 			return fleetCmd{Op: "cycle", N: n, Hold: hold, For: sz.phase}
 		})
-		s1 := f.sample(t)
+		s1 := f.sample(tg)
 		var lat []time.Duration
 		n, errs := 0, 0
 		for _, r := range rs {
@@ -568,7 +568,7 @@ func runFleet(b testing.TB, t fleetTarget, sz fleetSizes) fleetResult {
 				lat = append(lat, time.Duration(v))
 			}
 			if r.FirstErr != "" {
-				b.Logf("NOTE fleet %s uncontended: %s", t.name, r.FirstErr)
+				b.Logf("NOTE fleet %s uncontended: %s", tg.name, r.FirstErr)
 			}
 		}
 		res.errors += errs
@@ -594,8 +594,8 @@ func runFleet(b testing.TB, t fleetTarget, sz fleetSizes) fleetResult {
 	var steps []cycleResult
 	best := -1
 	for total := 1; len(steps) < sz.steps; total *= 2 {
-		if t.maxSessions > 0 && total > t.maxSessions {
-			b.Logf("NOTE fleet %s: ramp stopped at %d workers: each pins a server session", t.name, total/2)
+		if tg.maxSessions > 0 && total > tg.maxSessions {
+			b.Logf("NOTE fleet %s: ramp stopped at %d workers: each pins a server session", tg.name, total/2)
 			break
 		}
 		var r cycleResult
@@ -616,7 +616,7 @@ func runFleet(b testing.TB, t fleetTarget, sz fleetSizes) fleetResult {
 		}
 	}
 	if best < 0 {
-		b.Fatalf("fleet %s: no ramp step ran", t.name)
+		b.Fatalf("fleet %s: no ramp step ran", tg.name)
 	}
 	sat := steps[best]
 	// The model's costs: the ramp step at half the saturating concurrency,
@@ -624,8 +624,8 @@ func runFleet(b testing.TB, t fleetTarget, sz fleetSizes) fleetResult {
 	below := steps[max(0, best-1)]
 
 	fleetRun(b, "model", func(b testing.TB) {
-		m := fleetModel(t, below.cost, float64(below.grants), sat.cost, idleRate)
-		ml := fleetModel(t, light.cost, float64(light.grants), sat.cost, idleRate)
+		m := fleetModel(tg, below.cost, float64(below.grants), sat.cost, idleRate)
+		ml := fleetModel(tg, light.cost, float64(light.grants), sat.cost, idleRate)
 		res.predicted, res.measured = m.predicted, sat.rate
 		report(b, float64(below.total), "model-workers")
 		report(b, below.cost.server/float64(max(1, below.grants))*1e6, "server-cpu-µs/grant")
@@ -666,7 +666,7 @@ type fleetModelResult struct {
 // other processes (measured over the saturated step, sat) and the servers'
 // idle work (idle cores) leave, and single-threaded servers stop at one core
 // each.
-func fleetModel(t fleetTarget, base fleetCost, n float64, sat fleetCost, idle float64) fleetModelResult {
+func fleetModel(tg fleetTarget, base fleetCost, n float64, sat fleetCost, idle float64) fleetModelResult {
 	var m fleetModelResult
 	if n <= 0 || base.server <= 0 {
 		return m
@@ -680,8 +680,8 @@ func fleetModel(t fleetTarget, base fleetCost, n float64, sat fleetCost, idle fl
 	m.avail = max(0.1, m.avail-idle)
 	m.cpuBound = m.avail / (cs + cc)
 	m.predicted = m.cpuBound
-	if t.serialNodes > 0 {
-		m.serialBound = (float64(t.serialNodes) - idle) / cs
+	if tg.serialNodes > 0 {
+		m.serialBound = (float64(tg.serialNodes) - idle) / cs
 		m.predicted = min(m.predicted, m.serialBound)
 	}
 	return m
