@@ -18,7 +18,8 @@ import (
 // fleetBackends are BenchmarkFleet's backends, in report order; each start
 // starts the servers for one run (stopped by tb's cleanup). etcd and
 // ZooKeeper run as 3-member clusters; PostgreSQL and MariaDB commit durably
-// (fsync on), as in production.
+// (fsync on), as in production; pgtable:// and mysqltable:// (package
+// sqltable) get servers of their own.
 var fleetBackends = []struct {
 	name  string
 	start func(testing.TB) fleetTarget
@@ -89,6 +90,20 @@ var fleetBackends = []struct {
 		return fleetTarget{name: "mysql", dsn: m.URL("mysql"), pids: func() []int { return []int{m.PID()} },
 			reqs: mysqlQuestions(tb, m.DSN()), bytes: mysqlStatusSum(tb, m.DSN(), "Bytes_received", "Bytes_sent"),
 			maxSessions: 128, maxLeases: 128}
+	}},
+	{"pgtable", func(tb testing.TB) fleetTarget {
+		p := testenv.StartPostgres(tb,
+			testenv.WithPostgresSetting("shared_preload_libraries", "pg_stat_statements"),
+			testenv.WithPostgresSetting("fsync", "on"),
+			testenv.WithPostgresSetting("synchronous_commit", "on"))
+		return fleetTarget{name: "pgtable", dsn: pgtableDSN(p.URL()), pids: func() []int { return []int{p.PID()} },
+			reqs: pgStatements(tb, p.URL()), maxSessions: 250}
+	}},
+	{"mysqltable", func(tb testing.TB) fleetTarget {
+		m := testenv.StartMariaDB(tb)
+		return fleetTarget{name: "mysqltable", dsn: m.URL("mysqltable"), pids: func() []int { return []int{m.PID()} },
+			reqs: mysqlQuestions(tb, m.DSN()), bytes: mysqlStatusSum(tb, m.DSN(), "Bytes_received", "Bytes_sent"),
+			maxSessions: 128}
 	}},
 	{"nats", func(tb testing.TB) fleetTarget {
 		n := testenv.StartNATS(tb)
