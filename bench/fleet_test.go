@@ -716,7 +716,9 @@ func fleetHandoffs(grants []fleetGrant) (handoffs []time.Duration, overlaps int)
 func fleetSmoke(t *testing.T) {
 	be := fleetBackends[0]
 	r := runFleet(t, be.start(t), fleetSizes{procs: 2, leases: 3, ttl: 750 * time.Millisecond, phase: 200 * time.Millisecond, steps: 3})
-	if r.renewals <= 0 || r.handoffs <= 0 || r.grants <= 0 || r.overlaps != 0 || r.errors != 0 || r.measured <= 0 || r.predicted <= 0 {
+	// The prediction may be 0 at these sizes (a step's server CPU can round
+	// to no clock tick), but never negative or NaN.
+	if r.renewals <= 0 || r.handoffs <= 0 || r.grants <= 0 || r.overlaps != 0 || r.errors != 0 || r.measured <= 0 || !(r.predicted >= 0) {
 		t.Errorf("fleet %s: %d renewals, %d hand-offs, %d grants, %d overlaps, %d errors, saturation %.0f/s measured, %.0f/s predicted",
 			be.name, r.renewals, r.handoffs, r.grants, r.overlaps, r.errors, r.measured, r.predicted)
 	}
