@@ -18,7 +18,9 @@
 // (package fencing and its subpackages) adds to a write: the same write
 // plain and guarded, interleaved (BenchmarkGuards), and what package
 // schedule's Run and Once cost against a bare lock cycle, interleaved
-// (BenchmarkSchedule).
+// (BenchmarkSchedule). BenchmarkFleet drives each backend from many client
+// processes at once and measures what each renewal, grant and hand-off costs
+// the servers, for the capacity model in docs/CAPACITY.md.
 //
 // scripts/bench.sh runs them all and writes docs/BENCHMARKS.md:
 //

@@ -10,7 +10,8 @@ import (
 
 // TestSmoke runs every scenario of every implementation once at tiny sizes
 // (the backends in parallel), the guards' writes (BenchmarkGuards) and
-// schedule's calls (BenchmarkSchedule) on the same servers, and checks that
+// schedule's calls (BenchmarkSchedule) on the same servers, the fleet's phases
+// on Redis from two client processes (BenchmarkFleet), and checks that
 // no two holders ever overlapped and that the metrics are sane. It measures nothing worth reporting: the
 // numbers are the benchmarks' (scripts/bench.sh).
 func TestSmoke(t *testing.T) {
@@ -60,6 +61,7 @@ func TestSmoke(t *testing.T) {
 		{"http", func(testing.TB) scaleBackend { return scaleBackend{name: "http", guards: httpGuardWrites} }},
 		{"memlock", func(testing.TB) scaleBackend { return scaleBackend{name: "memlock", scheduleDSN: memDSN()} }},
 	}
+	t.Run("fleet", func(t *testing.T) { t.Parallel(); fleetSmoke(t) })
 	for _, be := range backends {
 		t.Run(be.name, func(t *testing.T) {
 			t.Parallel()

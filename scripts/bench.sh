@@ -3,26 +3,33 @@
 # against redsync (1 and 5 pools), redislock, etcd's concurrency.Mutex,
 # go-zookeeper's zk.NewLock, raw pg_advisory_lock, raw GET_LOCK, a ShedLock-style
 # table and each backend's raw protocol floor (NATS: nats.go's key-value
-# create and purge) — and writes docs/BENCHMARKS.md from that one run.
+# create and purge) — and writes docs/BENCHMARKS.md from that one run. A
+# short fleet run (BenchmarkFleet: many client processes per backend, each
+# with its own Locker; docs/CAPACITY.md) writes its raw figures to
+# docs/fleet-run.txt.
 #
 # The benchmarks start their own servers (redis-server, etcd, ZooKeeper,
 # PostgreSQL, MariaDB, nats-server) on free loopback ports and stop them; install
 # them with scripts/install-test-deps.sh (testenv builds nats-server once). A
-# full run takes about 8–12 minutes on 2 cores; --quick (smaller sizes) about 3.
+# full run takes about 10–14 minutes on 2 cores; --quick (smaller sizes) about 4.
 #
-# Usage: scripts/bench.sh [--quick] [--out FILE]   (default docs/BENCHMARKS.md)
+# Usage: scripts/bench.sh [--quick] [--out FILE] [--fleet-out FILE]
+#        (defaults docs/BENCHMARKS.md, docs/fleet-run.txt)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
 
 quick=false
 out=docs/BENCHMARKS.md
+fleet_out=docs/fleet-run.txt
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=true ;;
     --out) out=$2; shift ;;
     --out=*) out=${1#--out=} ;;
-    -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --fleet-out) fleet_out=$2; shift ;;
+    --fleet-out=*) fleet_out=${1#--fleet-out=} ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench.sh: unknown argument $1 (try --help)" >&2; exit 2 ;;
   esac
   shift
@@ -31,10 +38,12 @@ done
 if $quick; then
   count=1; benchtime=300ms
   scale=(-dlock.keys 200 -dlock.leases 1000 -dlock.keepalive-ttl 3s -dlock.waiters 100)
+  fleet=(-dlock.fleet-procs 4 -dlock.fleet-leases 10 -dlock.fleet-ttl 2s -dlock.fleet-phase 500ms)
   cmdline="scripts/bench.sh --quick"
 else
   count=3; benchtime=1s
   scale=(-dlock.keys 1000 -dlock.leases 10000 -dlock.keepalive-ttl 9s -dlock.waiters 1000)
+  fleet=(-dlock.fleet-procs 8 -dlock.fleet-leases 20 -dlock.fleet-ttl 3s -dlock.fleet-phase 1s)
   cmdline="scripts/bench.sh"
 fi
 
@@ -92,6 +101,19 @@ load_mid=$(cut -d' ' -f1-3 /proc/loadavg)
 step "scale: many keys, keepalive of many leases, many waiters (${scale[*]})"
 "$work/bench.test" -test.run '^$' -test.bench '^BenchmarkScale$' -test.benchtime 1x -test.count 1 \
   -test.timeout 40m "${scale[@]}" 2>&1 | tee -a "$raw" || status=1
+
+# The short fleet run: its figures go to their own file, not to the report.
+step "fleet: client processes per backend, steady, contended, uncontended, ramp (${fleet[*]})"
+fleet_raw=$work/fleet.txt
+{
+  printf '# %s, %s; load average (1, 5, 15 min) before: %s\n' "$cmdline" "$(date -u '+%Y-%m-%d %H:%M UTC')" "$(cut -d' ' -f1-3 /proc/loadavg)"
+  printf '# %s × %s\n' "$(nproc)" "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+} >"$fleet_raw"
+"$work/bench.test" -test.run '^$' -test.bench '^BenchmarkFleet$' -test.benchtime 1x -test.count 1 \
+  -test.timeout 20m "${fleet[@]}" 2>&1 | tee -a "$fleet_raw" || status=1
+printf '# load average after: %s\n' "$(cut -d' ' -f1-3 /proc/loadavg)" >>"$fleet_raw"
+case "$fleet_out" in /*) cp "$fleet_raw" "$fleet_out" ;; *) cp "$fleet_raw" "$root/$fleet_out" ;; esac
+echo "wrote $fleet_out"
 
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 finished=$(date -u '+%H:%M UTC')
