@@ -22,8 +22,8 @@ const watchLinger = 30 * time.Second
 // of every key's subject, from the time it is set up on, whose updates go by
 // key to the subscriptions registered on it: waiting Acquires (woken by a
 // delete, a purge or an expiry) and held leases (ended by the first state
-// that is not the holder's). It replaces a consumer per lock, which the
-// server caps (1 000 per stream by default).
+// that is not the holder's). The server caps a stream's consumers (1 000
+// by default), so there is one per driver, not one per lock.
 type watcher struct {
 	d *Driver
 
