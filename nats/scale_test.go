@@ -9,6 +9,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -360,5 +361,42 @@ func TestDriverLossDuringWatchGap(t *testing.T) {
 	case <-kept.Done():
 		t.Fatalf("the lease whose key was not touched ended: %v", kept.Err())
 	default:
+	}
+}
+
+// TestDriverWatchSetupUnanswered: a bucket watch whose consumer creation is
+// never answered (the request lost with a dying meta leader) is given up
+// after the request timeout and set up again, so a held lock's loss is
+// still reported at once.
+func TestDriverWatchSetupUnanswered(t *testing.T) {
+	srv := testenv.StartNATS(t)
+	ctx := testCtx(t)
+	var calls atomic.Int32
+	// Replaced before the locker opens, restored after it closes.
+	defer dlocknats.SetWatchKey(func(ctx context.Context, kv jetstream.KeyValue, key string) (jetstream.KeyWatcher, error) {
+		if calls.Add(1) == 1 {
+			<-ctx.Done() // the first is never answered
+			return nil, ctx.Err()
+		}
+		return kv.Watch(ctx, key, jetstream.UpdatesOnly())
+	})()
+	const bucket = "dlock-setup"
+	l := openLocker(t, ctx, srv.URL()+"/"+bucket+"?request-timeout=500ms", dlock.WithTTL(time.Minute))
+	lease, err := l.TryAcquire(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lease.Release(context.Background())
+	_, kv := rawKVOf(t, srv.URL(), bucket)
+	if err := kv.Purge(ctx, dlocknats.KeyName("k")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-lease.Done():
+		if !errors.Is(lease.Err(), dlock.ErrLeaseLost) {
+			t.Errorf("lease ended with %v, want ErrLeaseLost", lease.Err())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the key was purged but the lease did not end within 10s (%d watch setups)", calls.Load())
 	}
 }

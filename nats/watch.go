@@ -194,8 +194,10 @@ func (w *watcher) run() {
 		if w.stopIfIdle(ctx, false) {
 			return
 		}
-		kw, err := watchKey(ctx, w.d.kv, jetstream.AllKeys)
+		wctx, cancel := context.WithCancel(ctx) // ends the watch
+		kw, err := w.setup(wctx, cancel)
 		if err != nil {
+			cancel()
 			if backend.Sleep(ctx, bo.Next()) != nil {
 				w.stopIfIdle(ctx, true)
 				return
@@ -206,6 +208,7 @@ func (w *watcher) run() {
 		w.up(kw)
 		w.follow(ctx, kw, idle)
 		_ = kw.Stop()
+		cancel()
 		w.down()
 		if hook := testHookWatchDown.Load(); hook != nil {
 			(*hook)()
@@ -222,6 +225,34 @@ var watchKey = func(ctx context.Context, kv jetstream.KeyValue, key string) (jet
 // testHookWatchDown, set by the tests, runs each time the watch has ended,
 // before it is set up again.
 var testHookWatchDown atomic.Pointer[func()]
+
+// setup sets up the watch for as long as ctx lasts, giving up (cancel) when
+// the server has not answered within the request timeout: a consumer
+// creation whose request is lost (with a dying meta leader) is never
+// answered, and the watch would stay down with no error to retry on.
+func (w *watcher) setup(ctx context.Context, cancel context.CancelFunc) (jetstream.KeyWatcher, error) {
+	type result struct {
+		kw  jetstream.KeyWatcher
+		err error
+	}
+	done := make(chan result, 1)
+	go func() { // owned by setup, which waits for it
+		kw, err := watchKey(ctx, w.d.kv, jetstream.AllKeys)
+		done <- result{kw, err}
+	}()
+	timer := time.NewTimer(w.d.timeout)
+	defer timer.Stop()
+	select {
+	case r := <-done:
+		return r.kw, r.err
+	case <-timer.C:
+		cancel()
+		if r := <-done; r.kw != nil {
+			_ = r.kw.Stop()
+		}
+		return nil, fmt.Errorf("bucket watch: no answer within %v", w.d.timeout)
+	}
+}
 
 // stopIfIdle ends run (true) when the driver is closed, or when force or
 // nothing is registered.
