@@ -36,18 +36,19 @@ func (d *Driver) create(ctx context.Context, h *hold) (uint64, error) {
 		}
 		// This write was refused after the earlier one reached the stream
 		// (one connection's publishes to one subject are stored in order),
-		// so a read now sees what that one did. It gets a timeout of its
-		// own: a lost answer is mostly a timeout that used up ctx's.
+		// so a read from the stream's leader now sees what that one did. It
+		// gets a timeout of its own: a lost answer is mostly a timeout that
+		// used up ctx's.
 		gctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.timeout)
 		defer cancel()
-		e, gerr := d.kv.Get(gctx, h.name)
+		e, gerr := d.readKey(gctx, h.name)
 		switch {
 		case errors.Is(gerr, jetstream.ErrKeyNotFound):
 		case gerr != nil:
 			return 0, gerr
-		default:
-			if v, ok := decode(e.Value()); ok && v.Owner == h.owner {
-				return e.Revision(), nil // attempt settles h.unsure
+		case e.op == jetstream.KeyValuePut:
+			if v, ok := decode(e.value); ok && v.Owner == h.owner {
+				return e.rev, nil // attempt settles h.unsure
 			}
 		}
 		h.unsure = time.Time{} // settled: no create of h holds the key

@@ -418,16 +418,18 @@ func (w *watcher) checkHeld(ctx context.Context) bool {
 		var lost error
 		if !w.isDone(s) {
 			rctx, cancel := context.WithTimeout(ctx, w.d.timeout)
-			e, err := w.d.kv.Get(rctx, s.h.name)
+			e, err := w.d.readKey(rctx, s.h.name)
 			cancel()
 			switch {
 			case errors.Is(err, jetstream.ErrKeyNotFound):
 				lost = fmt.Errorf("key %s deleted: %w", s.h.name, backend.ErrNotHeld)
 			case err != nil:
 				return false
+			case e.op != jetstream.KeyValuePut:
+				lost = fmt.Errorf("key %s %s at revision %d: %w", s.h.name, opName(e.op), e.rev, backend.ErrNotHeld)
 			default:
-				if v, ok := decode(e.Value()); !ok || v.Owner != s.h.owner {
-					lost = fmt.Errorf("key %s written by another owner at revision %d: %w", s.h.name, e.Revision(), backend.ErrNotHeld)
+				if v, ok := decode(e.value); !ok || v.Owner != s.h.owner {
+					lost = fmt.Errorf("key %s written by another owner at revision %d: %w", s.h.name, e.rev, backend.ErrNotHeld)
 				}
 			}
 		}
