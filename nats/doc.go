@@ -13,9 +13,10 @@
 // later), renewed with a write conditional on the key's last revision, and
 // released with a purge conditional on it. The fencing token is the stream
 // sequence of the granting create, strictly increasing per key
-// ([backend.FencingStrict]). Waiters watch the key and try again when it is
-// deleted; they are not served in order. Each held lock watches its own key,
-// so a holder learns at once that its key was deleted or taken.
+// ([backend.FencingStrict]). Each driver watches its bucket through one
+// consumer, which wakes its waiters when their key is deleted (they are not
+// served in order) and tells a holder at once that its key was deleted or
+// taken.
 //
 // DSN: nats://[user:password@]host[:port][,host[:port]...][/bucket], with the
 // parameters replicas (of a bucket the driver creates; 1), request-timeout

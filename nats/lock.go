@@ -47,11 +47,14 @@ type hold struct {
 
 	granted atomic.Int64  // the create's time, Unix nanoseconds by the server's clock; 0 until the loss watch reads it
 	ttl     time.Duration // the TTL of the last write (whole seconds)
+	unsure  time.Time     // when the first create whose answer was lost was sent; zero if none was
 
 	mu       sync.Mutex
 	released bool
 	lost     bool
-	stop     context.CancelFunc // ends the loss watch
+	stop     func() // ends the loss watch
+
+	sub *sub // the registration on the driver's watch, made by Acquire
 }
 
 // value returns the value of a write after the create.
@@ -154,8 +157,23 @@ func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 		return nil, err
 	}
 	h := &hold{name: KeyName(req.Key), owner: req.Owner, label: req.Label, onLost: req.OnLost}
+	// Registered before the first write, so that the watch sees what
+	// follows it; a grant keeps it as its loss watch (watchLoss).
+	h.sub = d.watch.add(h)
+	var g *backend.Grant
+	defer func() {
+		if g == nil {
+			d.watch.remove(h.sub)
+			if !h.unsure.IsZero() {
+				d.giveBack(h)
+			}
+		}
+	}()
 	if !req.Wait {
-		g, err := d.attempt(ctx, req, h, valid)
+		g, err = d.attempt(ctx, req, h, valid)
+		if g == nil && err != nil && !h.unsure.IsZero() {
+			g, err = d.settle(ctx, req, h, valid, err)
+		}
 		switch {
 		case g != nil:
 			return g, nil
@@ -164,7 +182,8 @@ func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 		}
 		return nil, waitEnded(ctx, err)
 	}
-	return d.wait(ctx, req, h, valid)
+	g, err = d.wait(ctx, req, h, valid)
+	return g, err
 }
 
 // attempt makes one create-only write of the lock's key: the grant, nil and
@@ -175,30 +194,19 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, h *hol
 		return nil, err
 	}
 	h.ttl = ttlSeconds(req.TTL)
-	b, _ := json.Marshal(value{Owner: h.owner, Label: h.label, TTLms: h.ttl.Milliseconds()})
 	rctx, cancel := d.reqCtx(ctx)
 	defer cancel()
 	start := time.Now()
-	rev, err := d.kv.Create(rctx, h.name, b, jetstream.KeyTTL(ttlSeconds(req.TTL)))
+	rev, err := d.create(rctx, h)
 	switch {
-	case errors.Is(err, jetstream.ErrKeyExists), wrongLastSequence(err):
-		// Refused by the create-only check; a clustered stream says so
-		// without the sequence (10164), which nats.go does not map.
-		return nil, nil
-	case err != nil && !definite(err):
-		// The write may have been applied with its answer lost: if the key
-		// is ours, it is a grant.
-		e, gerr := d.kv.Get(rctx, h.name)
-		if gerr != nil {
-			return nil, err
-		}
-		v, ok := decode(e.Value())
-		if !ok || v.Owner != h.owner {
-			return nil, err
-		}
-		rev = e.Revision()
 	case err != nil:
 		return nil, err
+	case rev == 0:
+		return nil, nil
+	}
+	if !h.unsure.IsZero() {
+		start = h.unsure // the grant may be an earlier create's
+		h.unsure = time.Time{}
 	}
 	h.token = rev
 	h.rev.Store(rev)
@@ -217,28 +225,19 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, h *hol
 	}, nil
 }
 
-// wait is Acquire's waiting loop: it watches the key (its current state,
-// then each change) and makes an attempt whenever the key is absent or
-// deleted, and at least every poll interval. The watch is set up beside the
-// attempts, so that a consumer creation the servers leave unanswered (a
-// request lost with a dying meta leader waits for its whole ctx) holds up
-// no attempt.
+// wait is Acquire's waiting loop: it makes an attempt at once, then
+// whenever the driver's watch reports the key deleted, purged or expired
+// (h.sub.wake), and at least every poll interval.
 func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, h *hold, valid time.Duration) (*backend.Grant, error) {
 	wctx, stop := context.WithCancel(ctx)
-	ws := watchSetup{d: d, ctx: wctx, key: h.name}
-	defer ws.close() // after stop, which ends a setup under way
 	defer stop()
 	defer context.AfterFunc(d.bg, stop)() // Close ends the wait
-	var bo, wbo backend.Backoff
+	var bo backend.Backoff
 	var lastErr error
-	try := true           // attempt now
-	var watchAt time.Time // when to set up the watch again
+	try := true // attempt now
 	for {
 		if d.closed.Load() {
 			return nil, errClosed
-		}
-		if ws.w == nil && ws.pending == nil && !time.Now().Before(watchAt) {
-			ws.start()
 		}
 		if try {
 			g, err := d.attempt(ctx, req, h, valid)
@@ -261,15 +260,8 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, h *hold, 
 		if lastErr != nil {
 			next = min(next, bo.Next())
 		}
-		if ws.w == nil && ws.pending == nil {
-			next = min(next, max(time.Until(watchAt), 0))
-		}
 		try = false
 		timer := time.NewTimer(next)
-		var updates <-chan jetstream.KeyValueEntry
-		if ws.w != nil {
-			updates = ws.w.Updates()
-		}
 		select {
 		case <-wctx.Done():
 			timer.Stop()
@@ -279,74 +271,10 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, h *hold, 
 			return nil, waitEnded(ctx, lastErr)
 		case <-timer.C:
 			try = true
-		case r := <-ws.pending:
+		case <-h.sub.wake:
 			timer.Stop()
-			ws.pending = nil
-			if r.err != nil {
-				if !transient(r.err) && ctx.Err() == nil && !d.closed.Load() {
-					return nil, r.err
-				}
-				watchAt = time.Now().Add(wbo.Next())
-				continue
-			}
-			wbo.Reset()
-			ws.w = r.w
-		case e, ok := <-updates:
-			timer.Stop()
-			switch {
-			case !ok: // the watch ended: watch again
-				_ = ws.w.Stop()
-				ws.w, try = nil, true
-			case e == nil: // the current state is known: the key is absent
-				try = true
-			case e.Operation() != jetstream.KeyValuePut:
-				try = true
-			}
+			try = true
 		}
-	}
-}
-
-// watchSetup is a waiting Acquire's watch of its key: the watch (w) once
-// set up, or the setup under way (pending).
-type watchSetup struct {
-	d       *Driver
-	ctx     context.Context // the wait's: ends the setup and the watch
-	key     string
-	w       jetstream.KeyWatcher
-	pending chan watchResult // the setup's result, if one is under way
-}
-
-type watchResult struct {
-	w   jetstream.KeyWatcher
-	err error
-}
-
-// start sets up the watch in a goroutine, whose result comes on pending.
-// Headers only: the operation is all a waiter reads.
-func (ws *watchSetup) start() {
-	c := make(chan watchResult, 1)
-	ws.pending = c
-	go func() { // owned by ws: close waits for its result
-		w, err := watchKey(ws.ctx, ws.d.kv, ws.key)
-		c <- watchResult{w, err}
-	}()
-}
-
-// watchKey sets up a waiter's watch of key; tests replace it.
-var watchKey = func(ctx context.Context, kv jetstream.KeyValue, key string) (jetstream.KeyWatcher, error) {
-	return kv.Watch(ctx, key, jetstream.MetaOnly())
-}
-
-// close stops the watch, waiting for a setup under way (the wait's ctx,
-// cancelled first, ends it) to stop the watch it may have made.
-func (ws *watchSetup) close() {
-	if ws.pending != nil {
-		if r := <-ws.pending; r.w != nil {
-			_ = r.w.Stop()
-		}
-	}
-	if ws.w != nil {
-		_ = ws.w.Stop()
 	}
 }
 

@@ -136,6 +136,8 @@ type Driver struct {
 
 	markerTTL time.Duration // the bucket's LimitMarkerTTL: a release's purge marker lasts as long
 
+	watch *watcher // the bucket's watch, shared by the waits and the held locks
+
 	bg     context.Context // cancelled by Close: ends the watches and waits
 	stopBg context.CancelFunc
 	wg     sync.WaitGroup // the watches' goroutines (spawn)
@@ -184,7 +186,7 @@ func NewDriver(ctx context.Context, nc *natsgo.Conn, opts *Options) (*Driver, er
 		return nil, err
 	}
 	bg, stop := context.WithCancel(context.Background())
-	return &Driver{
+	d := &Driver{
 		nc:      nc,
 		js:      js,
 		kv:      kv,
@@ -197,7 +199,12 @@ func NewDriver(ctx context.Context, nc *natsgo.Conn, opts *Options) (*Driver, er
 		markerTTL: max(cfg.SubjectDeleteMarkerTTL, time.Second),
 		bg:        bg,
 		stopBg:    stop,
-	}, nil
+	}
+	d.watch = newWatcher(d)
+	if testDrivers != nil {
+		testDrivers.Store(d, nil)
+	}
+	return d, nil
 }
 
 // bucket opens the bucket of o, or creates it, and checks that it allows
@@ -281,6 +288,9 @@ func (d *Driver) Close() error {
 	}
 	d.stopBg()
 	d.wg.Wait()
+	if testDrivers != nil {
+		testDrivers.Delete(d)
+	}
 	if d.owned {
 		d.nc.Close()
 	}

@@ -3,7 +3,6 @@ package nats_test
 import (
 	"context"
 	"errors"
-	"slices"
 	"testing"
 	"time"
 
@@ -107,24 +106,11 @@ func (h *harness) Residue(t testing.TB, key string) []string {
 	return []string{dlocknats.KeyName(key) + "=" + string(e.Value())}
 }
 
-// Waiters counts the waiters' watches on key's subject: those that read
-// headers only (a holder's own watch reads values).
+// Waiters counts the waiting Acquires of key that the bucket watch of their
+// driver covers (the waiters share their driver's one consumer, so the
+// server cannot tell them apart).
 func (h *harness) Waiters(t testing.TB, key string) int {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	subject := "$KV." + testBucket + "." + dlocknats.KeyName(key)
-	s, err := h.js.Stream(ctx, "KV_"+testBucket)
-	if err != nil {
-		t.Fatalf("Waiters(%q): %v", key, err)
-	}
-	n := 0
-	for ci := range s.ListConsumers(ctx).Info() {
-		if ci.Config.HeadersOnly && (ci.Config.FilterSubject == subject || slices.Equal(ci.Config.FilterSubjects, []string{subject})) {
-			n++
-		}
-	}
-	return n
+	return dlocknats.Waiters(key)
 }
 
 var (

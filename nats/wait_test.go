@@ -12,13 +12,23 @@ import (
 	dlocknats "github.com/dlock-go/dlock/nats"
 )
 
-// TestWaiterNotHeldUpByWatchSetup: a waiter whose watch cannot be set up (a
-// consumer creation the servers never answer, as when the meta leader dies
-// with the request) still tries at every poll interval, and is granted once
-// the holder lets go.
+// TestWaiterNotHeldUpByWatchSetup: a waiter whose driver's bucket watch
+// cannot be set up (a consumer creation the servers never answer, as when
+// the meta leader dies with the request) still tries at every poll
+// interval, and is granted once the holder lets go.
 func TestWaiterNotHeldUpByWatchSetup(t *testing.T) {
 	srv := testenv.StartNATS(t)
 	ctx := testCtx(t)
+	setups := make(chan struct{}, 1)
+	// Replaced before the locker opens, restored after it closes.
+	defer dlocknats.SetWatchKey(func(ctx context.Context, _ jetstream.KeyValue, _ string) (jetstream.KeyWatcher, error) {
+		select {
+		case setups <- struct{}{}:
+		default:
+		}
+		<-ctx.Done() // unanswered until the driver gives up on it
+		return nil, ctx.Err()
+	})()
 	l, err := dlock.Open(ctx, srv.URL()+"/"+testBucket+"?poll=200ms")
 	if err != nil {
 		t.Fatal(err)
@@ -28,12 +38,6 @@ func TestWaiterNotHeldUpByWatchSetup(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	setups := make(chan struct{}, 16)
-	defer dlocknats.SetWatchKey(func(ctx context.Context, _ jetstream.KeyValue, _ string) (jetstream.KeyWatcher, error) {
-		setups <- struct{}{}
-		<-ctx.Done() // unanswered until the wait ends
-		return nil, ctx.Err()
-	})()
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	got := make(chan error, 1)
@@ -44,7 +48,7 @@ func TestWaiterNotHeldUpByWatchSetup(t *testing.T) {
 		}
 		got <- err
 	}()
-	<-setups // the waiter is waiting, its watch set up in vain
+	<-setups // the watch is being set up in vain
 	if err := held.Release(ctx); err != nil {
 		t.Fatal(err)
 	}
