@@ -318,18 +318,18 @@ func (d *Driver) Refresh(ctx context.Context, g *backend.Grant, ttl time.Duratio
 			return valid, nil
 		}
 		if wrongLastSequence(err) {
-			e, gerr := d.kv.Get(rctx, h.name)
+			e, gerr := d.readKey(rctx, h.name)
 			cancel()
 			switch {
-			case errors.Is(gerr, jetstream.ErrKeyNotFound):
+			case errors.Is(gerr, jetstream.ErrKeyNotFound), gerr == nil && e.op != jetstream.KeyValuePut:
 				return 0, fmt.Errorf("key %s deleted: %w", h.name, backend.ErrNotHeld)
 			case gerr != nil:
 				err = gerr
 			default:
-				if v, ok := decode(e.Value()); !ok || v.Owner != h.owner || e.Revision() == rev {
+				if v, ok := decode(e.value); !ok || v.Owner != h.owner || e.rev == rev {
 					return 0, fmt.Errorf("key %s taken: %w", h.name, backend.ErrNotHeld)
 				}
-				h.rev.Store(e.Revision()) // an earlier refresh was applied
+				h.rev.Store(e.rev) // an earlier refresh was applied
 				continue
 			}
 		} else {
@@ -369,17 +369,17 @@ func (d *Driver) Release(ctx context.Context, g *backend.Grant) error {
 		if !revisionMismatch(err) {
 			return err
 		}
-		e, gerr := d.kv.Get(rctx, h.name)
+		e, gerr := d.readKey(rctx, h.name)
 		switch {
-		case errors.Is(gerr, jetstream.ErrKeyNotFound):
+		case errors.Is(gerr, jetstream.ErrKeyNotFound), gerr == nil && e.op != jetstream.KeyValuePut:
 			return fmt.Errorf("key %s deleted: %w", h.name, backend.ErrNotHeld)
 		case gerr != nil:
 			return gerr
 		}
-		if v, ok := decode(e.Value()); !ok || v.Owner != h.owner || e.Revision() == rev {
+		if v, ok := decode(e.value); !ok || v.Owner != h.owner || e.rev == rev {
 			return fmt.Errorf("key %s taken: %w", h.name, backend.ErrNotHeld)
 		}
-		h.rev.Store(e.Revision()) // a refresh was applied with its answer lost
+		h.rev.Store(e.rev) // a refresh was applied with its answer lost
 	}
 }
 

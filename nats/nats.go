@@ -128,6 +128,7 @@ type Driver struct {
 	owned   bool // Close closes nc
 	js      jetstream.JetStream
 	kv      jetstream.KeyValue
+	legacy  natsgo.JetStreamContext // for reads through the stream's leader (readKey)
 	bucket  string
 	subject string // "$KV.<bucket>.": a key's subject is subject+KeyName(key)
 	timeout time.Duration
@@ -179,6 +180,10 @@ func NewDriver(ctx context.Context, nc *natsgo.Conn, opts *Options) (*Driver, er
 	if err != nil {
 		return nil, fmt.Errorf("jetstream: %w", err)
 	}
+	legacy, err := nc.JetStream()
+	if err != nil {
+		return nil, fmt.Errorf("jetstream: %w", err)
+	}
 	rctx, cancel := context.WithTimeout(ctx, o.RequestTimeout)
 	defer cancel()
 	kv, cfg, err := bucket(rctx, js, o)
@@ -189,6 +194,7 @@ func NewDriver(ctx context.Context, nc *natsgo.Conn, opts *Options) (*Driver, er
 	d := &Driver{
 		nc:      nc,
 		js:      js,
+		legacy:  legacy,
 		kv:      kv,
 		bucket:  o.Bucket,
 		subject: "$KV." + o.Bucket + ".",

@@ -2,7 +2,7 @@ package nats
 
 import (
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
 
 	natsgo "github.com/nats-io/nats.go"
@@ -16,53 +16,27 @@ type entry struct {
 	value []byte
 }
 
-// errNoMessage is the server's error code for a subject without a message.
-const errNoMessage = 10037
-
 // readKey reads the last message of the bucket key name from the stream's
 // leader. nats.go's KeyValue.Get asks for a direct read, which any replica
 // may answer, from a state that may lag behind the writes it was told of: a
 // read that decides a lease's fate must not go back in time. It fails with
 // jetstream.ErrKeyNotFound when the key has no message.
 func (d *Driver) readKey(ctx context.Context, name string) (entry, error) {
-	req, _ := json.Marshal(struct {
-		LastFor string `json:"last_by_subj"`
-	}{d.subject + name})
-	m, err := d.nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+d.bucket, req)
-	if err != nil {
-		return entry{}, err
-	}
-	var resp struct {
-		Error   *jetstream.APIError `json:"error"`
-		Message *struct {
-			Sequence uint64 `json:"seq"`
-			Header   []byte `json:"hdrs"`
-			Data     []byte `json:"data"`
-		} `json:"message"`
-	}
-	if err := json.Unmarshal(m.Data, &resp); err != nil {
+	// The older JetStream API reads through the stream's leader unless
+	// asked for a direct read.
+	m, err := d.legacy.GetLastMsg("KV_"+d.bucket, d.subject+name, natsgo.Context(ctx))
+	switch {
+	case errors.Is(err, natsgo.ErrMsgNotFound):
+		return entry{}, jetstream.ErrKeyNotFound
+	case err != nil:
 		return entry{}, fmt.Errorf("read %s: %w", name, err)
 	}
+	e := entry{rev: m.Sequence, op: jetstream.KeyValuePut, value: m.Data}
 	switch {
-	case resp.Error != nil && resp.Error.ErrorCode == errNoMessage:
-		return entry{}, jetstream.ErrKeyNotFound
-	case resp.Error != nil:
-		return entry{}, resp.Error
-	case resp.Message == nil:
-		return entry{}, fmt.Errorf("read %s: %w", name, jetstream.ErrInvalidJetStreamResponse)
-	}
-	e := entry{rev: resp.Message.Sequence, op: jetstream.KeyValuePut, value: resp.Message.Data}
-	if len(resp.Message.Header) > 0 {
-		h, err := natsgo.DecodeHeadersMsg(resp.Message.Header)
-		if err != nil {
-			return entry{}, fmt.Errorf("read %s: %w", name, err)
-		}
-		switch {
-		case h.Get("KV-Operation") == "DEL", h.Get(jetstream.MarkerReasonHeader) == "Remove":
-			e.op = jetstream.KeyValueDelete
-		case h.Get("KV-Operation") == "PURGE", h.Get(jetstream.MarkerReasonHeader) != "":
-			e.op = jetstream.KeyValuePurge
-		}
+	case m.Header.Get("KV-Operation") == "DEL", m.Header.Get(jetstream.MarkerReasonHeader) == "Remove":
+		e.op = jetstream.KeyValueDelete
+	case m.Header.Get("KV-Operation") == "PURGE", m.Header.Get(jetstream.MarkerReasonHeader) != "":
+		e.op = jetstream.KeyValuePurge
 	}
 	return e, nil
 }
