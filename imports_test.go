@@ -118,7 +118,8 @@ func TestZooKeeperClientIsTheCopy(t *testing.T) {
 // TestImportRules enforces the import rules of docs/DESIGN.md with go list: the root
 // imports only backend, observe, internal/clock, internal/sharedctx and
 // internal/mode/hook; backend and observe only the standard library; internal/clock and internal/sockstate only the standard library and x/sys;
-// internal/sharedctx and internal/sqlstate only the standard library; drivers never import each other; conformance never imports a driver;
+// internal/sharedctx and internal/sqlstate only the standard library; drivers never import each other; conformance never imports a driver
+// nor internal/testenv;
 // examples never import internal/.
 func TestImportRules(t *testing.T) {
 	const mod = "github.com/dlock-go/dlock"
@@ -158,6 +159,8 @@ func TestImportRules(t *testing.T) {
 				t.Errorf("%s imports %s: internal/mode imports only the root and internal/mode/hook", pkg, imp)
 			case pkg == mod+"/conformance" && drivers[imp]:
 				t.Errorf("conformance imports driver %s", imp)
+			case pkg == mod+"/conformance" && imp == mod+"/internal/testenv":
+				t.Errorf("conformance imports %s: cmd/dlock imports conformance, so it must build on every platform, and testenv is Unix only", imp)
 			case strings.HasPrefix(pkg, mod+"/examples/") && strings.HasPrefix(imp, mod+"/internal/"):
 				t.Errorf("example %s imports %s", pkg, imp)
 			}

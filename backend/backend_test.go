@@ -257,3 +257,24 @@ func TestRedactKeepsEmptyAuthority(t *testing.T) {
 		t.Errorf("Redact = %q, want migrate://?… with the password masked", got)
 	}
 }
+
+// TestRedactErrorShortPassword: a short password is masked where it stands
+// as a secret (the DSN's user info, a quoted value, a query parameter, an
+// escaped nested DSN), and never inside another word of the message.
+func TestRedactErrorShortPassword(t *testing.T) {
+	u, err := backend.ParseDSN("etcd://root:tc@h1:2379/locks?x=" + url.QueryEscape("redis://:tc@h2/0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = fmt.Errorf("etcd at etcd://root:tc@h1:2379 (redis%%3A%%2F%%2F%%3Atc%%40h2): password \"tc\", password=tc: etcdserver: tcp dial: %w", context.Canceled)
+	got := backend.RedactError(err, u).Error()
+	want := "etcd at etcd://root:xxxxx@h1:2379 (redis%3A%2F%2F%3Axxxxx%40h2): password \"xxxxx\", password=xxxxx: etcdserver: tcp dial: context canceled"
+	if got != want {
+		t.Fatalf("RedactError =\n  %s\nwant\n  %s", got, want)
+	}
+	// A password whose ends are not letters or digits is masked wherever it is.
+	u, _ = url.Parse("redis://:%2Fx%21@h/0") // "/x!"
+	if got := backend.RedactError(errors.New("a/x!b"), u).Error(); got != "axxxxxb" {
+		t.Fatalf("RedactError = %q, want axxxxxb", got)
+	}
+}

@@ -136,7 +136,9 @@ func secrets(u *url.URL, depth int) []string {
 
 // RedactError returns err with every form (plain or escaped) of every secret
 // Redact masks in u replaced by "xxxxx" in its message, still unwrapping to
-// err; it returns err itself if the message holds none.
+// err; it returns err itself if the message holds none. A secret is masked
+// where it stands alone, not inside a longer word: a password "tc" is masked
+// in "root:tc@h" and "password=tc", never in "etcd".
 func RedactError(err error, u *url.URL) error {
 	if err == nil || u == nil {
 		return err
@@ -147,9 +149,11 @@ func RedactError(err error, u *url.URL) error {
 		forms := []string{pw, url.QueryEscape(pw), url.PathEscape(pw), url.UserPassword("", pw).String()[1:]}
 		forms = append(forms, url.QueryEscape(url.QueryEscape(pw)), url.QueryEscape(url.UserPassword("", pw).String()[1:]))
 		for _, f := range forms {
-			if f != "" && strings.Contains(msg, f) {
-				msg = strings.ReplaceAll(msg, f, "xxxxx")
-				found = true
+			if f != "" {
+				var ok bool
+				if msg, ok = maskWord(msg, f); ok {
+					found = true
+				}
 			}
 		}
 	}
@@ -157,6 +161,45 @@ func RedactError(err error, u *url.URL) error {
 		return err
 	}
 	return &redactedError{msg: msg, err: err}
+}
+
+// maskWord replaces with "xxxxx" each occurrence of secret in msg that does
+// not continue a word of msg: where secret begins (ends) with a letter or
+// digit, the byte before (after) it must not be one, or must end a %XX
+// escape. It reports whether it replaced any.
+func maskWord(msg, secret string) (string, bool) {
+	var b strings.Builder
+	found := false
+	for i := 0; ; {
+		j := strings.Index(msg[i:], secret)
+		if j < 0 {
+			b.WriteString(msg[i:])
+			break
+		}
+		start, end := i+j, i+j+len(secret)
+		left := !isWordByte(secret[0]) || start == 0 || !isWordByte(msg[start-1]) ||
+			(start >= 3 && msg[start-3] == '%' && isHexByte(msg[start-2]) && isHexByte(msg[start-1]))
+		right := !isWordByte(secret[len(secret)-1]) || end == len(msg) || !isWordByte(msg[end])
+		if left && right {
+			b.WriteString(msg[i:start])
+			b.WriteString("xxxxx")
+			i, found = end, true
+			continue
+		}
+		b.WriteString(msg[i : start+1])
+		i = start + 1
+	}
+	return b.String(), found
+}
+
+// isWordByte reports whether c is part of a word: an ASCII letter or digit,
+// '_', or a byte of a multi-byte UTF-8 character.
+func isWordByte(c byte) bool {
+	return c == '_' || c >= 0x80 || '0' <= c && c <= '9' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z'
+}
+
+func isHexByte(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
 }
 
 type redactedError struct {

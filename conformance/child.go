@@ -15,7 +15,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -410,7 +409,7 @@ func startChild(t testing.TB, role string, spec childSpec, reg *register) *child
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envChild+"="+role, envSpec+"="+string(js))
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	ownProcessGroup(cmd)
 	ch := &child{name: spec.Name, cmd: cmd, reg: reg, stderr: &bytes.Buffer{},
 		events: make(chan msg, 1<<16), exited: make(chan struct{})}
 	cmd.Stderr = &lockedWriter{w: ch.stderr, mu: &ch.mu}
@@ -479,7 +478,7 @@ func (ch *child) serve(stdout io.Reader) {
 func (ch *child) pause(t testing.TB) {
 	t.Helper()
 	pid := ch.cmd.Process.Pid
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+	if err := stopProcess(pid); err != nil {
 		t.Fatalf("SIGSTOP child %s: %v", ch.name, err)
 	}
 	deadline := time.Now().Add(5 * time.Second)
@@ -494,7 +493,7 @@ func (ch *child) pause(t testing.TB) {
 // resume continues the child with SIGCONT.
 func (ch *child) resume(t testing.TB) {
 	t.Helper()
-	if err := syscall.Kill(ch.cmd.Process.Pid, syscall.SIGCONT); err != nil {
+	if err := continueProcess(ch.cmd.Process.Pid); err != nil {
 		t.Errorf("SIGCONT child %s: %v", ch.name, err)
 	}
 }
@@ -531,18 +530,18 @@ func (ch *child) stop(t testing.TB, d time.Duration) error {
 	select {
 	case <-ch.exited:
 	default:
-		_ = syscall.Kill(ch.cmd.Process.Pid, syscall.SIGCONT)
+		_ = continueProcess(ch.cmd.Process.Pid)
 	}
 	select {
 	case <-ch.exited:
 	case <-time.After(d):
 		// SIGQUIT makes the Go runtime print every goroutine's stack and
 		// exit: where the child hung is the point of the report.
-		_ = syscall.Kill(ch.cmd.Process.Pid, syscall.SIGQUIT)
+		_ = quitProcess(ch.cmd.Process)
 		select {
 		case <-ch.exited:
 		case <-time.After(5 * time.Second):
-			_ = syscall.Kill(-ch.cmd.Process.Pid, syscall.SIGKILL)
+			_ = killProcessGroup(ch.cmd.Process)
 			<-ch.exited
 		}
 		ch.mu.Lock()

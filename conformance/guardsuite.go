@@ -113,6 +113,13 @@ type GuardConfig struct {
 	// each making OpsPerWriter writes (and a read after each) with random
 	// tokens. Defaults 8 and 25.
 	Writers, OpsPerWriter int
+
+	// ValueSize pads each value the atomicity case writes to this many
+	// bytes. A write that takes longer (a request body the resource reads
+	// inside its guarded step) widens the window a guard that checks and
+	// writes in two steps leaves open, so that the case catches it. Set it
+	// where the resource takes values that large. Default 0: short values.
+	ValueSize int
 }
 
 // RunGuardSuite checks that the guard cfg names accepts a token equal to or
@@ -384,38 +391,53 @@ var guardModel = porcupine.Model{
 }
 
 // guardHistory runs the atomicity case's workload on targets (one per
-// writer): ops writes each, each followed by a read, and returns the history.
-func guardHistory(ctx context.Context, targets []GuardTarget, ops int) ([]porcupine.Operation, error) {
+// writer): ops rounds in which every writer writes once, all starting
+// together (a barrier), each write followed by a read, and returns the
+// history. Each value is padded with '.' to valueSize bytes; the history
+// holds values without their padding.
+func guardHistory(ctx context.Context, targets []GuardTarget, ops, valueSize int) ([]porcupine.Operation, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	start := time.Now()
 	var (
 		mu   sync.Mutex
 		hist []porcupine.Operation
 	)
+	round := newBarrier(len(targets))
 	errs := make(chan error, len(targets))
 	var wg sync.WaitGroup
 	for w, tg := range targets {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			fail := func(err error) { errs <- err; cancel() }
 			for i := range ops {
 				// Tokens rise with i, with a random lead, so that writes
 				// race with equal, lower and higher tokens throughout.
 				tok := dlock.Token(1 + i + mrand.IntN(len(targets)))
 				in := guardInput{Write: true, Token: tok, V: fmt.Sprintf("w%d-%d", w, i)}
+				value := in.V
+				if pad := valueSize - len(value); pad > 0 {
+					value += strings.Repeat(".", pad)
+				}
+				if err := round.wait(ctx); err != nil {
+					return // another writer failed
+				}
 				call := time.Since(start).Nanoseconds()
-				err := tg.Write(ctx, in.Token, in.V)
+				err := tg.Write(ctx, in.Token, value)
 				ret := time.Since(start).Nanoseconds()
 				if err != nil && !errors.Is(err, fencing.ErrStaleToken) {
-					errs <- fmt.Errorf("writer %d: write with token %d: %w", w, in.Token, err)
+					fail(fmt.Errorf("writer %d: write with token %d: %w", w, in.Token, err))
 					return
 				}
 				rcall := time.Since(start).Nanoseconds()
 				v, rerr := tg.Read(ctx)
 				rret := time.Since(start).Nanoseconds()
 				if rerr != nil {
-					errs <- fmt.Errorf("writer %d: read: %w", w, rerr)
+					fail(fmt.Errorf("writer %d: read: %w", w, rerr))
 					return
 				}
+				v = strings.TrimRight(v, ".")
 				mu.Lock()
 				hist = append(hist,
 					porcupine.Operation{ClientId: w, Input: in, Call: call, Output: guardOutput{Stale: err != nil}, Return: ret},
@@ -430,6 +452,32 @@ func guardHistory(ctx context.Context, targets []GuardTarget, ops int) ([]porcup
 		return hist, err
 	}
 	return hist, nil
+}
+
+// barrier lets n goroutines start each round together: wait returns once
+// all n have called it for the round, or with ctx's error.
+type barrier struct {
+	mu      sync.Mutex
+	n, here int
+	gen     chan struct{} // closed when the round's last goroutine arrives
+}
+
+func newBarrier(n int) *barrier { return &barrier{n: n, gen: make(chan struct{})} }
+
+func (b *barrier) wait(ctx context.Context) error {
+	b.mu.Lock()
+	gen := b.gen
+	if b.here++; b.here == b.n {
+		b.here, b.gen = 0, make(chan struct{})
+		close(gen)
+	}
+	b.mu.Unlock()
+	select {
+	case <-gen:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // checkGuardHistory checks hist with porcupine against guardModel. On a
@@ -469,7 +517,7 @@ func (g *guardSuite) testAtomic(t *testing.T) {
 	for i := range targets {
 		targets[i] = g.target(t, ctx, res)
 	}
-	hist, err := guardHistory(ctx, targets, g.cfg.OpsPerWriter)
+	hist, err := guardHistory(ctx, targets, g.cfg.OpsPerWriter, g.cfg.ValueSize)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -94,7 +94,7 @@ func TestGuardSuiteCatchesTwoStepGuard(t *testing.T) {
 			tg, _ := g.open(ctx, "", "broken")
 			targets[i] = tg
 		}
-		hist, err := guardHistory(ctx, targets, g.cfg.OpsPerWriter)
+		hist, err := guardHistory(ctx, targets, g.cfg.OpsPerWriter, 0)
 		if err != nil {
 			t.Fatal(err)
 		}

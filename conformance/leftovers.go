@@ -13,7 +13,7 @@ import (
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/backend"
-	"github.com/dlock-go/dlock/internal/testenv"
+	"github.com/dlock-go/dlock/internal/goroutines"
 )
 
 // DSNer is an optional interface on a Harness: DSN returns a DSN that opens
@@ -280,7 +280,7 @@ func (s *suite) testCloseStopsGoroutines(t *testing.T) {
 	a := s.locker(t)
 	k := key(t)
 	lease := mustAcquire(t, ctx, a, k)
-	before := testenv.SteadyGoroutines()
+	before := goroutines.Steady()
 
 	b := s.h.NewLocker(t)
 	other := mustAcquire(t, ctx, b, k+"/b") // a held lease: renewals, loss watch

@@ -18,8 +18,12 @@ func nowIn(ctx context.Context) time.Time {
 	return time.Now()
 }
 
+// unixEpoch is where Every counts its periods from.
+var unixEpoch = time.Unix(0, 0)
+
 // Every calls Run for job at every multiple of period counted from the Unix
-// epoch, by the local clock, with that multiple as the run's scheduled time,
+// epoch (1970-01-01 00:00 UTC; a period of a week runs on Thursdays at 00:00
+// UTC), by the local clock, with that multiple as the run's scheduled time,
 // until ctx ends; then it returns ctx's cause. It makes one call at a time:
 // a call that outlasts the period (a long run, a wait for the job) delays the
 // next ones, and Every then calls Run for every multiple it passed, up to
@@ -41,7 +45,7 @@ func Every(ctx context.Context, l dlock.Locker, job Job, period time.Duration, f
 	var last time.Time
 	for {
 		now := nowIn(ctx)
-		at := now.Truncate(period).Add(period)
+		at := unixEpoch.Add(now.Sub(unixEpoch).Truncate(period) + period).In(now.Location())
 		if next := last.Add(period); !last.IsZero() && now.Sub(next) < checked.Retention {
 			at = next // catch up on the runs due while this node was busy
 		}

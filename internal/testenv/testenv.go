@@ -18,10 +18,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"testing"
-	"time"
+
+	"github.com/dlock-go/dlock/internal/goroutines"
 )
 
 // extraBinDirs are searched after $PATH by Binary: Debian installs some
@@ -92,18 +92,6 @@ func portFree(port int) bool {
 }
 
 // SteadyGoroutines returns the number of goroutines once it has stayed the
-// same for 100ms (or after 2s), so that goroutines a call started just
-// before are counted: the figure tests and benchmarks compare before and
-// after holding leases.
-func SteadyGoroutines() int {
-	n := runtime.NumGoroutine()
-	for same, end := 0, time.Now().Add(2*time.Second); same < 5 && time.Now().Before(end); {
-		time.Sleep(20 * time.Millisecond)
-		if m := runtime.NumGoroutine(); m == n {
-			same++
-		} else {
-			n, same = m, 0
-		}
-	}
-	return n
-}
+// same for 100ms (or after 2s): goroutines.Steady, for tests that start
+// servers too.
+func SteadyGoroutines() int { return goroutines.Steady() }
