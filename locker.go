@@ -359,7 +359,8 @@ func (l *locker) releaseCtx(parent context.Context, timeout time.Duration) (cont
 	return l.releaseCtxAt(parent, timeout, time.Now())
 }
 
-// releaseCtxAt is releaseCtx, called at now (time.Now()).
+// releaseCtxAt is releaseCtx for a release made at now (a time.Now() the
+// caller read): the timeout counts from now.
 func (l *locker) releaseCtxAt(parent context.Context, timeout time.Duration, now time.Time) (context.Context, context.CancelFunc) {
 	if timeout == l.release.Timeout() {
 		return l.release.ContextAt(parent, now)

@@ -40,7 +40,8 @@ func (b *Bound) Context(parent context.Context) (context.Context, context.Cancel
 	return b.ContextAt(parent, time.Now())
 }
 
-// ContextAt is Context, called at now (time.Now(), read by the caller).
+// ContextAt is Context for a call made at now, a time.Now() the caller read:
+// the bound counts from now.
 func (b *Bound) ContextAt(parent context.Context, now time.Time) (context.Context, context.CancelFunc) {
 	if parent.Done() != nil {
 		return context.WithTimeout(parent, b.d)
