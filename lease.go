@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/clock"
 	"github.com/dlock-go/dlock/observe"
 )
 
@@ -59,10 +60,11 @@ type Lease struct {
 	sched schedItem // its place in the Locker's keepalive queue, guarded by the scheduler's mu
 }
 
-// newLease makes the lease for g, whose Start is start on the locker's clock.
-func newLease(l *locker, g *backend.Grant, s *settings, start time.Duration) *Lease {
+// newLease makes the lease for g, whose Start is start on the locker's clock;
+// wall and now are time.Now() and the locker's clock read at one moment since.
+func newLease(l *locker, g *backend.Grant, s *settings, start time.Duration, wall time.Time, now time.Duration) *Lease {
 	lease := &Lease{locker: l, grant: g, set: s}
-	lease.setDeadlineLocked(start, g.Validity)
+	lease.setDeadlineLocked(start, g.Validity, wall, now)
 	return lease
 }
 
@@ -262,7 +264,8 @@ func (l *Lease) Release(ctx context.Context) error {
 	// A lease whose deadline has passed is lost, whether or not the keepalive
 	// has noticed yet (a process resumed after a pause releases at once): the
 	// caller must learn that exclusivity may have broken.
-	l.expireIfPast()
+	wall, now := clock.Read(l.locker.clk)
+	l.expireIfPastAt(now)
 	l.mu.Lock()
 	if l.state != held {
 		l.mu.Unlock()
@@ -274,11 +277,11 @@ func (l *Lease) Release(ctx context.Context) error {
 
 	if ctx.Err() != nil {
 		var cancel context.CancelFunc
-		ctx, cancel = l.locker.releaseCtx(context.WithoutCancel(ctx), l.set.releaseTimeout)
+		ctx, cancel = l.locker.releaseCtxAt(context.WithoutCancel(ctx), l.set.releaseTimeout, wall)
 		defer cancel()
 	} else if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = l.locker.releaseCtx(ctx, l.set.releaseTimeout)
+		ctx, cancel = l.locker.releaseCtxAt(ctx, l.set.releaseTimeout, wall)
 		defer cancel()
 	}
 	var released func(error)

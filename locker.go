@@ -231,8 +231,8 @@ func (l *locker) grantLease(ctx context.Context, op, key string, wait bool, s *s
 
 	var bo backend.Backoff
 	for {
-		called := time.Now()
-		onClock := clock.Offset(l.clk) // Grant.Start is a time.Time; the lease counts on clk
+		// Grant.Start is a time.Time; the lease counts on clk, read at the same moment.
+		called, at := clock.Read(l.clk)
 		lost := new(lossLatch)
 		g, err := l.drv.Acquire(actx, backend.AcquireRequest{
 			Key:      key,
@@ -248,7 +248,7 @@ func (l *locker) grantLease(ctx context.Context, op, key string, wait bool, s *s
 		if err != nil {
 			return nil, l.errorf(op, key, l.acquireErr(ctx, err))
 		}
-		lease, err := l.hold(op, g, s, lost, called, onClock, onGrant)
+		lease, err := l.hold(op, g, s, lost, called, at, onGrant)
 		if !errors.Is(err, errGrantedLate) || !wait {
 			return lease, err
 		}
@@ -283,9 +283,9 @@ func (l *locker) acquireErr(ctx context.Context, err error) error {
 }
 
 // hold makes the lease of a grant the driver returned for an acquire that
-// began at called, and starts it; onGrant, if not nil, is called with the
-// lease before it starts.
-func (l *locker) hold(op string, g *backend.Grant, s *settings, lost *lossLatch, called time.Time, onClock func(time.Time) time.Duration, onGrant func(*Lease)) (*Lease, error) {
+// began at called (at on the locker's clock, read at the same moment), and
+// starts it; onGrant, if not nil, is called with the lease before it starts.
+func (l *locker) hold(op string, g *backend.Grant, s *settings, lost *lossLatch, called time.Time, at time.Duration, onGrant func(*Lease)) (*Lease, error) {
 	if g == nil || g.Validity <= 0 {
 		// A driver bug; never hand out a lease nobody can vouch for.
 		if g != nil {
@@ -300,8 +300,11 @@ func (l *locker) hold(op string, g *backend.Grant, s *settings, lost *lossLatch,
 	if g.Start.IsZero() {
 		g.Start = called
 	}
-	start := onClock(g.Start)
-	if late := l.clk.Now() - (start + g.Validity); late >= 0 {
+	// Mapped as clock.Offset maps it: a suspend after called makes start
+	// earlier than it was, the safe side.
+	start := at + g.Start.Sub(called)
+	wall, now := clock.Read(l.clk)
+	if late := now - (start + g.Validity); late >= 0 {
 		// The validity ran out on the way here (a slow node's reply, a
 		// paused or loaded host): a lease handed out now would be one its
 		// holder cannot count on for a moment, and another may already hold
@@ -310,7 +313,7 @@ func (l *locker) hold(op string, g *backend.Grant, s *settings, lost *lossLatch,
 		return nil, l.errorf(op, g.Key, fmt.Errorf("%w (validity %v, %v before it reached the caller); released it",
 			errGrantedLate, g.Validity, late.Round(time.Millisecond)))
 	}
-	lease := newLease(l, g, s, start)
+	lease := newLease(l, g, s, start, wall, now)
 
 	l.mu.Lock()
 	if l.closed {
@@ -353,8 +356,14 @@ func (l *locker) releaseDetached(g *backend.Grant, timeout time.Duration) error 
 // release timeout, calls whose parent cannot be cancelled share one deadline
 // (between timeout and timeout·9/8 away) instead of each arming a timer.
 func (l *locker) releaseCtx(parent context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
+	return l.releaseCtxAt(parent, timeout, time.Now())
+}
+
+// releaseCtxAt is releaseCtx for a release made at now (a time.Now() the
+// caller read): the timeout counts from now.
+func (l *locker) releaseCtxAt(parent context.Context, timeout time.Duration, now time.Time) (context.Context, context.CancelFunc) {
 	if timeout == l.release.Timeout() {
-		return l.release.Context(parent)
+		return l.release.ContextAt(parent, now)
 	}
 	return context.WithTimeout(parent, timeout)
 }

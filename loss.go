@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/dlock-go/dlock/observe"
 )
@@ -70,9 +71,12 @@ var errBackendLost = errors.New("session ended")
 // expireIfPast ends a held lease whose deadline has passed. Once Close has
 // begun it only ends the lease: Close waits for its scheduler's goroutines,
 // and no clean-up release may be started under it.
-func (l *Lease) expireIfPast() {
+func (l *Lease) expireIfPast() { l.expireIfPastAt(l.locker.clk.Now()) }
+
+// expireIfPastAt is expireIfPast with the locker's clock read as now.
+func (l *Lease) expireIfPastAt(now time.Duration) {
 	l.mu.Lock()
-	past := l.state == held && l.locker.clk.Now() >= l.deadline
+	past := l.state == held && now >= l.deadline
 	l.mu.Unlock()
 	if !past {
 		return

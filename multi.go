@@ -221,7 +221,7 @@ func (l *locker) tryAll(ctx context.Context, sorted []string, opts []AcquireOpti
 			_, dones[i] = l.obs.StartAcquire(ctx, observe.AcquireInfo{Backend: l.name, Key: k, Wait: false})
 		}
 	}
-	onClock := clock.Offset(l.clk)
+	called, at := clock.Read(l.clk) // as in grantLease
 	reqs := make([]backend.AcquireRequest, len(sorted))
 	lost := make([]*lossLatch, len(sorted))
 	for i, k := range sorted {
@@ -252,7 +252,7 @@ func (l *locker) tryAll(ctx context.Context, sorted []string, opts []AcquireOpti
 				lease.obs = done(observe.AcquireOutcome{Result: observe.ResultGranted, Token: uint64(lease.Token()), Took: time.Since(began)})
 			}
 		}
-		lease, err := l.hold("acquire-all", g, s, lost[i], began, onClock, onGrant)
+		lease, err := l.hold("acquire-all", g, s, lost[i], called, at, onGrant)
 		if err != nil {
 			releaseAll(leases)
 			for _, g := range gs[i+1:] {

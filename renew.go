@@ -9,14 +9,16 @@ import (
 	"time"
 
 	"github.com/dlock-go/dlock/backend"
+	"github.com/dlock-go/dlock/internal/clock"
 	"github.com/dlock-go/dlock/observe"
 )
 
 // setDeadlineLocked records a grant or renewal sent at start (on the locker's
-// clock) with validity v.
-func (l *Lease) setDeadlineLocked(start, v time.Duration) {
+// clock) with validity v; wall and now are time.Now() and the locker's clock
+// read at one moment since (clock.Read).
+func (l *Lease) setDeadlineLocked(start, v time.Duration, wall time.Time, now time.Duration) {
 	l.deadline = start + v
-	l.deadlineAt = time.Now().Add(l.deadline - l.locker.clk.Now())
+	l.deadlineAt = wall.Add(l.deadline - now)
 	l.nextRenew = start + renewInterval(l.set.ttl, v)
 }
 
@@ -51,7 +53,8 @@ func (l *Lease) renewed(start, v time.Duration) {
 		return
 	}
 	if start+v > l.deadline {
-		l.setDeadlineLocked(start, v)
+		wall, now := clock.Read(l.locker.clk)
+		l.setDeadlineLocked(start, v, wall, now)
 	} else {
 		l.nextRenew = start + renewInterval(l.set.ttl, v)
 	}

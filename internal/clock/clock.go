@@ -41,6 +41,21 @@ const MaxSleep = time.Second
 // true one — the safe side for a lease's start, which is always read before
 // the request it dates.
 func Offset(c Clock) func(time.Time) time.Duration {
-	mono, at := time.Now(), c.Now()
+	mono, at := Read(c)
 	return func(t time.Time) time.Duration { return at + t.Sub(mono) }
+}
+
+// Read returns time.Now() and c.Now() as of one moment. For System it reads
+// the clocks once, where time.Now() then c.Now() would read them twice (each
+// read is 0.05–0.3 µs on a VM, and an acquire and release make several).
+func Read(c Clock) (time.Time, time.Duration) {
+	if r, ok := c.(reader); ok {
+		return r.read()
+	}
+	return time.Now(), c.Now()
+}
+
+// reader is a Clock that can derive its reading from one time.Now.
+type reader interface {
+	read() (time.Time, time.Duration)
 }

@@ -40,6 +40,12 @@ var sys = newCalibrated(func() (time.Duration, bool) {
 
 func (system) Now() time.Duration { return sys.now() }
 
+// read is Read for System: its reading derived from the same time.Now.
+func (system) read() (time.Time, time.Duration) {
+	t := time.Now()
+	return t, sys.nowFrom(time.Duration(t.UnixNano()), t.Sub(origin))
+}
+
 // SuspendAware reports whether System counts a suspend.
 func SuspendAware() bool { return sys.boottime }
 
@@ -70,6 +76,12 @@ func newCalibrated(boot func() (time.Duration, bool), clocks func() (wall, mono 
 // now returns the monotonic clock since origin plus the time suspended.
 func (c *calibrated) now() time.Duration {
 	wall, mono := c.clocks()
+	return c.nowFrom(wall, mono)
+}
+
+// nowFrom is now, from a reading of the wall and monotonic clocks (as
+// c.clocks returns them).
+func (c *calibrated) nowFrom(wall, mono time.Duration) time.Duration {
 	if !c.boottime {
 		return mono
 	}

@@ -39,3 +39,28 @@ func TestOffsetMapsTimesOntoTheClock(t *testing.T) {
 		t.Fatalf("a time read before the suspend mapped to %v, after it", got)
 	}
 }
+
+// TestRead checks that Read's two readings are of one moment: the clock's
+// reading lies between System readings taken just before and just after,
+// and the time.Time between time.Now readings.
+func TestRead(t *testing.T) {
+	for range 1000 {
+		b, bt := System.Now(), time.Now()
+		wall, now := Read(System)
+		a, at := System.Now(), time.Now()
+		if now < b || now > a {
+			t.Fatalf("Read: clock %v, not within [%v, %v]", now, b, a)
+		}
+		if wall.Before(bt) || wall.After(at) {
+			t.Fatalf("Read: time %v, not within [%v, %v]", wall, bt, at)
+		}
+		// One moment: the two readings differ by the clock's offset to the
+		// monotonic clock since origin, as a and at do (read apart by at
+		// most the time between two calls: allow a millisecond for a
+		// preemption).
+		off, ref := now-wall.Sub(origin), a-at.Sub(origin)
+		if d := off - ref; d < -time.Millisecond || d > time.Millisecond {
+			t.Fatalf("Read: offset %v, want %v (±1ms)", off, ref)
+		}
+	}
+}

@@ -37,10 +37,15 @@ func (b *Bound) Timeout() time.Duration { return b.d }
 // them), the context shares its deadline with other calls of the last d/8;
 // otherwise it is a context.WithTimeout of parent.
 func (b *Bound) Context(parent context.Context) (context.Context, context.CancelFunc) {
+	return b.ContextAt(parent, time.Now())
+}
+
+// ContextAt is Context for a call made at now, a time.Now() the caller read:
+// the bound counts from now.
+func (b *Bound) ContextAt(parent context.Context, now time.Time) (context.Context, context.CancelFunc) {
 	if parent.Done() != nil {
 		return context.WithTimeout(parent, b.d)
 	}
-	now := time.Now()
 	b.mu.Lock()
 	if b.cur == nil || !now.Before(b.until) {
 		// Calls before until get at least d: the deadline is now+d+d/8.
@@ -51,6 +56,9 @@ func (b *Bound) Context(parent context.Context) (context.Context, context.Cancel
 	}
 	shared := b.cur
 	b.mu.Unlock()
+	if parent == context.Background() {
+		return shared, func() {} // no values to keep: the shared context itself
+	}
 	return valuesOver{values: parent, shared: shared}, func() {}
 }
 

@@ -124,3 +124,33 @@ func TestStopEndsTheCurrentAndStartsAfresh(t *testing.T) {
 		t.Fatalf("a context after Stop: %v", c2.Err())
 	}
 }
+
+// TestBackgroundAllocatesNothing checks that a context over
+// context.Background, the release's most common parent, is the shared
+// context itself: a release pays no allocation for it.
+func TestBackgroundAllocatesNothing(t *testing.T) {
+	b := New(time.Hour)
+	defer b.Stop()
+	if n := testing.AllocsPerRun(100, func() {
+		_, cancel := b.Context(context.Background())
+		cancel()
+	}); n != 0 {
+		t.Errorf("Context(context.Background()) made %v allocations, want 0", n)
+	}
+}
+
+// TestContextAtCountsFromNow checks that ContextAt bounds the call from the
+// time its caller read.
+func TestContextAtCountsFromNow(t *testing.T) {
+	const d = 8 * time.Second
+	b := New(d)
+	defer b.Stop()
+	now := time.Now()
+	c, cancel := b.ContextAt(context.Background(), now)
+	defer cancel()
+	after := time.Now()
+	dl, ok := c.Deadline()
+	if !ok || dl.Before(now.Add(d)) || dl.After(after.Add(d+d/8)) {
+		t.Fatalf("deadline now+%v (%v), want within [now+%v, now+%v]", dl.Sub(now), ok, d, after.Sub(now)+d+d/8)
+	}
+}
