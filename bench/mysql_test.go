@@ -30,6 +30,8 @@ func startMySQLEnv(tb testing.TB) *mysqlEnv {
 	dsn := e.srv.DSN()
 	e.impls = []impl{
 		dlockImpl("dlock", e.srv.URL("mysql"), e.reqs),
+		// tokens=sequence on its own table: a database holds one token mode.
+		dlockImpl("dlock-seq", e.srv.URL("mysql")+"?tokens=sequence&table=dlock_seq_fence", e.reqs),
 		dlockImpl("dlock-table", e.srv.URL("mysqltable"), e.reqs),
 		{name: "get-lock", newLocker: func(tb testing.TB) locker { return getLock{conn: newMySQLConn(tb, dsn)} }, canWait: true, reqs: e.reqs, oneSessionPerWaiter: true},
 		{name: "get-lock-1s", newLocker: func(tb testing.TB) locker { return getLock{conn: newMySQLConn(tb, dsn), chunk: 1} }, canWait: true, reqs: e.reqs, oneSessionPerWaiter: true},
