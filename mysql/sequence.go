@@ -134,10 +134,11 @@ type seqState struct {
 	valid bool
 }
 
-// epochLockName is the GET_LOCK name that serializes epoch bumps: no key's
-// name has this form (LockName's are the namespace, a colon and hex).
+// epochLockName is the GET_LOCK name that serializes the epoch bumps of
+// every driver of the fence table, whatever its namespace: no key's name has
+// this form (LockName's are a namespace, a colon and hex).
 func (d *Driver) epochLockName() string {
-	name := d.opts.Namespace + ":epoch:" + d.opts.Table
+	name := "dlock-epoch:" + d.opts.Table
 	return name[:min(len(name), maxName)]
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/conformance"
@@ -156,5 +157,68 @@ func TestSequenceRefusesCounterMode(t *testing.T) {
 	}
 	if !errors.Is(err, dlock.ErrInvalidOption) {
 		t.Fatalf("counter mode after sequence mode: %v, want ErrInvalidOption", err)
+	}
+}
+
+// TestSequenceRacingAfterRestart: after a crash, several clients' first
+// grants race to find the emptied marker; one bumps the epoch, and every
+// client draws under that one epoch (bumps are serialized, and a second
+// bump beside a marker others already trust would split the epoch in use).
+func TestSequenceRacingAfterRestart(t *testing.T) {
+	h := newSeqHarness(t)
+	ctx := testCtx(t)
+	const n = 6
+	ls := make([]dlock.Locker, n)
+	for i := range ls {
+		ls[i] = open(t, h.DSN(t))
+		seqGrant(t, ctx, ls[i], "race")
+	}
+	var before int64
+	if err := h.admin.QueryRowContext(ctx, "SELECT epoch FROM dlock_mysql_fence_epoch WHERE id = 1").Scan(&before); err != nil {
+		t.Fatal(err)
+	}
+	h.srv.Kill()
+	h.srv.Restart()
+	start := make(chan struct{})
+	tokens := make(chan dlock.Token, n)
+	errs := make(chan error, n)
+	for i, l := range ls {
+		go func() {
+			<-start
+			for {
+				lease, err := l.TryAcquire(ctx, "race/"+string(rune('a'+i)))
+				if err == nil {
+					tokens <- lease.Token()
+					errs <- lease.Release(ctx)
+					return
+				}
+				if ctx.Err() != nil {
+					tokens <- 0
+					errs <- err
+					return
+				}
+				time.Sleep(5 * time.Millisecond) // pacing: recovery announces its end to no one
+			}
+		}()
+	}
+	close(start)
+	epochs := map[uint64]int{}
+	for range n {
+		tok := <-tokens
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+		epochs[uint64(tok)>>44]++
+	}
+	var after int64
+	if err := h.admin.QueryRowContext(ctx, "SELECT epoch FROM dlock_mysql_fence_epoch WHERE id = 1").Scan(&after); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("epoch before the crash %d, after %d; grants by epoch %v", before, after, epochs)
+	if len(epochs) != 1 || epochs[uint64(before)+1] != n {
+		t.Fatalf("grants after the crash by epoch %v, want all %d in epoch %d", epochs, n, before+1)
+	}
+	if after != before+1 {
+		t.Fatalf("the durable epoch went from %d to %d: want one bump", before, after)
 	}
 }
