@@ -215,7 +215,8 @@ func BenchmarkMySQL(b *testing.B) {
 //     BenchmarkMySQL;
 //   - sql: the driver's grant statement for a session that has its epoch
 //     (GET_LOCK and the draw in one statement) and RELEASE_LOCK, on one
-//     session, under context.Background — the SQL alone;
+//     session, under context.Background, sent as text (the driver prepares
+//     both once per session) — the SQL alone;
 //   - sql+pool: the same on a session taken from a database/sql pool and
 //     given back each cycle, as the driver does;
 //   - driver: the mysql driver itself (backend.Driver's Acquire and Release,

@@ -70,6 +70,10 @@ type connState struct {
 	waitTimeout int
 	sock        *sock
 	seq         seqState // tokens=sequence: the epoch the session draws under
+
+	// The session's prepared statements, on a pool the driver opened: the
+	// server parses them once, not at each use.
+	grantStmt, releaseStmt driver.Stmt
 }
 
 // held is a grant's Data: the connection pinned to the lease.
@@ -379,6 +383,64 @@ func (d *Driver) quick(ctx context.Context, cs *connState, stmt func(sctx contex
 	return true, err
 }
 
+// queryPrepared runs query, prepared on conn's session once and kept in
+// *slot, with args, and returns the first column of its one row. The
+// statement dies with the session.
+func queryPrepared(ctx context.Context, conn *sql.Conn, slot *driver.Stmt, query string, args ...any) (driver.Value, error) {
+	named := make([]driver.NamedValue, len(args))
+	for i, a := range args {
+		named[i] = driver.NamedValue{Ordinal: i + 1, Value: a}
+	}
+	var v driver.Value
+	err := conn.Raw(func(dc any) error {
+		if *slot == nil {
+			p, ok := dc.(driver.ConnPrepareContext)
+			if !ok {
+				return fmt.Errorf("%T cannot prepare statements", dc)
+			}
+			st, err := p.PrepareContext(ctx, query)
+			if err != nil {
+				return err
+			}
+			*slot = st
+		}
+		q, ok := (*slot).(driver.StmtQueryContext)
+		if !ok {
+			return fmt.Errorf("%T cannot run a statement with a context", *slot)
+		}
+		rows, err := q.QueryContext(ctx, named)
+		if err != nil {
+			return err
+		}
+		dest := make([]driver.Value, len(rows.Columns()))
+		if err := rows.Next(dest); err != nil {
+			_ = rows.Close()
+			return err
+		}
+		v = dest[0]
+		return rows.Close()
+	})
+	return v, err
+}
+
+// valueString is a column value of queryPrepared as text; ok is false for
+// NULL.
+func valueString(v driver.Value) (s string, ok bool) {
+	switch v := v.(type) {
+	case nil:
+		return "", false
+	case []byte:
+		return string(v), true
+	case string:
+		return v, true
+	case int64:
+		return strconv.FormatInt(v, 10), true
+	case uint64:
+		return strconv.FormatUint(v, 10), true
+	}
+	return fmt.Sprint(v), true
+}
+
 // killQuery stops the statement that session id runs, from another
 // connection (best effort, bounded by cleanupTimeout).
 func (d *Driver) killQuery(id int64) {
@@ -518,7 +580,15 @@ func (d *Driver) Release(ctx context.Context, g *backend.Grant) error {
 	h.released = true
 	var r sql.NullInt64
 	_, err := d.quick(context.WithoutCancel(ctx), h.cs, func(sctx context.Context) error {
-		return h.conn.QueryRowContext(sctx, "SELECT RELEASE_LOCK(?)", h.name).Scan(&r)
+		if !d.owned {
+			return h.conn.QueryRowContext(sctx, "SELECT RELEASE_LOCK(?)", h.name).Scan(&r)
+		}
+		v, err := queryPrepared(sctx, h.conn, &h.cs.releaseStmt, "SELECT RELEASE_LOCK(?)", h.name)
+		if s, ok := valueString(v); err == nil && ok {
+			r.Int64, err = strconv.ParseInt(s, 10, 64)
+			r.Valid = err == nil
+		}
+		return err
 	})
 	if err != nil {
 		d.discard(h.conn)

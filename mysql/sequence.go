@@ -250,6 +250,13 @@ func (d *Driver) seqGetLock(ctx context.Context, conn *sql.Conn, cs *connState, 
 	}
 	if timeout == 0 {
 		// A try does not wait in the server: no KILL QUERY to send.
+		if d.owned {
+			stmt = func(sctx context.Context) error {
+				v, err := queryPrepared(sctx, conn, &cs.grantStmt, d.seq.grant, name, int64(0), cs.seq.pos)
+				r.String, r.Valid = valueString(v)
+				return err
+			}
+		}
 		var ok bool
 		ok, err = d.quick(ctx, cs, stmt)
 		cancelled = !ok || (err != nil && d.closed.Load())
