@@ -30,6 +30,8 @@ func startMySQLEnv(tb testing.TB) *mysqlEnv {
 	dsn := e.srv.DSN()
 	e.impls = []impl{
 		dlockImpl("dlock", e.srv.URL("mysql"), e.reqs),
+		// tokens=sequence on its own table: a database holds one token mode.
+		dlockImpl("dlock-seq", e.srv.URL("mysql")+"?tokens=sequence&table=dlock_seq_fence", e.reqs),
 		dlockImpl("dlock-table", e.srv.URL("mysqltable"), e.reqs),
 		{name: "get-lock", newLocker: func(tb testing.TB) locker { return getLock{conn: newMySQLConn(tb, dsn)} }, canWait: true, reqs: e.reqs, oneSessionPerWaiter: true},
 		{name: "get-lock-1s", newLocker: func(tb testing.TB) locker { return getLock{conn: newMySQLConn(tb, dsn), chunk: 1} }, canWait: true, reqs: e.reqs, oneSessionPerWaiter: true},
@@ -203,4 +205,80 @@ func (s *shedLock) lock(ctx context.Context, key string, wait bool) (func() erro
 func BenchmarkMySQL(b *testing.B) {
 	e := startMySQLEnv(b)
 	benchBackend(b, e.impls)
+}
+
+// BenchmarkMySQLSteps takes the uncontended cycle of dlock with
+// tokens=sequence apart, step by step from the floor, all interleaved round by
+// round on one MariaDB server:
+//
+//   - floor: GET_LOCK(name, 0) / RELEASE_LOCK on one session, as in
+//     BenchmarkMySQL;
+//   - sql: the driver's grant statement for a session that has its epoch
+//     (GET_LOCK and the draw in one statement) and RELEASE_LOCK, on one
+//     session, under context.Background, sent as text (the driver prepares
+//     both once per session) — the SQL alone;
+//   - sql+pool: the same on a session taken from a database/sql pool and
+//     given back each cycle, as the driver does;
+//   - driver: the mysql driver itself (backend.Driver's Acquire and Release,
+//     as the Locker calls them), with no Locker;
+//   - dlock-seq: dlock.Open with tokens=sequence: the Locker and its lease on
+//     that driver.
+func BenchmarkMySQLSteps(b *testing.B) {
+	srv := testenv.StartMariaDB(b)
+	dsn := srv.URL("mysql") + "?tokens=sequence&table=dlock_steps_fence"
+	drv := func(tb testing.TB) locker { return openDriver(tb, dsn) }
+	impls := []impl{
+		{name: "floor", newLocker: func(tb testing.TB) locker { return getLock{conn: newMySQLConn(tb, srv.DSN()), try: true} }},
+		{name: "driver", newLocker: drv},
+		{name: "sql", newLocker: func(tb testing.TB) locker { return seqSQL{conn: newMySQLConn(tb, srv.DSN())} }},
+		{name: "sql+pool", newLocker: func(tb testing.TB) locker {
+			db := newMySQLDB(tb, srv.DSN())
+			db.SetMaxIdleConns(1)
+			return seqSQL{db: db}
+		}},
+		dlockImpl("dlock-seq", dsn, nil),
+	}
+	b.Run("Uncontended", func(b *testing.B) {
+		reportUncontended(b, runUncontended(b, impls, b.N))
+	})
+}
+
+// seqGrantSQL is the mysql driver's grant statement with tokens=sequence on
+// MariaDB (mysql/sequence.go, newSeqStatements), copied.
+const seqGrantSQL = "SELECT CASE GET_LOCK(?, ?) WHEN 1 THEN IF(@@GLOBAL.read_only, 0, IF(IFNULL(@@GLOBAL.gtid_slave_pos, '') = ?, UUID_SHORT(), -1)) WHEN 0 THEN -2 END"
+
+// seqSQL sends the driver's grant statement and RELEASE_LOCK on conn, or on a
+// session taken from db for each cycle (BenchmarkMySQLSteps).
+type seqSQL struct {
+	conn *sql.Conn
+	db   *sql.DB
+}
+
+func (s seqSQL) lock(ctx context.Context, key string, wait bool) (func() error, error) {
+	if wait {
+		return nil, fmt.Errorf("sql: cannot wait")
+	}
+	conn := s.conn
+	if conn == nil {
+		c, err := s.db.Conn(ctx)
+		if err != nil {
+			return nil, err
+		}
+		conn = c
+	}
+	var r sql.NullString
+	if err := conn.QueryRowContext(context.Background(), seqGrantSQL, key, 0, "").Scan(&r); err != nil || r.String == "-2" || r.String == "0" || r.String == "-1" {
+		return nil, fmt.Errorf("grant %q: %v %v", key, r, err)
+	}
+	return func() error {
+		var g sql.NullInt64
+		err := conn.QueryRowContext(context.Background(), "SELECT RELEASE_LOCK(?)", key).Scan(&g)
+		if s.conn == nil {
+			_ = conn.Close()
+		}
+		if err == nil && g.Int64 != 1 {
+			err = fmt.Errorf("RELEASE_LOCK(%q): %v", key, g)
+		}
+		return err
+	}, nil
 }

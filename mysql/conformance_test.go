@@ -17,8 +17,9 @@ import (
 
 // harness runs the conformance suite on one MariaDB server (Debian's).
 type harness struct {
-	srv   *testenv.MariaDB
-	admin *sql.DB // the test's own statements
+	srv    *testenv.MariaDB
+	admin  *sql.DB // the test's own statements
+	params string  // "" or the driver's DSN parameters, each with a leading "&" ("&tokens=sequence")
 }
 
 func newHarness(t testing.TB) *harness {
@@ -34,7 +35,12 @@ func newHarness(t testing.TB) *harness {
 	return &harness{srv: srv, admin: admin}
 }
 
-func (h *harness) DSN(t testing.TB) string { return h.srv.URL("mysql") }
+func (h *harness) DSN(t testing.TB) string {
+	if h.params == "" {
+		return h.srv.URL("mysql")
+	}
+	return h.srv.URL("mysql") + "?" + h.params[1:]
+}
 
 func (h *harness) NewLocker(t testing.TB) dlock.Locker {
 	t.Helper()

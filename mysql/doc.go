@@ -16,7 +16,8 @@
 // silent holder's session and with it the lock. The token is a durable
 // per-key counter in an InnoDB table (default dlock_mysql_fence;
 // [backend.FencingStrict]; non-durable commits are refused with
-// [ErrAsyncCommit]). Waiting happens in the server, and a cancelled wait is
+// [ErrAsyncCommit]), or with tokens=sequence ([TokensSequence]) the server's
+// UUID_SHORT() under a durable epoch, with no write per grant. Waiting happens in the server, and a cancelled wait is
 // stopped with KILL QUERY. Multi-primary clusters are refused
 // ([ErrMultiPrimary]). docs/mysql.md has the whole write-up.
 package mysql

@@ -12,14 +12,19 @@ import (
 // recovery; SIGSTOP).
 type faultHarness struct{ *harness }
 
-func (h faultHarness) Deployment() string { return "mysql" }
+func (h faultHarness) Deployment() string {
+	if h.params != "" {
+		return "mysql-seq"
+	}
+	return "mysql"
+}
 
 // LinkedDSN reaches the server through a new proxy, as root without a
 // password.
 func (h faultHarness) LinkedDSN(t testing.TB) (string, conformance.Link) {
 	t.Helper()
 	p := testenv.StartProxy(t, h.srv.Addr())
-	return "mysql://root@" + p.Addr() + "/mysql?timeout=5s", p
+	return "mysql://root@" + p.Addr() + "/mysql?timeout=5s" + h.params, p
 }
 
 // ServerFaults: see mysqlMatrix.

@@ -21,6 +21,10 @@ var (
 	_ backend.Relabeler = (*Driver)(nil)
 )
 
+// errNoRecord is the error of Inspect, List, Break and Relabel with
+// tokens=sequence, whose grants write no record.
+var errNoRecord = fmt.Errorf("mysql: tokens=%s keeps no record of the holders: %w", TokensSequence, errors.ErrUnsupported)
+
 // inspectTries bounds how often Inspect reads again a lock whose holding
 // session has not written its record yet (it is between its GET_LOCK and
 // its token).
@@ -71,6 +75,9 @@ func (d *Driver) inspect(ctx context.Context, key string) (backend.LockInfo, rec
 	if d.closed.Load() {
 		return backend.LockInfo{}, record{}, errClosed
 	}
+	if d.opts.Tokens == TokensSequence {
+		return backend.LockInfo{Key: key, Waiters: -1}, record{}, errNoRecord
+	}
 	name := LockName(d.opts.Namespace, key)
 	for try := 1; ; try++ {
 		var r record
@@ -102,6 +109,9 @@ func (d *Driver) inspect(ctx context.Context, key string) (backend.LockInfo, rec
 func (d *Driver) List(ctx context.Context, prefix string) ([]backend.LockInfo, error) {
 	if d.closed.Load() {
 		return nil, errClosed
+	}
+	if d.opts.Tokens == TokensSequence {
+		return nil, errNoRecord
 	}
 	like := strings.NewReplacer(`\`, `\\`, "%", `\%`, "_", `\_`).Replace(prefix) + "%"
 	now := time.Now()
@@ -230,6 +240,9 @@ func (d *Driver) killHolder(ctx context.Context, key string, read record) (int64
 func (d *Driver) Relabel(ctx context.Context, g *backend.Grant, label string) error {
 	if d.closed.Load() {
 		return errClosed
+	}
+	if d.opts.Tokens == TokensSequence {
+		return errNoRecord
 	}
 	h, ok := g.Data.(*held)
 	if !ok {

@@ -69,6 +69,11 @@ type connState struct {
 	id          int64
 	waitTimeout int
 	sock        *sock
+	seq         seqState // tokens=sequence: the epoch the session draws under
+
+	// The session's prepared statements, on a pool the driver opened: the
+	// server parses them once, not at each use.
+	grantStmt, releaseStmt driver.Stmt
 }
 
 // held is a grant's Data: the connection pinned to the lease.
@@ -137,6 +142,13 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, name s
 		d.discard(conn)
 		return nil, err
 	}
+	seq := d.opts.Tokens == TokensSequence
+	if seq && !cs.seq.valid {
+		if err := d.validate(ctx, conn, cs); err != nil {
+			d.discard(conn)
+			return nil, fmt.Errorf("token: %w", err)
+		}
+	}
 	for {
 		timeout := 0
 		if req.Wait {
@@ -145,7 +157,17 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, name s
 				timeout = max(min(timeout, int(time.Until(dl)/time.Second)+1), 1)
 			}
 		}
-		got, cancelled, err := d.getLock(ctx, conn, cs, name, timeout)
+		var (
+			got, cancelled bool
+			draw           string
+			err            error
+			start          = time.Now()
+		)
+		if seq {
+			got, draw, cancelled, err = d.seqGetLock(ctx, conn, cs, name, timeout)
+		} else {
+			got, cancelled, err = d.getLock(ctx, conn, cs, name, timeout)
+		}
 		switch {
 		case cancelled:
 			// Whatever GET_LOCK answered, the session ends with the
@@ -159,6 +181,8 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, name s
 		case err != nil:
 			d.discard(conn)
 			return nil, fmt.Errorf("GET_LOCK: %w", err)
+		case got && seq:
+			return d.seqGrant(ctx, req, conn, cs, name, draw, start)
 		case got:
 			return d.grant(ctx, req, conn, cs, name)
 		case !req.Wait:
@@ -192,6 +216,12 @@ func (d *Driver) grant(ctx context.Context, req backend.AcquireRequest, conn *sq
 		}
 		return nil, ctx.Err()
 	}
+	return d.granted(req, conn, cs, name, uint64(token), start), nil
+}
+
+// granted records the lease of a grant whose session holds the lock, with
+// its token, counted from start, and watches its session.
+func (d *Driver) granted(req backend.AcquireRequest, conn *sql.Conn, cs *connState, name string, token uint64, start time.Time) *backend.Grant {
 	h := &held{conn: conn, cs: cs, name: name, onLost: req.OnLost}
 	d.heldMu.Lock()
 	d.held[h] = struct{}{}
@@ -202,11 +232,11 @@ func (d *Driver) grant(ctx context.Context, req backend.AcquireRequest, conn *sq
 	return &backend.Grant{
 		Key:      req.Key,
 		Owner:    req.Owner,
-		Token:    uint64(token),
+		Token:    token,
 		Start:    start,
 		Validity: req.TTL - backend.DriftAllowance(req.TTL),
 		Data:     h,
-	}, nil
+	}
 }
 
 // pin takes a connection of its own from the pool. Only a waiting Acquire
@@ -276,8 +306,29 @@ func setWaitTimeout(ctx context.Context, conn *sql.Conn, value string) error {
 // not ended it within killGrace, by closing conn; then cancelled is true and
 // the caller must discard conn.
 func (d *Driver) getLock(ctx context.Context, conn *sql.Conn, cs *connState, name string, timeout int) (got, cancelled bool, err error) {
+	var r sql.NullInt64
+	cancelled, err = d.killable(ctx, cs, func(sctx context.Context) error {
+		return conn.QueryRowContext(sctx, "SELECT GET_LOCK(?, ?)", name, timeout).Scan(&r)
+	})
+	if cancelled || err != nil {
+		return false, cancelled, err
+	}
+	// NULL: an error in the server (out of memory, or the query killed by
+	// someone else).
+	if !r.Valid {
+		return false, false, fmt.Errorf("GET_LOCK(%q) returned NULL", name)
+	}
+	return r.Int64 == 1, false, nil
+}
+
+// killable runs stmt, a statement on cs's session that may wait in
+// GET_LOCK, with a context that ctx (or Close) ends with KILL QUERY on the
+// session, from another connection, or, if that has not ended it within
+// killGrace, by closing the connection; then cancelled is true and the
+// caller must discard the connection.
+func (d *Driver) killable(ctx context.Context, cs *connState, stmt func(sctx context.Context) error) (cancelled bool, err error) {
 	if !d.enter() {
-		return false, true, errClosed
+		return true, errClosed
 	}
 	defer d.calls.Done()
 	sctx, scancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -294,21 +345,100 @@ func (d *Driver) getLock(ctx context.Context, conn *sql.Conn, cs *connState, nam
 	}
 	stop := context.AfterFunc(ctx, kill)
 	stopQuit := context.AfterFunc(d.quit, kill)
-	var r sql.NullInt64
-	err = conn.QueryRowContext(sctx, "SELECT GET_LOCK(?, ?)", name, timeout).Scan(&r)
+	err = stmt(sctx)
 	if s1, s2 := stop(), stopQuit(); !s1 || !s2 {
 		<-killed // the KILL QUERY is done with the pool before Close closes it
-		return false, true, err
+		return true, err
 	}
-	if err != nil {
-		return false, false, err
+	return false, err
+}
+
+// quick runs stmt, a statement on cs's session that does not wait in the
+// server (a GET_LOCK that does not wait, a RELEASE_LOCK), bounded by ctx's
+// deadline or cleanupTimeout from now, whichever comes first, and cut short
+// when ctx ends; ok is false when ctx ended first, and the caller must then
+// discard the connection. On a socket the driver dialed, stmt gets a context
+// that cannot end, and the bound is a deadline on the socket: go-sql-driver
+// and database/sql each watch a cancellable context with a goroutine of
+// their own for every statement, which costs more than the statement does.
+func (d *Driver) quick(ctx context.Context, cs *connState, stmt func(sctx context.Context) error) (ok bool, err error) {
+	if cs.sock == nil {
+		sctx, cancel := context.WithTimeout(ctx, cleanupTimeout)
+		defer cancel()
+		err = stmt(sctx)
+		return ctx.Err() == nil, err
 	}
-	// NULL: an error in the server (out of memory, or the query killed by
-	// someone else).
-	if !r.Valid {
-		return false, false, fmt.Errorf("GET_LOCK(%q) returned NULL", name)
+	dl := time.Now().Add(cleanupTimeout)
+	if cd, ok := ctx.Deadline(); ok && cd.Before(dl) {
+		dl = cd
 	}
-	return r.Int64 == 1, false, nil
+	_ = cs.sock.SetDeadline(dl)
+	stop := context.AfterFunc(ctx, func() { _ = cs.sock.SetDeadline(time.Now()) })
+	err = stmt(context.WithoutCancel(ctx))
+	if !stop() {
+		// The deadline may have been moved to now after this clears it.
+		return false, err
+	}
+	_ = cs.sock.SetDeadline(time.Time{})
+	return true, err
+}
+
+// queryPrepared runs query, prepared on conn's session once and kept in
+// *slot, with args, and returns the first column of its one row. The
+// statement dies with the session.
+func queryPrepared(ctx context.Context, conn *sql.Conn, slot *driver.Stmt, query string, args ...any) (driver.Value, error) {
+	named := make([]driver.NamedValue, len(args))
+	for i, a := range args {
+		named[i] = driver.NamedValue{Ordinal: i + 1, Value: a}
+	}
+	var v driver.Value
+	err := conn.Raw(func(dc any) error {
+		if *slot == nil {
+			p, ok := dc.(driver.ConnPrepareContext)
+			if !ok {
+				return fmt.Errorf("%T cannot prepare statements", dc)
+			}
+			st, err := p.PrepareContext(ctx, query)
+			if err != nil {
+				return err
+			}
+			*slot = st
+		}
+		q, ok := (*slot).(driver.StmtQueryContext)
+		if !ok {
+			return fmt.Errorf("%T cannot run a statement with a context", *slot)
+		}
+		rows, err := q.QueryContext(ctx, named)
+		if err != nil {
+			return err
+		}
+		dest := make([]driver.Value, len(rows.Columns()))
+		if err := rows.Next(dest); err != nil {
+			_ = rows.Close()
+			return err
+		}
+		v = dest[0]
+		return rows.Close()
+	})
+	return v, err
+}
+
+// valueString is a column value of queryPrepared as text; ok is false for
+// NULL.
+func valueString(v driver.Value) (s string, ok bool) {
+	switch v := v.(type) {
+	case nil:
+		return "", false
+	case []byte:
+		return string(v), true
+	case string:
+		return v, true
+	case int64:
+		return strconv.FormatInt(v, 10), true
+	case uint64:
+		return strconv.FormatUint(v, 10), true
+	}
+	return fmt.Sprint(v), true
 }
 
 // killQuery stops the statement that session id runs, from another
@@ -448,10 +578,19 @@ func (d *Driver) Release(ctx context.Context, g *backend.Grant) error {
 		return fmt.Errorf("%w: released already", backend.ErrNotHeld)
 	}
 	h.released = true
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
-	defer cancel()
 	var r sql.NullInt64
-	if err := h.conn.QueryRowContext(sctx, "SELECT RELEASE_LOCK(?)", h.name).Scan(&r); err != nil {
+	_, err := d.quick(context.WithoutCancel(ctx), h.cs, func(sctx context.Context) error {
+		if !d.owned {
+			return h.conn.QueryRowContext(sctx, "SELECT RELEASE_LOCK(?)", h.name).Scan(&r)
+		}
+		v, err := queryPrepared(sctx, h.conn, &h.cs.releaseStmt, "SELECT RELEASE_LOCK(?)", h.name)
+		if s, ok := valueString(v); err == nil && ok {
+			r.Int64, err = strconv.ParseInt(s, 10, 64)
+			r.Valid = err == nil
+		}
+		return err
+	})
+	if err != nil {
 		d.discard(h.conn)
 		if connGone(err) {
 			return sessionErr("release", err)
@@ -482,7 +621,7 @@ func transient(err error) bool {
 		}
 		return strings.HasPrefix(me.Message, "Connection was killed")
 	}
-	return !errors.Is(err, ErrNoConnection)
+	return !errors.Is(err, ErrNoConnection) && !errors.Is(err, ErrReadOnly)
 }
 
 // connGone reports whether err says that the pinned connection, and with it

@@ -90,6 +90,13 @@ type Options struct {
 	// it fails with ErrNoConnection (a waiting Acquire waits as long as its
 	// ctx allows). Default DefaultConnWait. DSN parameter "conn_wait".
 	ConnWait time.Duration
+
+	// Tokens selects where fencing tokens come from: TokensCounter (empty
+	// means it), a durable counter per key in Table, or TokensSequence, the
+	// server's UUID_SHORT() under a durable epoch, with no write per grant
+	// but no Inspect, List, Break or SetLabel. Every client of a database
+	// must use the same mode. DSN parameter "tokens"; docs/mysql.md, Tokens.
+	Tokens string
 }
 
 var (
@@ -111,7 +118,12 @@ func (o *Options) withDefaults() (Options, error) {
 	if r.ConnWait == 0 {
 		r.ConnWait = DefaultConnWait
 	}
+	if r.Tokens == "" {
+		r.Tokens = TokensCounter
+	}
 	switch {
+	case r.Tokens != TokensCounter && r.Tokens != TokensSequence:
+		return r, fmt.Errorf("tokens %q: want %s or %s", r.Tokens, TokensCounter, TokensSequence)
 	case !namespaceRE.MatchString(r.Namespace):
 		return r, fmt.Errorf("namespace %q: want 1 to 32 of A-Z a-z 0-9 _ . -", r.Namespace)
 	case !identRE.MatchString(r.Table):
@@ -129,6 +141,7 @@ type Driver struct {
 	owned bool // Close closes db
 	opts  Options
 	sql   statements
+	seq   seqStatements // tokens=sequence
 
 	closed atomic.Bool
 	quit   context.Context // cancelled by Close: waiting acquires end
@@ -186,11 +199,21 @@ func newDriver(ctx context.Context, db *sql.DB, opts *Options, reg *registry) (*
 		return nil, err
 	}
 	st := newStatements(o.Table)
-	if _, err := db.ExecContext(ctx, st.create); err != nil {
+	var seq seqStatements
+	if o.Tokens == TokensSequence {
+		pos, err := replicationPos(ctx, db)
+		if err != nil {
+			return nil, err
+		}
+		seq = newSeqStatements(o.Table, pos)
+	} else if _, err := db.ExecContext(ctx, st.create); err != nil {
 		return nil, fmt.Errorf("create the fence table %s: %w", o.Table, err)
 	}
+	if err := ensureTokenMode(ctx, db, o, seq); err != nil {
+		return nil, err
+	}
 	quit, stop := context.WithCancel(context.Background())
-	return &Driver{db: db, owned: reg != nil, opts: o, sql: st, quit: quit, stop: stop, conns: make(map[any]*connState), reg: reg, held: make(map[*held]struct{})}, nil
+	return &Driver{db: db, owned: reg != nil, opts: o, sql: st, seq: seq, quit: quit, stop: stop, conns: make(map[any]*connState), reg: reg, held: make(map[*held]struct{})}, nil
 }
 
 // checkServer refuses servers where a GET_LOCK or a token could be lost:
@@ -241,7 +264,7 @@ func New(ctx context.Context, db *sql.DB, opts *Options, lockerOpts ...dlock.Opt
 
 // open is the OpenFunc of the scheme mysql: a URL
 // mysql://user:password@host:3306/db?… with dlock's parameters (ttl, …) and
-// this driver's (namespace, table, max_conns, conn_wait); the others are
+// this driver's (namespace, table, max_conns, conn_wait, tokens); the others are
 // go-sql-driver/mysql's (tls, timeout, …); any other is refused. Unless the
 // DSN says otherwise, the client interpolates arguments
 // (interpolateParams=true: one round trip per statement).
@@ -251,6 +274,7 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 		Namespace: p.String("namespace", DefaultNamespace),
 		Table:     p.String("table", DefaultTable),
 		ConnWait:  p.Duration("conn_wait", DefaultConnWait),
+		Tokens:    p.String("tokens", TokensCounter),
 	}
 	maxConns := p.Int("max_conns", DefaultMaxConns, 1, 100000)
 	rest := p.Rest()
@@ -260,7 +284,7 @@ func open(ctx context.Context, u *url.URL) (backend.Driver, error) {
 	if _, err := o.withDefaults(); err != nil {
 		return nil, fmt.Errorf("%w: %w", dlock.ErrInvalidOption, err)
 	}
-	cfg, err := mysqldsn.Config(u, rest, "namespace, table, max_conns and conn_wait")
+	cfg, err := mysqldsn.Config(u, rest, "namespace, table, max_conns, conn_wait and tokens")
 	if err != nil {
 		return nil, err
 	}
