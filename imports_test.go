@@ -74,7 +74,7 @@ func TestRootModuleStaysLean(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, heavy := range []string{"go.etcd.io/", "google.golang.org/grpc", "go.uber.org/zap", "go.opentelemetry.io/otel/sdk", "github.com/prometheus/", "github.com/Shopify/toxiproxy", "github.com/nats-io/"} {
+	for _, heavy := range []string{"go.etcd.io/", "google.golang.org/grpc", "go.uber.org/zap", "go.opentelemetry.io/otel/sdk", "github.com/prometheus/", "github.com/Shopify/toxiproxy", "github.com/nats-io/", "k8s.io/"} {
 		if strings.Contains(string(gomod), heavy) {
 			t.Errorf("the root go.mod requires %s: move the code that needs it to a nested module", heavy)
 		}
@@ -125,7 +125,7 @@ func TestImportRules(t *testing.T) {
 	const mod = "github.com/dlock-go/dlock"
 	drivers := map[string]bool{mod + "/redis": true, mod + "/redlock": true, mod + "/etcd": true,
 		mod + "/zookeeper": true, mod + "/postgres": true, mod + "/sqltable": true, mod + "/mysql": true, mod + "/memlock": true,
-		mod + "/nats": true}
+		mod + "/nats": true, mod + "/k8s": true}
 	checked := 0
 	for _, line := range goListAll(t, `{{.ImportPath}}|{{join .Imports ","}}`) {
 		pkg, imps, _ := strings.Cut(line, "|")
