@@ -30,6 +30,9 @@ type harness struct {
 	dsn string
 	kv  jetstream.KeyValue // for Expire, behind the lockers' backs
 	js  jetstream.JetStream
+	// legacy reads through the stream's leader (Residue): a direct read, as
+	// KeyValue.Get makes, may come from a replica that lags behind a release.
+	legacy natsgo.JetStreamContext
 }
 
 func newHarness(t testing.TB, url, dsn string) *harness {
@@ -38,6 +41,14 @@ func newHarness(t testing.TB, url, dsn string) *harness {
 	// The first locker creates the bucket; the raw client then opens it.
 	_ = h.NewLocker(t).Close()
 	h.js, h.kv = rawKV(t, url)
+	nc, err := natsgo.Connect(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	if h.legacy, err = nc.JetStream(); err != nil {
+		t.Fatal(err)
+	}
 	return h
 }
 
@@ -96,14 +107,17 @@ func (h *harness) Residue(t testing.TB, key string) []string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	e, err := h.kv.Get(ctx, dlocknats.KeyName(key))
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
+	m, err := h.legacy.GetLastMsg("KV_"+testBucket, "$KV."+testBucket+"."+dlocknats.KeyName(key), natsgo.Context(ctx))
+	if errors.Is(err, natsgo.ErrMsgNotFound) {
 		return nil
 	}
 	if err != nil {
 		t.Fatalf("Residue(%q): %v", key, err)
 	}
-	return []string{dlocknats.KeyName(key) + "=" + string(e.Value())}
+	if m.Header.Get("KV-Operation") != "" || m.Header.Get(jetstream.MarkerReasonHeader) != "" {
+		return nil // a marker of a deleted, purged or expired key
+	}
+	return []string{dlocknats.KeyName(key) + "=" + string(m.Data)}
 }
 
 // Waiters counts the waiting Acquires of key that the bucket watch of their
