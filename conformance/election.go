@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -73,6 +74,11 @@ func (s *suite) testElection(t *testing.T) {
 						t.Errorf("%s leads while another term runs", value)
 					case stale:
 						t.Errorf("%s's term has token %d, not above the last term's", value, tok)
+					}
+					if c == 0 && led == 0 {
+						// One term lasts until the observer has read a leader, so
+						// that a late observer on a loaded machine sees one.
+						waitObserved(tctx, &omu, &observed)
 					}
 					mu.Lock()
 					v := counter
@@ -392,5 +398,19 @@ func (s *suite) testElectionObservePush(t *testing.T) {
 		case <-time.After(PushWaitBound + time.Second):
 			t.Fatalf("the hand-over to the second leader was not observed within %v", PushWaitBound+time.Second)
 		}
+	}
+}
+
+// waitObserved returns once *observed holds a read of a leader, or after 5s,
+// or when ctx ends.
+func waitObserved(ctx context.Context, mu *sync.Mutex, observed *[]election.Info) {
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && ctx.Err() == nil; {
+		mu.Lock()
+		seen := slices.ContainsFunc(*observed, func(in election.Info) bool { return in.Led })
+		mu.Unlock()
+		if seen {
+			return
+		}
+		time.Sleep(5 * time.Millisecond) // polling the observer's reads
 	}
 }
