@@ -11,6 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/dlock-go/dlock"
+	"github.com/dlock-go/dlock/backend"
 	"github.com/dlock-go/dlock/conformance"
 	"github.com/dlock-go/dlock/internal/testenv"
 	dlocknats "github.com/dlock-go/dlock/nats"
@@ -39,7 +40,7 @@ func newHarness(t testing.TB, url, dsn string) *harness {
 	t.Helper()
 	h := &harness{url: url, dsn: dsn}
 	// The first locker creates the bucket; the raw client then opens it.
-	_ = h.NewLocker(t).Close()
+	createBucket(t, dsn)
 	h.js, h.kv = rawKV(t, url)
 	nc, err := natsgo.Connect(url)
 	if err != nil {
@@ -50,6 +51,28 @@ func newHarness(t testing.TB, url, dsn string) *harness {
 		t.Fatal(err)
 	}
 	return h
+}
+
+// createBucket opens a locker on dsn, which creates its bucket, and closes
+// it. A cluster that has just started may take longer than one request
+// timeout to place a replicated stream, so it tries for up to a minute.
+func createBucket(t testing.TB, dsn string) {
+	t.Helper()
+	var bo backend.Backoff
+	for deadline := time.Now().Add(time.Minute); ; {
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		l, err := dlock.Open(ctx, dsn)
+		cancel()
+		if err == nil {
+			_ = l.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("creating the bucket of %s: %v", dsn, err)
+		}
+		t.Logf("creating the bucket: %v; trying again", err)
+		_ = backend.Sleep(context.Background(), bo.Next())
+	}
 }
 
 // rawKV returns a plain nats.go client's view of the test bucket, its
