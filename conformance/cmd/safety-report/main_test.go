@@ -154,7 +154,7 @@ func TestFaultModules(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := []string{root, filepath.Join(root, "etcd"), filepath.Join(root, "fencing", "s3fence"), filepath.Join(root, "nats")}; !slices.Equal(mods, want) {
+	if want := []string{root, filepath.Join(root, "etcd"), filepath.Join(root, "fencing", "s3fence"), filepath.Join(root, "k8s"), filepath.Join(root, "nats")}; !slices.Equal(mods, want) {
 		t.Fatalf("faultModules = %q, want %q", mods, want)
 	}
 }
