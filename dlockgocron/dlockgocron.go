@@ -40,8 +40,8 @@ var _ gocron.Locker = (*Locker)(nil)
 // passes, the job's name.
 //
 // period is the jobs' period. gocron does not tell a Locker which run it
-// locks, so Lock names the run by the multiple of period nearest the local
-// clock: every scheduler whose clock is less than period/2 off names the
+// locks, so Lock names the run by the multiple of period (counted from the
+// Unix epoch, as schedule.Every counts) nearest the local clock: every scheduler whose clock is less than period/2 off names the
 // same run, and the run's record turns away those that come late
 // (schedule.Begin). Start duration jobs on a multiple of their period
 // (gocron.WithStartAt). With period 0, Lock is schedule.Lock: the job's
@@ -75,7 +75,7 @@ func (x *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 		}
 		return leaseLock{lease}, nil
 	}
-	at := time.Now().Round(x.period)
+	at := runAt(time.Now(), x.period)
 	c, r, err := schedule.Begin(ctx, x.locker, job, at)
 	if c == nil {
 		if err == nil {
@@ -84,6 +84,13 @@ func (x *Locker) Lock(ctx context.Context, key string) (gocron.Lock, error) {
 		return nil, err
 	}
 	return claimLock{c}, nil
+}
+
+// runAt names the run due at now: the multiple of period, counted from the
+// Unix epoch as schedule.Every counts, nearest to now.
+func runAt(now time.Time, period time.Duration) time.Time {
+	epoch := time.Unix(0, 0)
+	return epoch.Add(now.Sub(epoch).Round(period)).In(now.Location())
 }
 
 // leaseLock unlocks by releasing the job's lease (its AtLeast hold stays).
