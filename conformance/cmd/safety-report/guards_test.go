@@ -3,8 +3,10 @@ package main
 import (
 	"encoding/json"
 	"errors"
+	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -148,5 +150,48 @@ func TestOnlyGuards(t *testing.T) {
 	}
 	if after, _ := os.ReadFile(out); string(after) != string(withGuards) {
 		t.Error("-check wrote the file")
+	}
+}
+
+// -check -not-run DEP leaves DEP's committed rows (in the report and in the
+// README's grid) uncompared when the run has no results for it; without the
+// flag they are missing, and a run that has results for DEP is refused.
+func TestCheckNotRun(t *testing.T) {
+	tmp := t.TempDir()
+	out, readme := filepath.Join(tmp, "SAFETY.md"), filepath.Join(tmp, "README.md")
+	if err := os.WriteFile(readme, []byte(summaryBegin+"\n"+summaryEnd+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	all := writeRecords(t, testRecords())
+	if err := run([]string{"-o", out, "-readme", readme, "-from", all}, os.Stderr, os.Stderr); err != nil {
+		t.Fatal(err)
+	}
+	var withoutEtcd []conformance.Record
+	for _, r := range testRecords() {
+		if r.Deployment != "etcd-3" {
+			withoutEtcd = append(withoutEtcd, r)
+		}
+	}
+	partial := writeRecords(t, withoutEtcd)
+	check := func(extra ...string) error {
+		return run(append([]string{"-o", out, "-readme", readme, "-check"}, extra...), io.Discard, io.Discard)
+	}
+	var d *diffError
+	if err := check("-from", partial); !errors.As(err, &d) || !strings.Contains(err.Error(), "fault etcd-3 kill-leader") || !strings.Contains(err.Error(), "README.md") {
+		t.Errorf("-check of a run without etcd-3 = %v, want its rows missing from the report and the README", err)
+	}
+	if err := check("-from", partial, "-not-run", "etcd-3"); err != nil {
+		t.Errorf("-check -not-run etcd-3 of a run without etcd-3 = %v, want a match", err)
+	}
+	if err := check("-from", all, "-not-run", "etcd-3"); err == nil || !strings.Contains(err.Error(), "have rows for it") {
+		t.Errorf("-check -not-run etcd-3 of a run with etcd-3 = %v, want it refused", err)
+	}
+	bad := slices.Clone(withoutEtcd)
+	bad[0].Failed = true
+	if err := check("-from", writeRecords(t, bad), "-not-run", "etcd-3"); !errors.As(err, &d) {
+		t.Errorf("-check -not-run etcd-3 with a failed redis cell = %v, want its difference", err)
+	}
+	if err := run([]string{"-o", out, "-readme", readme, "-from", partial, "-not-run", "etcd-3"}, io.Discard, io.Discard); err == nil {
+		t.Error("-not-run without -check wrote a report")
 	}
 }

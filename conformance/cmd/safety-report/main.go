@@ -47,10 +47,15 @@
 //
 // in README.md, which -check compares too.
 //
+// -not-run DEP,… (with -check) names deployments whose tests the run did
+// not run because they are gated off (k8s without DLOCK_K8S): their
+// committed rows, in the report and in README's grid, are left uncompared
+// and the output says so; results for one of them are an error.
+//
 // Flags: -from DIR (default: run the tests), -o FILE (default
 // docs/SAFETY.md under the module root), -readme FILE (default README.md
 // under the module root; "none" skips the summary), -check, -only
-// guards|locks (default: both), -race (run the tests with the race detector;
+// guards|locks (default: both), -not-run DEP,… (default none), -race (run the tests with the race detector;
 // default off, so latencies are not inflated), -run REGEXP (default
 // "Faults|Soak|GuardSuite"), -pkgs (default "./...", in each module),
 // -timeout (default 60m, per module's go test).
@@ -110,6 +115,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	pkgs := fl.String("pkgs", "./...", "the packages to test, in each module")
 	timeout := fl.Duration("timeout", 60*time.Minute, "go test's -timeout, in each module")
 	readme := fl.String("readme", "", "the README whose generated summary block to update or check (default README.md under the module root; \"none\" to skip)")
+	notRunList := fl.String("not-run", "", "with -check: comma-separated deployments whose tests this run did not run (gated off); their committed rows are kept, not compared")
 	if err := fl.Parse(args); err != nil {
 		return err
 	}
@@ -118,6 +124,15 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	if *only == "guards" {
 		*readme = "none" // the README's grid holds lock cells only
+	}
+	notRun := map[string]bool{}
+	for _, d := range strings.Split(*notRunList, ",") {
+		if d = strings.TrimSpace(d); d != "" {
+			notRun[d] = true
+		}
+	}
+	if len(notRun) > 0 && !*check {
+		return errors.New("-not-run needs -check: a written report takes every row from the results")
 	}
 	root := ""
 	if *out == "" || *readme == "" || *from == "" {
@@ -167,6 +182,11 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	recs = onlyRecords(recs, *only)
+	for _, r := range recs {
+		if notRun[r.Deployment] {
+			return fmt.Errorf("-not-run %s: the results in %s have rows for it (%s %s)", r.Deployment, dir, r.Kind, r.Test)
+		}
+	}
 	if len(recs) == 0 {
 		return fmt.Errorf("no results in %s (were the tests run with DLOCK_SAFETY_OUT set?)", dir)
 	}
@@ -183,7 +203,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			return err
 		}
-		diffs := compareClaims(claimsPart(string(old), *only), claimsPart(report, *only))
+		committed := claimsPart(string(old), *only)
+		maps.DeleteFunc(committed, func(k, _ string) bool { return notRun[claimDeployment(k)] })
+		diffs := compareClaims(committed, claimsPart(report, *only))
 		if *readme != "none" {
 			text, err := os.ReadFile(*readme)
 			if err != nil {
@@ -191,7 +213,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 			}
 			if updated, err := spliceSummary(string(text), summary(recs)); err != nil {
 				return fmt.Errorf("%s: %w", *readme, err)
-			} else if updated != string(text) {
+			} else if updated != string(text) && (len(notRun) == 0 || !maps.Equal(summaryCells(updated, notRun), summaryCells(string(text), notRun))) {
 				diffs = append(diffs, fmt.Sprintf("%s: the safety summary block differs from the results (regenerate it)", *readme))
 			}
 		}
@@ -199,6 +221,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 			return &diffError{diffs: diffs}
 		}
 		fmt.Fprintf(stdout, "safety-report: %s matches the results in %s\n", *out, dir)
+		if len(notRun) > 0 {
+			fmt.Fprintf(stdout, "safety-report: not compared, their tests did not run: %s\n", strings.Join(slices.Sorted(maps.Keys(notRun)), ", "))
+		}
 		return testErr
 	}
 	if err := os.MkdirAll(filepath.Dir(*out), 0o755); err != nil {
@@ -622,6 +647,23 @@ func splitRow(l string) []string {
 		}
 	}
 	return append(cols, strings.TrimSpace(cur.String()))
+}
+
+// claimDeployment is the deployment a claims key names ("fault DEP FAULT",
+// "soak DEP", "guard G on SERVER: COLUMN"), or "".
+func claimDeployment(key string) string {
+	if g, ok := strings.CutPrefix(key, "guard "); ok {
+		if _, rest, ok := strings.Cut(g, " on "); ok {
+			server, _, _ := strings.Cut(rest, ":")
+			return server
+		}
+		return ""
+	}
+	f := strings.Fields(key)
+	if len(f) < 2 {
+		return ""
+	}
+	return f[1]
 }
 
 func compareClaims(committed, now map[string]string) []string {

@@ -107,3 +107,32 @@ func spliceSummary(text, sum string) (string, error) {
 	}
 	return text[:i+len(summaryBegin)] + "\n" + sum + text[j:], nil
 }
+
+// summaryCells reads the summary grid in text into its cells, keyed by
+// deployment and column, leaving out the deployments in drop and the cells
+// "–" (a fault the deployment does not take), so that dropping a row whose
+// column no other row uses changes nothing else.
+func summaryCells(text string, drop map[string]bool) map[string]string {
+	i, j := strings.Index(text, summaryBegin), strings.Index(text, summaryEnd)
+	if i < 0 || j < i {
+		return nil
+	}
+	cells := map[string]string{}
+	var header []string
+	for _, l := range strings.Split(text[i+len(summaryBegin):j], "\n") {
+		cols := splitRow(l)
+		switch {
+		case !strings.HasPrefix(l, "| ") || len(cols) == 0 || strings.HasPrefix(l, "|---"):
+		case cols[0] == "deployment":
+			header = cols
+		case !drop[cols[0]]:
+			cells[cols[0]] = "row"
+			for k := 1; k < len(cols) && k < len(header); k++ {
+				if cols[k] != "–" {
+					cells[cols[0]+" "+header[k]] = cols[k]
+				}
+			}
+		}
+	}
+	return cells
+}
