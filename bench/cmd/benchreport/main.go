@@ -279,16 +279,16 @@ var (
 			{"seq-floor", "the layout of a lock queue: an ephemeral sequential node, named as dlock names its lock nodes and holding a label, under a container node of the key"},
 			{"fenced-floor", "dlock's token: the create in one multi with a write to the key's node, whose new mzxid (the transaction's) is the token and whose child count says whether the lock is granted at once"},
 			{"driver", "the zookeeper driver called as the Locker calls it, without a Locker"},
-			{"dlock", "dlock.Open: the Locker, its lease and the lease's renewal schedule"},
+			{"dlock", "dlock.Open: the Locker and its lease"},
 		}}
 	mysqlSteps = stepBench{"MySQL (MariaDB), tokens=sequence, step by step", "MySQLSteps/Uncontended", "floor", "dlock-seq",
-		"One MariaDB server, innodb_flush_log_at_trx_commit=1: dlock's uncontended cycle with `tokens=sequence` taken apart, from the floor up (BenchmarkMySQLSteps). None of these steps writes a row or flushes the redo log, and nothing else runs on the server in these rounds (in the MySQL table, counter mode, the table lock and ShedLock, interleaved with `dlock-seq`, flush it on every grant).",
+		"One MariaDB server, innodb_flush_log_at_trx_commit=1: dlock's uncontended cycle with `tokens=sequence` taken apart, from the floor up (BenchmarkMySQLSteps). None of these steps writes a row or flushes the redo log per grant, and nothing else runs on the server in these rounds (in the MySQL table, counter mode, the table lock and ShedLock, interleaved with `dlock-seq`, flush it on every grant).",
 		[]step{
 			{"floor", "`GET_LOCK(name, 0)` / `RELEASE_LOCK` on one session, as in the MySQL table: no token"},
 			{"sql", "the driver's grant statement for a session that has read its epoch (`GET_LOCK` and the token's draw, `UUID_SHORT()`, in one statement) and `RELEASE_LOCK`, sent as text on one session under `context.Background` (the driver prepares both once per session): the SQL alone"},
 			{"sql+pool", "the same on a session taken from a database/sql pool and given back each cycle, as the driver does"},
 			{"driver", "the mysql driver itself (its Acquire and Release, as the Locker calls them), without a Locker"},
-			{"dlock-seq", "dlock.Open with `tokens=sequence`: the Locker, its lease and the lease's renewal schedule"},
+			{"dlock-seq", "dlock.Open with `tokens=sequence`: the Locker and its lease"},
 		}}
 	stepBenches = []stepBench{redisSteps, zkSteps, mysqlSteps}
 )
