@@ -18,13 +18,16 @@
 // (package fencing and its subpackages) adds to a write: the same write
 // plain and guarded, interleaved (BenchmarkGuards), and what package
 // schedule's Run and Once cost against a bare lock cycle, interleaved
-// (BenchmarkSchedule). BenchmarkFleet drives each backend from many client
+// (BenchmarkSchedule); and the uncontended cycle of Redis, ZooKeeper,
+// PostgreSQL and MySQL taken apart step by step from the floor, interleaved
+// (BenchmarkRedisSteps, BenchmarkZooKeeperSteps, BenchmarkPostgresSteps,
+// BenchmarkMySQLSteps). BenchmarkFleet drives each backend from many client
 // processes at once and measures what each renewal, grant and hand-off costs
 // the servers, for the capacity model in docs/CAPACITY.md.
 //
 // scripts/bench.sh runs them all and writes docs/BENCHMARKS.md:
 //
-//	scripts/bench.sh            # about 8–12 minutes on 2 cores
+//	scripts/bench.sh            # about 12–16 minutes on 2 cores
 //	scripts/bench.sh --quick    # smaller sizes, one run
 //
 // By hand:

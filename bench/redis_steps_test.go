@@ -15,7 +15,7 @@ import (
 
 // BenchmarkRedisSteps takes dlock's uncontended Redis cycle apart, step by
 // step from the raw floor, all interleaved round by round on one server
-// (scripts/bench.sh does not run it):
+// (scripts/bench.sh runs it with -benchtime 5s -count 3):
 //
 //   - floor, fenced-floor: as in BenchmarkRedis;
 //   - scripts: the driver's own two scripts on a raw client, with every key

@@ -14,7 +14,7 @@ import (
 
 // BenchmarkZooKeeperSteps takes dlock's uncontended ZooKeeper cycle apart, step
 // by step from the raw floor, all interleaved round by round on one
-// standalone server (scripts/bench.sh does not run it):
+// standalone server (scripts/bench.sh runs it with -benchtime 3000x -count 3):
 //
 //   - floor: BenchmarkZooKeeper's floor, an ephemeral node made and deleted;
 //   - seq-floor: an ephemeral sequential node, named as dlock names its lock

@@ -3,15 +3,17 @@
 # against redsync (1 and 5 pools), redislock, etcd's concurrency.Mutex,
 # go-zookeeper's zk.NewLock, raw pg_advisory_lock, raw GET_LOCK, a ShedLock-style
 # table and each backend's raw protocol floor (NATS: nats.go's key-value
-# create and purge) — and writes docs/BENCHMARKS.md from that one run. A
-# short fleet run (BenchmarkFleet: many client processes per backend, each
-# with its own Locker; docs/CAPACITY.md) writes its raw figures to
-# docs/fleet-run.txt.
+# create and purge), and the uncontended cycles of Redis, ZooKeeper, MySQL
+# (tokens=sequence) and PostgreSQL (tokens=sequence) step by step from their
+# floors — and writes docs/BENCHMARKS.md from that one run. A short fleet
+# run (BenchmarkFleet: many client processes per backend, each with its own
+# Locker; docs/CAPACITY.md) writes its raw figures to docs/fleet-run.txt.
 #
 # The benchmarks start their own servers (redis-server, etcd, ZooKeeper,
 # PostgreSQL, MariaDB, nats-server) on free loopback ports and stop them; install
 # them with scripts/install-test-deps.sh (testenv builds nats-server once). A
-# full run takes about 10–14 minutes on 2 cores; --quick (smaller sizes) about 4.
+# full run takes about 12–16 minutes on 2 cores (the step-by-step runs of
+# Redis, ZooKeeper and MySQL about 1–2 of them); --quick (smaller sizes) about 5.
 #
 # Usage: scripts/bench.sh [--quick] [--out FILE] [--fleet-out FILE]
 #        (defaults docs/BENCHMARKS.md, docs/fleet-run.txt)
@@ -29,19 +31,24 @@ while [ $# -gt 0 ]; do
     --out=*) out=${1#--out=} ;;
     --fleet-out) fleet_out=$2; shift ;;
     --fleet-out=*) fleet_out=${1#--fleet-out=} ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench.sh: unknown argument $1 (try --help)" >&2; exit 2 ;;
   esac
   shift
 done
 
+# The Redis, ZooKeeper and MySQL step-by-step benchmarks are read by p50 and
+# need more rounds than the rest for a stable one: -benchtime and -count for
+# each (ZooKeeper by rounds: its cycles vary too much for a time to size them).
 if $quick; then
   count=1; benchtime=300ms
+  steps_redis=(300ms 1); steps_zk=(300x 1); steps_mysql=(300ms 1)
   scale=(-dlock.keys 200 -dlock.leases 1000 -dlock.keepalive-ttl 3s -dlock.waiters 100)
   fleet=(-dlock.fleet-procs 4 -dlock.fleet-leases 10 -dlock.fleet-ttl 2s -dlock.fleet-phase 500ms)
   cmdline="scripts/bench.sh --quick"
 else
   count=3; benchtime=1s
+  steps_redis=(5s 3); steps_zk=(3000x 3); steps_mysql=(1s 5)
   scale=(-dlock.keys 1000 -dlock.leases 10000 -dlock.keepalive-ttl 9s -dlock.waiters 1000)
   fleet=(-dlock.fleet-procs 8 -dlock.fleet-leases 20 -dlock.fleet-ttl 3s -dlock.fleet-phase 1s)
   cmdline="scripts/bench.sh"
@@ -68,7 +75,7 @@ started=$(date -u '+%Y-%m-%d %H:%M UTC')
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 {
   printf 'Date\t%s\n' "$started"
-  printf 'Command\t`%s` (go test -bench in bench/: -count %s, -benchtime %s for the latency and contention scenarios; -benchtime 1x, one run, for the scale scenarios: %s)\n' "$cmdline" "$count" "$benchtime" "${scale[*]}"
+  printf 'Command\t`%s` (go test -bench in bench/: -count %s, -benchtime %s for the latency and contention scenarios; -benchtime 1x, one run, for the scale scenarios: %s; step by step, -benchtime %s -count %s for Redis, -benchtime %s -count %s for ZooKeeper, -benchtime %s -count %s for MySQL)\n' "$cmdline" "$count" "$benchtime" "${scale[*]}" "${steps_redis[@]}" "${steps_zk[@]}" "${steps_mysql[@]}"
   printf 'CPU\t%s × %s\n' "$(nproc)" "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
   printf 'Memory\t%s\n' "$(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)"
   printf 'OS\t%s, kernel %s\n' "$(. /etc/os-release && echo "$PRETTY_NAME")" "$(uname -r)"
@@ -96,6 +103,15 @@ status=0
 step "latency and contention: Redis, etcd, ZooKeeper, PostgreSQL, MySQL, NATS; the steps of the Redis fair hand-off and of the PostgreSQL sequence-mode cycle; observability overhead; election hand-over; semaphore and read/write lock; guarded writes; scheduled jobs (-count $count, -benchtime $benchtime)"
 "$work/bench.test" -test.run '^$' -test.bench '^Benchmark(Redis|RedisHandoffSteps|Etcd|ZooKeeper|Postgres|PostgresSteps|MySQL|NATS|Observe|Election|Primitives|Guards|Schedule)$' \
   -test.benchtime "$benchtime" -test.count "$count" -test.timeout 40m 2>&1 | tee -a "$raw" || status=1
+
+step "the uncontended cycle step by step: Redis, ZooKeeper, MySQL (tokens=sequence) (-benchtime, -count: ${steps_redis[*]}, ${steps_zk[*]}, ${steps_mysql[*]})"
+run_steps() { # NAME BENCHTIME COUNT: BenchmarkNAME into the raw file
+  "$work/bench.test" -test.run '^$' -test.bench "^Benchmark$1\$" -test.benchtime "$2" -test.count "$3" \
+    -test.timeout 20m 2>&1 | tee -a "$raw" || status=1
+}
+run_steps RedisSteps "${steps_redis[@]}"
+run_steps ZooKeeperSteps "${steps_zk[@]}"
+run_steps MySQLSteps "${steps_mysql[@]}"
 load_mid=$(cut -d' ' -f1-3 /proc/loadavg)
 
 step "scale: many keys, keepalive of many leases, many waiters (${scale[*]})"
