@@ -137,7 +137,8 @@ func (f natsFloor) lock(ctx context.Context, key string, wait bool) (func() erro
 }
 
 // natsHold is how long the Held scenario holds each lease: long enough for
-// dlock's loss watch (set up after the grant, in the background) to start.
+// floor-watch's loss watch (set up after the grant, in the background) to
+// start.
 const natsHold = 20 * time.Millisecond
 
 // Sizes of BenchmarkNATS's own scenarios, fixed (not b.N: a held cycle
@@ -148,8 +149,9 @@ const (
 	natsHeldCycles    = 50  // Requests: held cycles, per implementation
 )
 
-// natsFloorWatch is the floor plus what dlock's driver adds to a held lock:
-// a watch of the key (nats.go's KeyValue.Watch, an ordered consumer),
+// natsFloorWatch is the floor plus a loss watch per held lock (what the
+// driver did before it watched its whole bucket through one consumer): a
+// watch of the key (nats.go's KeyValue.Watch, an ordered consumer),
 // started in the background after the create and read until the release,
 // which ends it (deleting its consumer) in the background too.
 type natsFloorWatch struct {
@@ -199,7 +201,7 @@ func (f natsFloorWatch) lock(ctx context.Context, key string, wait bool) (func()
 //
 //   - Held: natsHeldRounds of Uncontended's interleaved rounds, each lease
 //     held for natsHold before its release: IMPL.cycle-ns is the mean
-//     acquire plus release, without the hold (dlock's loss watch starts
+//     acquire plus release, without the hold (floor-watch's loss watch starts
 //     during the hold).
 //   - Requests: the messages the server receives per cycle of each
 //     implementation, one implementation at a time: IMPL.reqs/cycle over
