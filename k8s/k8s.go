@@ -133,6 +133,9 @@ type Driver struct {
 
 	obs observations
 
+	wmu     sync.Mutex           // guards watches
+	watches map[string]*keyWatch // the waiters' shared watches, by Lease name
+
 	bg     context.Context // cancelled by Close: ends the watches and waits
 	stopBg context.CancelFunc
 	wg     sync.WaitGroup // the watches' goroutines (spawn)

@@ -9,8 +9,6 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/dlock-go/dlock/backend"
 )
@@ -23,10 +21,10 @@ const settleDelay = 1100 * time.Millisecond
 // settleHook, when set by a test, is called before a grant is settled.
 var settleHook func()
 
-// Acquire implements backend.Driver. A waiting Acquire watches the Lease
-// and tries again at each change, when the holder's duration has passed
-// since it was first seen unchanged, and at least every poll interval,
-// riding out transient errors until ctx is done.
+// Acquire implements backend.Driver. A waiting Acquire follows the driver's
+// shared watch of the Lease and tries again at each change, when the
+// holder's duration has passed since it was first seen unchanged, and at
+// least every poll interval, riding out transient errors until ctx is done.
 func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*backend.Grant, error) {
 	if d.closed.Load() {
 		return nil, errClosed
@@ -56,25 +54,38 @@ func (d *Driver) Acquire(ctx context.Context, req backend.AcquireRequest) (*back
 	return d.wait(ctx, req, h, valid)
 }
 
-// attempt reads the Lease and, if nobody holds it (no holder, or the
-// holder's duration has passed since this driver first saw its version),
-// writes h's grant conditional on the version read (or creates the Lease).
-// It returns the grant; or nil, nil and when the holder's time ends (zero
-// if unknown) if the Lease is held or another write came first; or an error.
-// A grant racing ctx's end is given back, and ctx's error returned.
+// attempt reads the Lease and makes an attempt on what it read (attemptOn).
 func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, h *hold, valid time.Duration) (*backend.Grant, time.Time, error) {
-	var none time.Time
 	if err := ctx.Err(); err != nil {
-		return nil, none, err
+		return nil, time.Time{}, err
 	}
 	rctx, cancel := d.reqCtx(ctx)
-	defer cancel()
 	cur, err := d.leases.Get(rctx, h.name, metav1.GetOptions{})
+	cancel()
 	switch {
 	case apierrors.IsNotFound(err):
 		cur = nil
 	case err != nil:
+		return nil, time.Time{}, err
+	}
+	return d.attemptOn(ctx, req, h, valid, cur, nil)
+}
+
+// attemptOn makes an attempt on cur, the Lease as read or watched (nil if
+// absent; not modified): if nobody holds it (no holder, or the holder's
+// duration has passed since this driver first saw its version), and claim
+// (if not nil) allows, it writes h's grant conditional on cur's version (or
+// creates the Lease). It returns the grant; or nil, nil and when the
+// holder's time ends (zero if unknown) if the Lease is held, claim refused,
+// or another write came first; or an error. A grant racing ctx's end is
+// given back, and ctx's error returned.
+func (d *Driver) attemptOn(ctx context.Context, req backend.AcquireRequest, h *hold, valid time.Duration, cur *coordinationv1.Lease, claim func() bool) (*backend.Grant, time.Time, error) {
+	var none time.Time
+	if err := ctx.Err(); err != nil {
 		return nil, none, err
+	}
+	switch {
+	case cur == nil:
 	case mine(cur, h):
 		// An earlier attempt's write was applied with its answer lost; its
 		// renewTime is when it was sent, by this clock.
@@ -88,10 +99,15 @@ func (d *Driver) attempt(ctx context.Context, req backend.AcquireRequest, h *hol
 			return nil, until, nil
 		}
 	}
-	want, err := grantLease(cur, h.name, h, req.Label, req.TTL)
+	if claim != nil && !claim() {
+		return nil, none, nil
+	}
+	want, err := grantLease(cur.DeepCopy(), h.name, h, req.Label, req.TTL)
 	if err != nil {
 		return nil, none, err
 	}
+	rctx, cancel := d.reqCtx(ctx)
+	defer cancel()
 	start := time.Now()
 	var got *coordinationv1.Lease
 	if cur == nil {
@@ -187,70 +203,77 @@ func (d *Driver) settle(ctx context.Context, h *hold, ttl time.Duration) (time.T
 	return start, nil
 }
 
-// wait is Acquire's waiting loop: it watches the Lease (its current state,
-// then each change) and makes an attempt at each change, when the holder's
-// time ends, and at least every poll interval.
+// wait is Acquire's waiting loop. Its first attempt reads the Lease (or
+// uses the driver's watch of it, if one runs); then it follows the watch the
+// driver's waiters for the Lease share, and attempts on the state each
+// change shows, when the holder's time ends, and reads the Lease again at
+// least every poll interval (and after errors, while the watch is down).
+// Of the driver's waiters, only one writes a grant from a given state.
 func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, h *hold, valid time.Duration) (*backend.Grant, error) {
 	wctx, stop := context.WithCancel(ctx)
 	defer stop()
 	defer context.AfterFunc(d.bg, stop)() // Close ends the wait
-	var w watch.Interface
+	kw := d.runningWatch(h.name)
 	defer func() {
-		if w != nil {
-			w.Stop()
+		if kw != nil {
+			d.leaveWatch(kw)
 		}
 	}()
-	selector := fields.OneTermEqualSelector("metadata.name", h.name).String()
 	var bo backend.Backoff
 	var lastErr error
-	try := true // attempt now
-	var until time.Time
+	read := kw == nil || !kw.state().live // attempt on a read of the Lease, not the watched state
 	for {
 		if d.closed.Load() {
 			return nil, errClosed
 		}
-		if w == nil {
-			var err error
-			if w, err = d.leases.Watch(wctx, metav1.ListOptions{FieldSelector: selector}); err != nil {
-				w = nil
-				if !transient(err) && ctx.Err() == nil && !d.closed.Load() {
-					return nil, err
-				}
-				lastErr = err
-			}
+		var st watchState
+		if kw != nil {
+			st = kw.state()
 		}
-		if try {
-			g, u, err := d.attempt(ctx, req, h, valid)
-			switch {
-			case g != nil:
-				return g, nil
-			case err != nil && (!transient(err) || ctx.Err() != nil):
-				if d.closed.Load() {
-					return nil, errClosed
-				}
-				return nil, waitEnded(ctx, err)
-			case err != nil:
-				lastErr = err
-			default:
-				lastErr = nil
-				bo.Reset()
-			}
-			until = u
+		var (
+			g     *backend.Grant
+			until time.Time
+			err   error
+		)
+		switch {
+		case read:
+			g, until, err = d.attempt(ctx, req, h, valid)
+		case st.gen > 0:
+			g, until, err = d.attemptOn(ctx, req, h, valid, st.lease, func() bool { return kw.claim(st.gen) })
 		}
-		next := backend.Jitter(d.poll)
+		switch {
+		case g != nil:
+			return g, nil
+		case err != nil && (!transient(err) || ctx.Err() != nil):
+			if d.closed.Load() {
+				return nil, errClosed
+			}
+			return nil, waitEnded(ctx, err)
+		case err != nil:
+			lastErr = err
+		case read || st.gen > 0:
+			lastErr = nil
+			bo.Reset()
+		}
+		if kw == nil {
+			if kw, err = d.joinWatch(h.name); err != nil {
+				return nil, err
+			}
+			st = kw.state()
+		}
+		next, readNext := backend.Jitter(d.poll), true
 		if !until.IsZero() {
 			// A few milliseconds past the end, so that the attempt finds it over.
-			next = min(next, time.Until(until)+5*time.Millisecond)
+			if e := time.Until(until) + 5*time.Millisecond; e < next {
+				next, readNext = e, false
+			}
 		}
-		if lastErr != nil || w == nil {
-			next = min(next, bo.Next())
+		if lastErr != nil || st.down {
+			if b := bo.Next(); b < next {
+				next, readNext = b, true
+			}
 		}
-		try = false
 		timer := time.NewTimer(max(next, 0))
-		var events <-chan watch.Event
-		if w != nil {
-			events = w.ResultChan()
-		}
 		select {
 		case <-wctx.Done():
 			timer.Stop()
@@ -259,19 +282,10 @@ func (d *Driver) wait(ctx context.Context, req backend.AcquireRequest, h *hold, 
 			}
 			return nil, waitEnded(ctx, lastErr)
 		case <-timer.C:
-			try = true
-		case ev, ok := <-events:
+			read = readNext
+		case <-st.changed:
 			timer.Stop()
-			switch {
-			case !ok || ev.Type == watch.Error: // the watch ended: watch again
-				w.Stop()
-				w, try = nil, true
-			default:
-				if l, ok := ev.Object.(*coordinationv1.Lease); ok && ev.Type != watch.Deleted {
-					d.heldUntil(l, time.Now()) // first sight of this version
-				}
-				try = true
-			}
+			read = false
 		}
 	}
 }

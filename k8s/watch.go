@@ -3,6 +3,8 @@ package k8s
 import (
 	"context"
 	"fmt"
+	"sync"
+	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -167,4 +169,175 @@ func (d *Driver) Watch(ctx context.Context, key string, changed func()) error {
 		return errClosed
 	}
 	return nil
+}
+
+// keyWatch is the one watch of a Lease that the driver's waiting Acquires
+// for it share: it keeps the Lease as last seen and tells the waiters of
+// each change. It lives while a waiter uses it (refs, under Driver.wmu).
+type keyWatch struct {
+	name string
+	refs int
+	stop context.CancelFunc
+
+	mu      sync.Mutex
+	lease   *coordinationv1.Lease // the Lease as last seen; nil if absent
+	gen     uint64                // counts the states seen; 0 before the first
+	live    bool                  // the watch is in place
+	down    bool                  // the watch failed or broke, and is not back
+	tried   uint64                // the state a waiter last wrote a grant from
+	changed chan struct{}         // closed at the next state
+}
+
+// watchState is a waiter's view of a keyWatch.
+type watchState struct {
+	lease   *coordinationv1.Lease // do not modify: shared
+	gen     uint64
+	live    bool
+	down    bool
+	changed <-chan struct{}
+}
+
+func (kw *keyWatch) state() watchState {
+	kw.mu.Lock()
+	defer kw.mu.Unlock()
+	return watchState{lease: kw.lease, gen: kw.gen, live: kw.live, down: kw.down, changed: kw.changed}
+}
+
+// publish records l (nil: absent) as the Lease's state and wakes the waiters.
+func (kw *keyWatch) publish(l *coordinationv1.Lease) {
+	kw.mu.Lock()
+	defer kw.mu.Unlock()
+	kw.lease = l
+	kw.gen++
+	kw.live, kw.down = true, false
+	close(kw.changed)
+	kw.changed = make(chan struct{})
+}
+
+// broken marks the watch down, and wakes the waiters so that they poll.
+func (kw *keyWatch) broken() {
+	kw.mu.Lock()
+	defer kw.mu.Unlock()
+	if !kw.down {
+		kw.live, kw.down = false, true
+		close(kw.changed)
+		kw.changed = make(chan struct{})
+	}
+}
+
+// claim reports whether the caller is the first of the driver's waiters to
+// write a grant from state gen (one write per state and driver: the others
+// would only meet a Conflict).
+func (kw *keyWatch) claim(gen uint64) bool {
+	kw.mu.Lock()
+	defer kw.mu.Unlock()
+	if kw.tried >= gen {
+		return false
+	}
+	kw.tried = gen
+	return true
+}
+
+// runningWatch returns the shared watch of Lease name if one runs (the
+// caller calls leaveWatch when done with it), else nil.
+func (d *Driver) runningWatch(name string) *keyWatch {
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	kw, ok := d.watches[name]
+	if !ok {
+		return nil
+	}
+	kw.refs++
+	return kw
+}
+
+// joinWatch returns the shared watch of Lease name, started if need be;
+// the caller calls leaveWatch when done with it.
+func (d *Driver) joinWatch(name string) (*keyWatch, error) {
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	if kw, ok := d.watches[name]; ok {
+		kw.refs++
+		return kw, nil
+	}
+	ctx, stop := context.WithCancel(d.bg)
+	kw := &keyWatch{name: name, refs: 1, stop: stop, changed: make(chan struct{})}
+	if !d.spawn(func() { d.runKeyWatch(ctx, kw) }) {
+		stop()
+		return nil, errClosed
+	}
+	if d.watches == nil {
+		d.watches = map[string]*keyWatch{}
+	}
+	d.watches[name] = kw
+	return kw, nil
+}
+
+// leaveWatch ends the caller's use of kw, and kw once nobody uses it.
+func (d *Driver) leaveWatch(kw *keyWatch) {
+	d.wmu.Lock()
+	defer d.wmu.Unlock()
+	kw.refs--
+	if kw.refs == 0 {
+		delete(d.watches, kw.name)
+		kw.stop()
+	}
+}
+
+// runKeyWatch lists kw's Lease and watches it from the list's version,
+// publishing each state, again after each break, until ctx ends.
+func (d *Driver) runKeyWatch(ctx context.Context, kw *keyWatch) {
+	selector := fields.OneTermEqualSelector("metadata.name", kw.name).String()
+	var bo backend.Backoff
+	for ctx.Err() == nil {
+		rctx, cancel := context.WithTimeout(ctx, d.timeout)
+		list, err := d.leases.List(rctx, metav1.ListOptions{FieldSelector: selector})
+		cancel()
+		var w watch.Interface
+		if err == nil {
+			w, err = d.leases.Watch(ctx, metav1.ListOptions{FieldSelector: selector, ResourceVersion: list.ResourceVersion})
+		}
+		if err != nil {
+			kw.broken()
+			_ = backend.Sleep(ctx, bo.Next())
+			continue
+		}
+		bo.Reset()
+		var cur *coordinationv1.Lease
+		if len(list.Items) > 0 {
+			cur = &list.Items[0]
+			d.heldUntil(cur, time.Now()) // first sight of this version
+		}
+		kw.publish(cur)
+		d.followKey(ctx, kw, w)
+		w.Stop()
+		kw.broken()
+	}
+}
+
+// followKey publishes each state w reports until w or ctx ends.
+func (d *Driver) followKey(ctx context.Context, kw *keyWatch, w watch.Interface) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				return
+			}
+			switch ev.Type {
+			case watch.Error:
+				return
+			case watch.Bookmark:
+				continue
+			case watch.Deleted:
+				kw.publish(nil)
+				continue
+			}
+			if l, ok := ev.Object.(*coordinationv1.Lease); ok {
+				d.heldUntil(l, time.Now()) // first sight of this version
+				kw.publish(l)
+			}
+		}
+	}
 }
