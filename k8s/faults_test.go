@@ -67,3 +67,7 @@ var k8sMatrix = conformance.Matrix{
 func TestFaults(t *testing.T) {
 	conformance.RunFaults(t, newFaultHarness(t), k8sMatrix)
 }
+
+func TestSoak(t *testing.T) {
+	conformance.Soak(t, newFaultHarness(t), conformance.SoakOptions{Matrix: k8sMatrix})
+}

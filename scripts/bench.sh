@@ -3,11 +3,13 @@
 # against redsync (1 and 5 pools), redislock, etcd's concurrency.Mutex,
 # go-zookeeper's zk.NewLock, raw pg_advisory_lock, raw GET_LOCK, a ShedLock-style
 # table and each backend's raw protocol floor (NATS: nats.go's key-value
-# create and purge), and the uncontended cycles of Redis, ZooKeeper, MySQL
-# (tokens=sequence) and PostgreSQL (tokens=sequence) step by step from their
-# floors — and writes docs/BENCHMARKS.md from that one run. A short fleet
-# run (BenchmarkFleet: many client processes per backend, each with its own
-# Locker; docs/CAPACITY.md) writes its raw figures to docs/fleet-run.txt.
+# create and purge; Kubernetes: client-go's Lease create and delete, where
+# internal/testenv has a kube-apiserver cached or with DLOCK_K8S=1), and the
+# uncontended cycles of Redis, ZooKeeper, MySQL (tokens=sequence) and
+# PostgreSQL (tokens=sequence) step by step from their floors — and writes
+# docs/BENCHMARKS.md from that one run. A short fleet run (BenchmarkFleet:
+# many client processes per backend, each with its own Locker;
+# docs/CAPACITY.md) writes its raw figures to docs/fleet-run.txt.
 #
 # The benchmarks start their own servers (redis-server, etcd, ZooKeeper,
 # PostgreSQL, MariaDB, nats-server) on free loopback ports and stop them; install
@@ -71,6 +73,13 @@ find_bin() { # a binary from $PATH or Debian's sbin directories
 pg_bin=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
 zk_version=$(dpkg-query -W -f='${Version}' zookeeper 2>/dev/null || echo "not installed")
 
+# The Kubernetes benchmark needs a kube-apiserver built from source: it runs
+# when internal/testenv has one cached (or with DLOCK_K8S=1, which builds it).
+kube_version=$(sed -n 's/^const KubeVersion = "\(.*\)"$/\1/p' internal/testenv/kube.go)
+if [ -z "${DLOCK_K8S:-}" ] && [ -x "${XDG_CACHE_HOME:-$HOME/.cache}/dlock-testenv/kube-apiserver-$kube_version/kube-apiserver" ]; then
+  export DLOCK_K8S=1
+fi
+
 started=$(date -u '+%Y-%m-%d %H:%M UTC')
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 {
@@ -86,6 +95,11 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
   printf 'PostgreSQL\t%s\n' "$(version "${pg_bin:-/nonexistent}/postgres" --version)"
   printf 'MariaDB\t%s\n' "$(version "$(find_bin mariadbd)" --version)"
   printf 'NATS\tnats-server %s (built from its module by internal/testenv)\n' "$(sed -n 's/^const NATSServerVersion = "\(.*\)"$/\1/p' internal/testenv/nats.go)"
+  if [ "${DLOCK_K8S:-}" = 1 ]; then
+    printf 'Kubernetes\tkube-apiserver %s (built from its module by internal/testenv), on Debian'"'"'s etcd\n' "$kube_version"
+  else
+    printf 'Kubernetes\tnot measured (no kube-apiserver cached; DLOCK_K8S=1 builds one)\n'
+  fi
 } >"$meta"
 
 # bench/ with the working copies of dlock's modules and the dependency
@@ -100,8 +114,8 @@ go test -c -o "$work/bench.test" .
 # A failed benchmark does not stop the run: the report lists the failures,
 # and the script exits non-zero at the end.
 status=0
-step "latency and contention: Redis, etcd, ZooKeeper, PostgreSQL, MySQL, NATS; the steps of the Redis fair hand-off and of the PostgreSQL sequence-mode cycle; observability overhead; election hand-over; semaphore and read/write lock; guarded writes; scheduled jobs (-count $count, -benchtime $benchtime)"
-"$work/bench.test" -test.run '^$' -test.bench '^Benchmark(Redis|RedisHandoffSteps|Etcd|ZooKeeper|Postgres|PostgresSteps|MySQL|NATS|Observe|Election|Primitives|Guards|Schedule)$' \
+step "latency and contention: Redis, etcd, ZooKeeper, PostgreSQL, MySQL, NATS, Kubernetes (when cached); the steps of the Redis fair hand-off and of the PostgreSQL sequence-mode cycle; observability overhead; election hand-over; semaphore and read/write lock; guarded writes; scheduled jobs (-count $count, -benchtime $benchtime)"
+"$work/bench.test" -test.run '^$' -test.bench '^Benchmark(Redis|RedisHandoffSteps|Etcd|ZooKeeper|Postgres|PostgresSteps|MySQL|NATS|K8s|Observe|Election|Primitives|Guards|Schedule)$' \
   -test.benchtime "$benchtime" -test.count "$count" -test.timeout 40m 2>&1 | tee -a "$raw" || status=1
 
 step "the uncontended cycle step by step: Redis, ZooKeeper, MySQL (tokens=sequence) (-benchtime, -count: ${steps_redis[*]}, ${steps_zk[*]}, ${steps_mysql[*]})"

@@ -94,3 +94,31 @@ func TestStepsTargets(t *testing.T) {
 		t.Error("Redis: dlock / the fenced floor is still a row for information, not a target")
 	}
 }
+
+// TestKubernetesSection: BenchmarkK8s's uncontended rows get a table, its
+// requests a table of their own (it has no held cycles), and a target row
+// against the floor.
+func TestKubernetesSection(t *testing.T) {
+	raw := "goos: linux\n" +
+		uncontendedLine("K8s/Uncontended", map[string]float64{"dlock": 10_000_000, "floor": 8_000_000}) +
+		"BenchmarkK8s/Requests-2 \t 1\t 1000000 ns/op\t 3.05 dlock.reqs/cycle\t 2.00 floor.reqs/cycle\n"
+	res, err := parse(strings.NewReader(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var w strings.Builder
+	write(&w, res, nil, "scripts/bench.sh", raw)
+	report := w.String()
+	if r := row(t, report, "### Kubernetes", "| dlock |"); !strings.Contains(r, "0.80×") {
+		t.Errorf("Kubernetes dlock row %q, want 0.80× of the floor", r)
+	}
+	if r := row(t, report, "### Kubernetes", "| implementation | requests per cycle |"); r == "" {
+		t.Error("no requests table")
+	}
+	if r := row(t, report, "### Kubernetes", "| dlock | 3.05 |"); r == "" {
+		t.Error("no dlock requests row")
+	}
+	if r := row(t, report, "", "| Kubernetes: dlock uncontended ops/s"); !strings.Contains(r, "missed") || !strings.Contains(r, "three API requests") {
+		t.Errorf("Kubernetes target row %q, want missed, with why", r)
+	}
+}
