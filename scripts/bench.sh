@@ -14,7 +14,7 @@
 # The benchmarks start their own servers (redis-server, etcd, ZooKeeper,
 # PostgreSQL, MariaDB, nats-server) on free loopback ports and stop them; install
 # them with scripts/install-test-deps.sh (testenv builds nats-server once). A
-# full run takes about 12–16 minutes on 2 cores (the step-by-step runs of
+# full run takes about 22 minutes on 2 cores (the step-by-step runs of
 # Redis, ZooKeeper and MySQL about 1–2 of them); --quick (smaller sizes) about 5.
 #
 # Usage: scripts/bench.sh [--quick] [--out FILE] [--fleet-out FILE]
