@@ -30,6 +30,19 @@ func stepsRaw() string {
 		uncontendedLine("MySQLSteps/Uncontended", map[string]float64{"floor": 246000, "sql": 260000, "sql+pool": 262000, "driver": 250000, "dlock-seq": 255000})
 }
 
+// renderRaw is the report benchreport writes from raw, a go test -bench
+// output.
+func renderRaw(t *testing.T, raw string) string {
+	t.Helper()
+	res, err := parse(strings.NewReader(raw))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var w strings.Builder
+	write(&w, res, nil, "scripts/bench.sh", raw)
+	return w.String()
+}
+
 // row returns the first line of the report that starts with prefix, after
 // the line that starts with after (if after is not empty).
 func row(t *testing.T, report, after, prefix string) string {
@@ -50,13 +63,7 @@ func row(t *testing.T, report, after, prefix string) string {
 // run with the figures computed from it.
 func TestStepsTargets(t *testing.T) {
 	raw := stepsRaw()
-	res, err := parse(strings.NewReader(raw))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var w strings.Builder
-	write(&w, res, nil, "scripts/bench.sh", raw)
-	report := w.String()
+	report := renderRaw(t, raw)
 
 	for _, c := range []struct {
 		after, prefix string
@@ -102,13 +109,7 @@ func TestKubernetesSection(t *testing.T) {
 	raw := "goos: linux\n" +
 		uncontendedLine("K8s/Uncontended", map[string]float64{"dlock": 10_000_000, "floor": 8_000_000}) +
 		"BenchmarkK8s/Requests-2 \t 1\t 1000000 ns/op\t 3.05 dlock.reqs/cycle\t 2.00 floor.reqs/cycle\n"
-	res, err := parse(strings.NewReader(raw))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var w strings.Builder
-	write(&w, res, nil, "scripts/bench.sh", raw)
-	report := w.String()
+	report := renderRaw(t, raw)
 	if r := row(t, report, "### Kubernetes", "| dlock |"); !strings.Contains(r, "0.80×") {
 		t.Errorf("Kubernetes dlock row %q, want 0.80× of the floor", r)
 	}
