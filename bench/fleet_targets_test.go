@@ -3,7 +3,6 @@ package bench
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -246,23 +245,12 @@ func mysqlStatusSum(tb testing.TB, dsn string, names ...string) func() (float64,
 // (in_bytes + out_bytes from /varz).
 func natsBytes(monitor string) func() (float64, error) {
 	return func() (float64, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+monitor+"/varz", nil)
-		if err != nil {
-			return 0, err
-		}
-		resp, err := natsHTTP.Do(req)
-		if err != nil {
-			return 0, fmt.Errorf("nats /varz: %w", err)
-		}
-		defer resp.Body.Close()
 		var v struct {
 			In  *float64 `json:"in_bytes"`
 			Out *float64 `json:"out_bytes"`
 		}
-		if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
-			return 0, fmt.Errorf("nats /varz: %w", err)
+		if err := readVarz(monitor, &v); err != nil {
+			return 0, err
 		}
 		if v.In == nil || v.Out == nil {
 			return 0, fmt.Errorf("nats /varz: no in_bytes/out_bytes")

@@ -63,28 +63,36 @@ func startNATSEnv(tb testing.TB) *natsEnv {
 // (consumer create and delete) and key-value writes alike.
 func natsInMsgs(monitor string) func() (float64, error) {
 	return func() (float64, error) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+monitor+"/varz", nil)
-		if err != nil {
-			return 0, err
-		}
-		resp, err := natsHTTP.Do(req)
-		if err != nil {
-			return 0, fmt.Errorf("nats /varz: %w", err)
-		}
-		defer resp.Body.Close()
 		var v struct {
 			InMsgs *float64 `json:"in_msgs"`
 		}
-		if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
-			return 0, fmt.Errorf("nats /varz: %w", err)
+		if err := readVarz(monitor, &v); err != nil {
+			return 0, err
 		}
 		if v.InMsgs == nil {
 			return 0, errors.New("nats /varz: no in_msgs")
 		}
 		return *v.InMsgs, nil
 	}
+}
+
+// readVarz decodes the server's /varz (at monitor, host:port) into v.
+func readVarz(monitor string, v any) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+monitor+"/varz", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := natsHTTP.Do(req)
+	if err != nil {
+		return fmt.Errorf("nats /varz: %w", err)
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		return fmt.Errorf("nats /varz: %w", err)
+	}
+	return nil
 }
 
 // natsHTTP keeps no idle connections, so no transport goroutine outlives a

@@ -79,22 +79,7 @@ func createBucket(t testing.TB, dsn string) {
 // connection closed in t.Cleanup.
 func rawKV(t testing.TB, url string) (jetstream.JetStream, jetstream.KeyValue) {
 	t.Helper()
-	nc, err := natsgo.Connect(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	js, err := jetstream.New(nc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	kv, err := js.KeyValue(ctx, testBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return js, kv
+	return rawKVOf(t, url, testBucket)
 }
 
 func (h *harness) DSN(testing.TB) string { return h.dsn }

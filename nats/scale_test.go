@@ -246,8 +246,9 @@ func TestDriverCreateAnswerLost(t *testing.T) {
 	_ = lease.Release(ctx)
 }
 
-// rawKVOf returns a plain nats.go client's view of bucket.
-func rawKVOf(t *testing.T, url, bucket string) (jetstream.JetStream, jetstream.KeyValue) {
+// rawKVOf returns a plain nats.go client's view of bucket, its connection
+// closed in t.Cleanup.
+func rawKVOf(t testing.TB, url, bucket string) (jetstream.JetStream, jetstream.KeyValue) {
 	t.Helper()
 	nc, err := natsgo.Connect(url)
 	if err != nil {
