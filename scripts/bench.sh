@@ -75,8 +75,9 @@ zk_version=$(dpkg-query -W -f='${Version}' zookeeper 2>/dev/null || echo "not in
 
 # The Kubernetes benchmark needs a kube-apiserver built from source: it runs
 # when internal/testenv has one cached (or with DLOCK_K8S=1, which builds it).
-kube_version=$(sed -n 's/^const KubeVersion = "\(.*\)"$/\1/p' internal/testenv/kube.go)
-if [ -z "${DLOCK_K8S:-}" ] && [ -x "${XDG_CACHE_HOME:-$HOME/.cache}/dlock-testenv/kube-apiserver-$kube_version/kube-apiserver" ]; then
+. "$root/scripts/modules.sh"
+kube_version=$(kube_version)
+if [ -z "${DLOCK_K8S:-}" ] && [ -x "$(kube_apiserver_bin)" ]; then
   export DLOCK_K8S=1
 fi
 
@@ -103,8 +104,7 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 } >"$meta"
 
 # bench/ with the working copies of dlock's modules and the dependency
-# versions its own go.mod selects (scripts/modules.sh).
-. "$root/scripts/modules.sh"
+# versions its own go.mod selects (scripts/modules.sh, sourced above).
 mod_workspace bench "$work/go.work"
 export GOWORK=$work/go.work
 cd "$root/bench"

@@ -1,4 +1,4 @@
-# Sourced by scripts/test.sh, tidy.sh, api.sh and release.sh: the repository's
+# Sourced by scripts/test.sh, bench.sh, tidy.sh, api.sh and release.sh: the repository's
 # Go modules, and how to build one of them on its own.
 #
 # No go.mod in the repository has a replace line: a module requires the
@@ -79,3 +79,9 @@ mod_tidy() {
   rm -rf "$tmp"
   return $rc
 }
+
+# kube_version prints the kube-apiserver version internal/testenv builds, and
+# kube_apiserver_bin where it caches the binary (k8s's tests and benchmark
+# run where it exists; docs/k8s.md).
+kube_version() { sed -n 's/^const KubeVersion = "\(.*\)"$/\1/p' internal/testenv/kube.go; }
+kube_apiserver_bin() { echo "${XDG_CACHE_HOME:-$HOME/.cache}/dlock-testenv/kube-apiserver-$(kube_version)/kube-apiserver"; }

@@ -34,7 +34,7 @@ step() { printf '\n== %s\n' "$*"; }
 # (docs/k8s.md): they run with DLOCK_K8S=1, which is set here when the cached
 # binary exists (a cold build does not fit a CI run); otherwise the module is
 # vetted but not tested, and the SAFETY.md check leaves its rows alone.
-kube_bin="${XDG_CACHE_HOME:-$HOME/.cache}/dlock-testenv/kube-apiserver-$(sed -n 's/^const KubeVersion = "\(.*\)"$/\1/p' internal/testenv/kube.go)/kube-apiserver"
+kube_bin=$(kube_apiserver_bin)
 if [ -z "${DLOCK_K8S:-}" ] && [ -z "${DLOCK_KUBE_APISERVER:-}" ] && [ -x "$kube_bin" ]; then
   export DLOCK_K8S=1
 fi
