@@ -10,7 +10,9 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/dlock-go/dlock"
 	"github.com/dlock-go/dlock/internal/testenv"
+	"github.com/dlock-go/dlock/memlock"
 	"github.com/dlock-go/dlock/redlock"
 )
 
@@ -60,7 +62,7 @@ func TestLostHolderClosesWhenStopped(t *testing.T) {
 		}
 	}
 	hv, stop := fs.localHolder(t, "redlock://"+strings.Join(addrs, ",")+"?node_timeout=400ms", k, newRegister(), roleLock)
-	if ended, err := awaitGrant(hv, stop); ended || err != nil {
+	if ended, err := awaitGrant(hv, stop, 0); ended || err != nil {
 		t.Fatalf("the holder was not granted %q: %v", k, err)
 	}
 	down := []int{0, 1, 2}
@@ -112,3 +114,51 @@ func TestLostHolderClosesWhenStopped(t *testing.T) {
 type quietRedis struct{}
 
 func (quietRedis) Printf(context.Context, string, ...any) {}
+
+// twoStoreHarness gives a fault trial's holder, on its first LinkedDSN, a
+// store where the key is already held, and a free one after that.
+type twoStoreHarness struct {
+	memFaultHarness
+	first string
+	calls int
+}
+
+func (h *twoStoreHarness) LinkedDSN(testing.TB) (string, Link) {
+	h.calls++
+	if h.calls == 1 {
+		return "mem://" + h.first, nil
+	}
+	return "mem://" + h.name, nil
+}
+
+// TestHolderNotGrantedStartsAgain: a trial holder that is not granted
+// within the bound (the harness failed: here, its first store never frees
+// the key) is an inconclusive attempt, started once more on a new
+// LinkedDSN, where it is granted; the trial goes on with the second holder.
+func TestHolderNotGrantedStartsAgain(t *testing.T) {
+	h := &twoStoreHarness{memFaultHarness: memFaultHarness{name: "granted-" + t.Name()}, first: "blocked-" + t.Name()}
+	k := key(t)
+	blocker, err := dlock.New(memlock.Shared(h.first).NewDriver())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Close()
+	lease, err := blocker.Acquire(context.Background(), k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lease.Release(context.Background()) }()
+
+	fs := &faultSuite{h: h, ttl: h.ShortTTL(), grantBound: 500 * time.Millisecond}
+	dsn, link := h.LinkedDSN(t)
+	hv, _, stop, _ := fs.startHolder(t, Partition, k, newRegister(), dsn, link)
+	defer func() { _ = stop() }()
+	select {
+	case <-hv.granted:
+	default:
+		t.Fatal("startHolder returned without a grant")
+	}
+	if h.calls != 2 {
+		t.Fatalf("LinkedDSN called %d times, want 2: the holder was not started again on a new link", h.calls)
+	}
+}

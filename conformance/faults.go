@@ -138,7 +138,9 @@ type Expect struct {
 type Matrix map[Fault]Expect
 
 // Link is a breakable network path between one client and every server of a
-// deployment: one TCP proxy per server address in a LinkedDSN.
+// deployment: one TCP proxy per server address in a LinkedDSN. A Link that
+// also has a Report() string method (testenv's proxies do) is asked what it
+// saw when a trial's holder cannot get through it.
 type Link interface {
 	// Blackhole stops every byte both ways on current and new connections,
 	// without closing any; the servers still see the client connected.

@@ -2,6 +2,9 @@ package sqltable_test
 
 import (
 	"context"
+	"os"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -64,22 +67,42 @@ func newFaultHarness(t testing.TB, bounced bool) *faultHarness {
 	if bounced {
 		b := testenv.StartPgBouncer(t, h.srv, "transaction")
 		h.bouncer, h.url = b, b.URL()
-		// A CI run saw every connection through PgBouncer end in EOF after
-		// one trial: say what became of it. Alive, its log is only clients
-		// coming and going, and 40 lines of it pushed the test's own errors
-		// out of CI's excerpt of the output: a few lines then.
+		// CI runs saw connections through PgBouncer end in EOF: say what
+		// became of it. Alive, its log is mostly clients coming and going,
+		// and 40 lines of it pushed the test's own errors out of CI's excerpt
+		// of the output: the last few lines that are not routine, then.
 		t.Cleanup(func() {
 			if !t.Failed() {
 				return
 			}
 			if b.Alive() {
-				t.Logf("pgbouncer alive at the end; the last lines of its log:\n%s", b.LogTail(3))
+				t.Logf("pgbouncer alive at the end; the last lines of its log that are not clients coming and going:\n%s", unusualLog(b.LogPath(), 12))
 			} else {
 				t.Logf("pgbouncer dead at the end; the last lines of its log:\n%s", b.LogTail(40))
 			}
 		})
 	}
 	return h
+}
+
+// routineLog marks PgBouncer log lines about clients and server connections
+// coming and going normally.
+var routineLog = []string{"login attempt:", "closing because: client close request", "new connection to server", "closing because: client unexpected eof", "stats:"}
+
+// unusualLog returns the last n lines of the log at path that are not
+// routine, or why it could not read it.
+func unusualLog(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	var keep []string
+	for line := range strings.SplitSeq(strings.TrimRight(string(b), "\n"), "\n") {
+		if !slices.ContainsFunc(routineLog, func(r string) bool { return strings.Contains(line, r) }) {
+			keep = append(keep, line)
+		}
+	}
+	return strings.Join(keep[max(0, len(keep)-n):], "\n")
 }
 
 func (h *faultHarness) Deployment() string {

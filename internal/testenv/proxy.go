@@ -1,7 +1,9 @@
 package testenv
 
 import (
+	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -27,6 +29,10 @@ type Proxy struct {
 	ln    net.Listener       // nil while Cut or stopped
 	links map[*link]struct{} // the connections through the proxy
 	open  chan struct{}      // closed while bytes flow; open (blocking) while blackholed
+
+	accepted    int   // client connections accepted
+	dialFailed  int   // of those, closed at once because the server could not be dialed
+	lastDialErr error // the last such dial's error
 }
 
 type proxyState int
@@ -86,6 +92,13 @@ func (p *Proxy) serve(ln net.Listener) {
 				return
 			}
 			s, err := net.DialTimeout("tcp", p.upstream, proxyDialTimeout)
+			p.mu.Lock()
+			p.accepted++
+			if err != nil {
+				p.dialFailed++
+				p.lastDialErr = err
+			}
+			p.mu.Unlock()
 			if err != nil {
 				_ = c.Close() // the server is down: so is the path
 				continue
@@ -168,6 +181,19 @@ func (p *Proxy) Addr() string { return p.addr }
 
 // Upstream returns the server address the proxy forwards to.
 func (p *Proxy) Upstream() string { return p.upstream }
+
+// Report says what the proxy saw, for a test's failure message: the client
+// connections it accepted, and how many it closed at once because the
+// server could not be dialed, with the last such error.
+func (p *Proxy) Report() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	r := fmt.Sprintf("proxy %s → %s: %d connections accepted, %d closed at once as the server could not be dialed", p.addr, p.upstream, p.accepted, p.dialFailed)
+	if p.lastDialErr != nil {
+		r += fmt.Sprintf(" (last: %v)", p.lastDialErr)
+	}
+	return r
+}
 
 // Blackhole stops every byte both ways, on current connections and on new
 // ones, without closing any: each side sees a silent peer, as in a network
@@ -316,4 +342,13 @@ func (ps Proxies) Heal(t testing.TB) {
 	for _, p := range ps {
 		p.Heal(t)
 	}
+}
+
+// Report joins the proxies' reports (see Proxy.Report), one per line.
+func (ps Proxies) Report() string {
+	rs := make([]string, len(ps))
+	for i, p := range ps {
+		rs[i] = p.Report()
+	}
+	return strings.Join(rs, "\n")
 }

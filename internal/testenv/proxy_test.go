@@ -257,3 +257,34 @@ func TestProxies(t *testing.T) {
 	// Left blackholed: the cleanup must still stop everything (goleak in
 	// TestMain checks that the pipeline goroutines ended).
 }
+
+// TestProxyReport: the report counts the connections the proxy accepted and
+// those it closed at once because the server could not be dialed, naming
+// the last dial error.
+func TestProxyReport(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	upstream := ln.Addr().String()
+	_ = ln.Close() // nobody listens there: every dial is refused
+	p := StartProxy(t, upstream)
+	c, err := net.DialTimeout("tcp", p.Addr(), answerDeadline)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := c.SetReadDeadline(time.Now().Add(answerDeadline)); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := c.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Fatalf("read through a proxy whose server is down: %d, %v; want EOF", n, err)
+	}
+	r := p.Report()
+	if !strings.Contains(r, "1 connections accepted, 1 closed at once") || !strings.Contains(r, "connection refused") {
+		t.Fatalf("report %q: want 1 accepted, 1 closed at once, the refused dial", r)
+	}
+	if got := (Proxies{p, p}).Report(); got != r+"\n"+r {
+		t.Fatalf("Proxies.Report = %q", got)
+	}
+}
