@@ -23,7 +23,20 @@ cd "$(dirname "$0")/.."
 
 STATICCHECK_VERSION=v0.8.2
 
-step() { printf '\n== %s\n' "$*"; }
+# step prints a step's heading and notes when it began, for the timings
+# printed last (the part of a CI log that is kept).
+timings=()
+step() {
+  timings+=("$(printf '%5ds  %s' "$SECONDS" "${*%%:*}")")
+  printf '\n== %s\n' "$*"
+}
+print_timings() {
+  printf '\n== timings (seconds since the start of scripts/test.sh when each step began; the end at %ds)\n' "$SECONDS"
+  printf '%s\n' "${timings[@]}"
+  if [ -n "${DLOCK_INSTALL_SECONDS:-}" ]; then
+    echo "(before it, .ci/run's installs took ${DLOCK_INSTALL_SECONDS}s)"
+  fi
+}
 
 # The modules, each tested on its own, as its users build it: in a workspace
 # of its own that sends the dlock modules it requires to their working copies
@@ -132,6 +145,7 @@ fi
 
 # The recap: what a reader of the run's last lines needs.
 mapfile -t failed < <(cat "$logs"/*.failed 2>/dev/null)
+print_timings
 if [ ${#failed[@]} -gt 0 ]; then
   step "FAILED: ${failed[*]}; each failing test's own messages follow"
   for m in "${failed[@]}"; do
