@@ -28,7 +28,13 @@ var unixEpoch = time.Unix(0, 0)
 // a call that outlasts the period (a long run, a wait for the job) delays the
 // next ones, and Every then calls Run for every multiple it passed, up to
 // the job's Retention back, so that a run due while every node was busy is
-// still made (the others return Done at the cost of one read). report, if not nil, is called after each call with the
+// still made (the others return Done at the cost of one read). A run that
+// Run reports InProgress because the job's lease stayed held all through
+// RetryWithin (by other runs, on a busy or slow backend, or by this run on
+// a node that may die) is called again before the next, while it is less
+// than Retention old: a run is not skipped because every node waited for
+// the job at once. One stopped by an earlier run's AtLeast hold is not
+// called again. report, if not nil, is called after each call with the
 // run's scheduled time, Result and error. A period ≤ 0 is an error matching
 // ErrInvalidJob.
 func Every(ctx context.Context, l dlock.Locker, job Job, period time.Duration, fn Func, report func(at time.Time, r Result, err error)) error {
@@ -43,10 +49,14 @@ func Every(ctx context.Context, l dlock.Locker, job Job, period time.Duration, f
 	defer timer.Stop()
 	<-timer.C
 	var last time.Time
+	again := false // the run at last is to be called again
 	for {
 		now := nowIn(ctx)
 		at := unixEpoch.Add(now.Sub(unixEpoch).Truncate(period) + period).In(now.Location())
-		if next := last.Add(period); !last.IsZero() && now.Sub(next) < checked.Retention {
+		switch next := last.Add(period); {
+		case again:
+			at = last
+		case !last.IsZero() && now.Sub(next) < checked.Retention:
 			at = next // catch up on the runs due while this node was busy
 		}
 		last = at
@@ -56,9 +66,10 @@ func Every(ctx context.Context, l dlock.Locker, job Job, period time.Duration, f
 			return context.Cause(ctx)
 		case <-timer.C:
 		}
-		r, err := Run(ctx, l, job, at, fn)
+		r, busy, err := run(ctx, l, job, at, fn)
 		if report != nil {
 			report(at, r, err)
 		}
+		again = busy && nowIn(ctx).Sub(at) < checked.Retention
 	}
 }

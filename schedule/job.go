@@ -148,12 +148,20 @@ func (j Job) leaseOpts(id string) []dlock.AcquireOption {
 // ran out. Errors of the backend are returned as they are, with a zero
 // Result.
 func Run(ctx context.Context, l dlock.Locker, job Job, at time.Time, fn Func) (Result, error) {
-	c, r, err := Begin(ctx, l, job, at)
+	r, _, err := run(ctx, l, job, at, fn)
+	return r, err
+}
+
+// run is Run; busy reports an InProgress because the job's lease stayed
+// held all through RetryWithin (not an AtLeast hold).
+func run(ctx context.Context, l dlock.Locker, job Job, at time.Time, fn Func) (r Result, busy bool, err error) {
+	c, r, busy, err := begin(ctx, l, job, at)
 	if c == nil {
-		return r, err
+		return r, busy, err
 	}
 	fnErr := runUnder(context.WithValue(ctx, atKey{}, at), c.lease, fn)
-	return c.End(ctx, fnErr)
+	r, err = c.End(ctx, fnErr)
+	return r, false, err
 }
 
 // Claim is a run that Begin claimed: the caller runs the job under its
@@ -177,15 +185,22 @@ func (c *Claim) Lease() *dlock.Lease { return c.lease }
 // Claim (and Result Ran). Otherwise the Claim is nil and the Result and
 // error are Run's.
 func Begin(ctx context.Context, l dlock.Locker, job Job, at time.Time) (*Claim, Result, error) {
+	c, r, _, err := begin(ctx, l, job, at)
+	return c, r, err
+}
+
+// begin is Begin; busy reports an InProgress because the job's lease stayed
+// held all through RetryWithin (not an earlier run's AtLeast hold).
+func begin(ctx context.Context, l dlock.Locker, job Job, at time.Time) (*Claim, Result, bool, error) {
 	job, err := job.check()
 	if err != nil {
-		return nil, Result{}, errorf("run", job.Name, err)
+		return nil, Result{}, false, errorf("run", job.Name, err)
 	}
 	id, runKey := runID(at), job.runKey(at)
 	if done, tok, err := recorded(ctx, l, runKey); err != nil {
-		return nil, Result{}, errorf("run", job.Name, err)
+		return nil, Result{}, false, errorf("run", job.Name, err)
 	} else if done {
-		return nil, Result{Status: Done, Token: tok}, nil
+		return nil, Result{Status: Done, Token: tok}, false, nil
 	}
 
 	// The job's lease is held by another run, or by this one on another
@@ -195,10 +210,10 @@ func Begin(ctx context.Context, l dlock.Locker, job Job, at time.Time) (*Claim, 
 	lease, err := l.Acquire(wctx, job.jobKey(), job.leaseOpts(id)...)
 	cancel()
 	if errors.Is(err, dlock.ErrNotAcquired) && ctx.Err() == nil {
-		return nil, Result{Status: InProgress, Holder: holderOf(ctx, l, job.jobKey())}, nil
+		return nil, Result{Status: InProgress, Holder: holderOf(ctx, l, job.jobKey())}, true, nil
 	}
 	if err != nil {
-		return nil, Result{}, errorf("run", job.Name, err)
+		return nil, Result{}, false, errorf("run", job.Name, err)
 	}
 	release := func() { _ = lease.Release(context.WithoutCancel(ctx)) }
 
@@ -206,18 +221,18 @@ func Begin(ctx context.Context, l dlock.Locker, job Job, at time.Time) (*Claim, 
 	// lease was granted.
 	if done, tok, err := recorded(ctx, l, runKey); err != nil {
 		release()
-		return nil, Result{}, errorf("run", job.Name, err)
+		return nil, Result{}, false, errorf("run", job.Name, err)
 	} else if done {
 		release()
-		return nil, Result{Status: Done, Token: tok}, nil
+		return nil, Result{Status: Done, Token: tok}, false, nil
 	}
 	if job.AtLeast > 0 {
 		if busy, err := hold(ctx, l, job, id, job.RetryWithin); err != nil || busy != "" {
 			release()
 			if err != nil {
-				return nil, Result{}, errorf("run", job.Name, err)
+				return nil, Result{}, false, errorf("run", job.Name, err)
 			}
-			return nil, Result{Status: InProgress, Holder: busy}, nil
+			return nil, Result{Status: InProgress, Holder: busy}, false, nil
 		}
 	}
 	tok := lease.Token()
@@ -226,17 +241,17 @@ func Begin(ctx context.Context, l dlock.Locker, job Job, at time.Time) (*Claim, 
 		switch {
 		case errors.Is(err, errRecorded):
 			release()
-			return nil, Result{Status: Done, Token: tok}, nil
+			return nil, Result{Status: Done, Token: tok}, false, nil
 		case errors.Is(err, dlock.ErrLeaseLost):
 			release()
-			return nil, Result{Status: Redo, Token: tok}, errorf("run", job.Name, err)
+			return nil, Result{Status: Redo, Token: tok}, false, errorf("run", job.Name, err)
 		case err != nil:
 			release()
-			return nil, Result{}, errorf("run", job.Name, err)
+			return nil, Result{}, false, errorf("run", job.Name, err)
 		}
 	}
 	c := &Claim{l: l, job: job, at: at, lease: lease}
-	return c, Result{Status: Ran, Token: tok}, nil
+	return c, Result{Status: Ran, Token: tok}, false, nil
 }
 
 // End ends the run with the job's error: in Mode RetryLost it records the

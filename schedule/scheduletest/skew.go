@@ -74,7 +74,7 @@ func Child(t *testing.T) {
 		return nil
 	}, func(at time.Time, r schedule.Result, err error) {
 		if err != nil || r.Status == schedule.InProgress || r.Status == schedule.Redo {
-			fmt.Fprintf(os.Stderr, "%s: the run at %s: %v %v\n", node, at.UTC().Format("15:04:05.000"), r.Status, err)
+			fmt.Fprintf(os.Stderr, "%s: the run at %s: %v (holder %q) %v\n", node, at.UTC().Format("15:04:05.000"), r.Status, r.Holder, err)
 		}
 	})
 }
