@@ -32,7 +32,10 @@ type faultHarness struct {
 // child's link while pgx cancels a statement can do that. CI saw it kill
 // PgBouncer after one trial, and every later trial fail to connect. A
 // deployment restarts its pooler (systemd's Restart=); the trial in which it
-// crashed still fails on its own, and later trials get a PgBouncer again.
+// crashed still fails on its own, and later trials get a PgBouncer again. It
+// can also die as a trial ends, after the next one's check: that trial's
+// holder then cannot connect, and its second attempt, on a new LinkedDSN,
+// finds PgBouncer restarted.
 func (h *faultHarness) alive(t testing.TB) {
 	if h.bouncer == nil {
 		return
