@@ -154,7 +154,7 @@ func Run(ctx context.Context, l dlock.Locker, job Job, at time.Time, fn Func) (R
 
 // run is Run; busy reports an InProgress because the job's lease stayed
 // held all through RetryWithin (not an AtLeast hold).
-func run(ctx context.Context, l dlock.Locker, job Job, at time.Time, fn Func) (r Result, busy bool, err error) {
+func run(ctx context.Context, l dlock.Locker, job Job, at time.Time, fn Func) (Result, bool, error) {
 	c, r, busy, err := begin(ctx, l, job, at)
 	if c == nil {
 		return r, busy, err
