@@ -2,9 +2,6 @@ package sqltable_test
 
 import (
 	"context"
-	"os"
-	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -79,7 +76,7 @@ func newFaultHarness(t testing.TB, bounced bool) *faultHarness {
 				return
 			}
 			if b.Alive() {
-				t.Logf("pgbouncer alive at the end; the last lines of its log that are not clients coming and going:\n%s", unusualLog(b.LogPath(), 12))
+				t.Logf("pgbouncer alive at the end; the last lines of its log that are not clients coming and going:\n%s", b.LogTailExcept(12, routineLog...))
 			} else {
 				t.Logf("pgbouncer dead at the end; the last lines of its log:\n%s", b.LogTail(40))
 			}
@@ -91,22 +88,6 @@ func newFaultHarness(t testing.TB, bounced bool) *faultHarness {
 // routineLog marks PgBouncer log lines about clients and server connections
 // coming and going normally.
 var routineLog = []string{"login attempt:", "closing because: client close request", "new connection to server", "closing because: client unexpected eof", "stats:"}
-
-// unusualLog returns the last n lines of the log at path that are not
-// routine, or why it could not read it.
-func unusualLog(path string, n int) string {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	var keep []string
-	for line := range strings.SplitSeq(strings.TrimRight(string(b), "\n"), "\n") {
-		if !slices.ContainsFunc(routineLog, func(r string) bool { return strings.Contains(line, r) }) {
-			keep = append(keep, line)
-		}
-	}
-	return strings.Join(keep[max(0, len(keep)-n):], "\n")
-}
 
 func (h *faultHarness) Deployment() string {
 	if h.bouncer != nil {

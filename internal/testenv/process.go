@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -292,7 +293,11 @@ func (p *Process) LogPath() string { return p.logPath }
 // messages.
 func (p *Process) LogTail(n int) string { return p.logTail(0, n) }
 
-func (p *Process) logTail(offset int64, n int) string {
+// LogTailExcept returns the last n lines of the process's output that
+// contain none of skip (a server's routine lines, say), for failure messages.
+func (p *Process) LogTailExcept(n int, skip ...string) string { return p.logTail(0, n, skip...) }
+
+func (p *Process) logTail(offset int64, n int, skip ...string) string {
 	b, err := os.ReadFile(p.logPath)
 	if err != nil {
 		return fmt.Sprintf("(cannot read log: %v)", err)
@@ -305,6 +310,11 @@ func (p *Process) logTail(offset int64, n int) string {
 		return "(no output)"
 	}
 	lines := bytes.Split(b, []byte("\n"))
+	if len(skip) > 0 {
+		lines = slices.DeleteFunc(lines, func(line []byte) bool {
+			return slices.ContainsFunc(skip, func(s string) bool { return bytes.Contains(line, []byte(s)) })
+		})
+	}
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
 	}

@@ -368,3 +368,29 @@ func TestBinary(t *testing.T) {
 		t.Fatalf("missing binary under CI=true: skip = %q, fatal = %q; want a failure", f.skip, f.fatal)
 	}
 }
+
+// TestLogTailExcept: the tail leaves out the lines that contain a skipped
+// string, and counts only the others.
+func TestLogTailExcept(t *testing.T) {
+	sh := Binary(t, "sh", "dash")
+	var p *Process
+	p = NewProcess(t, ProcessConfig{
+		Path: sh,
+		Args: []string{"-c", `echo one; echo routine two; echo three; echo routine four; echo done; sleep 60`},
+		Ready: func(ctx context.Context, pid int) error {
+			if !strings.Contains(p.LogTail(1), "done") {
+				return errors.New("not all printed yet")
+			}
+			return nil
+		},
+	})
+	if err := p.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := p.LogTailExcept(2, "routine", "nothing"), "three\ndone"; got != want {
+		t.Fatalf("LogTailExcept(2, routine) = %q, want %q", got, want)
+	}
+	if got, want := p.LogTail(2), "routine four\ndone"; got != want {
+		t.Fatalf("LogTail(2) = %q, want %q", got, want)
+	}
+}
