@@ -208,3 +208,66 @@ func testNodeDiesMidRun(t *testing.T, dsn string) {
 		}
 	}
 }
+
+// testEveryWaitsOutABusyJob: while another node holds the job's lease for
+// three times RetryWithin, the first run due reports InProgress; Every calls
+// it again, not the next one, and once the lease is free it makes every run
+// from that first one on, none skipped (a run skipped after an InProgress
+// shows as a gap, or as an InProgress for a later run).
+func testEveryWaitsOutABusyJob(t *testing.T, dsn string) {
+	const (
+		period = 200 * time.Millisecond
+		within = 300 * time.Millisecond
+	)
+	ctx := testCtx(t, 30*time.Second)
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	a, b := open(t, dsn), open(t, dsn)
+	job := schedule.Job{Name: "every-busy", AtMost: 5 * time.Second, RetryWithin: within, Retention: time.Minute}
+	blocker, err := b.Acquire(ctx, "schedule/job/"+job.Name, dlock.WithLabel("another run=19700101T000000.000000000Z"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	released := time.AfterFunc(3*within, func() { _ = blocker.Release(context.Background()) })
+	defer released.Stop()
+
+	var (
+		first time.Time
+		ran   []time.Time
+		busy  int
+	)
+	err = schedule.Every(ctx, a, job, period,
+		func(fctx context.Context, _ *dlock.Lease) error {
+			at, _ := schedule.ScheduledAt(fctx)
+			ran = append(ran, at)
+			return nil
+		},
+		func(at time.Time, r schedule.Result, err error) {
+			if err != nil {
+				t.Errorf("the run at %v: %v", at, err)
+			}
+			if first.IsZero() {
+				first = at
+			}
+			if r.Status == schedule.InProgress {
+				busy++
+				if !at.Equal(first) {
+					t.Errorf("InProgress for the run at %v, after the first (%v): Every moved on", at.Format("15:04:05.000"), first.Format("15:04:05.000"))
+				}
+			}
+			if len(ran) >= 5 {
+				cancel()
+			}
+		})
+	if len(ran) < 5 {
+		t.Fatalf("Every made %d runs (%v); want 5", len(ran), err)
+	}
+	if busy == 0 {
+		t.Fatal("the first run was never reported InProgress: the other node's lease did not keep Every waiting, and the test proves nothing")
+	}
+	for i, at := range ran {
+		if want := first.Add(time.Duration(i) * period); !at.Equal(want) {
+			t.Fatalf("run %d is at %v, want %v: runs skipped while the job was busy (made: %v)", i, at.Format("15:04:05.000"), want.Format("15:04:05.000"), ran)
+		}
+	}
+}

@@ -14,10 +14,10 @@ import (
 	"github.com/dlock-go/dlock/schedule/internal/hook"
 )
 
-// Test runs every test of Run and Once on Lockers opened from dsn, as
-// subtests: RunOncePerRun, AtLeastKeepsOthersOut, AtMostBreaksHungJob,
-// NodeDiesMidRun, OnceStatuses and OnceRetention. Each uses keys of its
-// own; run it once per server.
+// Test runs every test of Run, Every and Once on Lockers opened from dsn,
+// as subtests: RunOncePerRun, AtLeastKeepsOthersOut, AtMostBreaksHungJob,
+// NodeDiesMidRun, EveryWaitsOutABusyJob, OnceStatuses and OnceRetention.
+// Each uses keys of its own; run it once per server.
 func Test(t *testing.T, dsn string) {
 	for _, tc := range []struct {
 		name string
@@ -27,6 +27,7 @@ func Test(t *testing.T, dsn string) {
 		{"AtLeastKeepsOthersOut", testAtLeastKeepsOthersOut},
 		{"AtMostBreaksHungJob", testAtMostBreaksHungJob},
 		{"NodeDiesMidRun", testNodeDiesMidRun},
+		{"EveryWaitsOutABusyJob", testEveryWaitsOutABusyJob},
 		{"OnceStatuses", testOnceStatuses},
 		{"OnceRetention", testOnceRetention},
 	} {
